@@ -1,0 +1,42 @@
+//! # lockstep-core
+//!
+//! The agent lifecycle of lockstep as pure, deterministic logic: the phases an agent passes
+//! from "just started" to "fit for work" (Bootstrapping → RunningSteps →
+//! CheckingAgentVersion → Upgrading → Ready), the API gate that answers
+//! `upgrade in progress` until Ready, and the domain rules those phases apply.
+//!
+//! **This crate performs no I/O.** It never reads a clock (time arrives as a [`Timestamp`]
+//! on every input), never touches the file system or the network, never spawns a thread,
+//! never awaits, and never draws a random number (jitter arrives as data). Every counter,
+//! queue and retry it keeps is bounded, so its whole reachable state space can be explored
+//! by a model checker. Drivers (the lockstep agent, a simulator, an embedding daemon) do
+//! the I/O that the core asks for and feed the results back.
+//!
+//! ## Layout
+//!
+//! - [`version`]: Juju's version grammar and ordering: `2.9.43`, `1.25-beta1`,
+//!   `2.9.43.1`, binaries `2.9.43-ubuntu-amd64`.
+//! - [`phase`]: the observable phases and progress.
+//! - [`role`]: machine roles (controller, host-machine).
+//! - [`policy`]: the upgrade policy (off, auto-patch at bootstrap, pinned, local binary),
+//!   agent streams and their fallbacks, selection from a catalogue, and the rollback
+//!   high-water mark.
+//! - [`steps`]: the upgrade-step registry an embedder supplies, and the plan for
+//!   upgraded-to → running version and this agent's roles.
+//! - [`gate`]: which API calls are admitted in which phase, and the exact rejection.
+//! - [`jobs`]: roles × environment capabilities → the jobs the API reports.
+//! - [`time`]: [`Timestamp`] and [`Millis`].
+
+pub mod gate;
+pub mod jobs;
+pub mod phase;
+pub mod policy;
+pub mod role;
+pub mod steps;
+pub mod time;
+pub mod version;
+
+pub use phase::{Phase, Progress};
+pub use role::{Role, Roles};
+pub use time::{Millis, Timestamp};
+pub use version::{Binary, ParseVersionError, Version};
