@@ -1,1 +1,933 @@
-//! (in progress)
+//! The API gate: which calls are admitted in which phase and for which login, and the exact
+//! rejection of every other call.
+//!
+//! The rule, pinned in `spec/wire.md` ("The gate"):
+//!
+//! - A connection that has not logged in yet ([`Login::Anonymous`]) may call only
+//!   [`BEFORE_LOGIN_ALLOW_LIST`] (`Admin.Login`, `Admin.RedirectInfo`), in every phase.
+//!   Anything else is refused as Juju refuses it: code `not implemented`, message
+//!   `unknown object type "Client"` (Juju's `adminRoot.FindMethod` in `apiserver/root.go`
+//!   serves only the `Admin` facade before login and answers any other facade with
+//!   `rpcreflect.CallNotImplementedError`; the message is that error's version-less form, since
+//!   facade versions are the server's business, not the gate's).
+//! - In [`Phase::Ready`] every call of a logged-in user or agent is admitted. Whether the
+//!   facade and method exist is the server's business.
+//! - In every other phase (limited), users and controller agents are admitted to
+//!   [`LIMITED_ALLOW_LIST`] only; every other call is refused with message and code
+//!   [`UPGRADE_IN_PROGRESS`] and a [`RejectionDetail`] for `error-info`. This mirrors Juju's
+//!   `allowedMethodsDuringUpgrades` (`apiserver/restrict_upgrades.go`: `Client.FullStatus`,
+//!   `Client.FindTools`, `Client.AbortCurrentUpgrade`, `Pinger.Ping`), without Juju's
+//!   `SSHClient` calls (lockstep has no SSH facade) and with lockstep's `Upgrade.Status` and
+//!   `Upgrade.WatchProgress`.
+//! - In limited phases a non-controller agent ([`Login::MachineAgent`]) is refused outright,
+//!   as Juju's `restrictRootDuringMaintenance` (`apiserver/admin.go`) refuses agent logins:
+//!   `login for machine 1 blocked because upgrade is in progress`, here with code
+//!   [`UPGRADE_IN_PROGRESS`] and the same detail. Controller agents log in (Juju's
+//!   `TestControllerMachineLoginDuringMaintenance`) and get the limited list.
+//!
+//! Where lockstep differs from Juju: Juju decides the restriction once, at login, for the life
+//! of the connection; [`admit`] is called on every request and reads the current
+//! [`GateView`], so a connection opened early gets the full API the moment the phase is
+//! Ready. Names are matched exactly and case-sensitively, as Juju's RPC matches them.
+//!
+//! [`admit`] never allocates when it admits a call: the server calls it on every request.
+//! Only a rejection allocates (its message).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::phase::{Phase, Progress};
+use crate::time::Millis;
+use crate::version::Version;
+
+/// The message and the code of the limited-phase rejection: Juju's `CodeUpgradeInProgress`.
+///
+/// python-jujuclient retries only when the message contains exactly this lowercase
+/// substring; python-libjuju compares the code. Never reword it.
+pub const UPGRADE_IN_PROGRESS: &str = "upgrade in progress";
+
+/// The code of a call made before login: Juju's `CodeNotImplemented`, which Juju answers for
+/// any facade but `Admin` on a connection that has not logged in.
+pub const NOT_IMPLEMENTED: &str = "not implemented";
+
+/// Calls admitted to logged-in users and controller agents in every phase, as
+/// `(facade, method)`. Pinned in `spec/wire.md`; a test proves the two agree.
+pub const LIMITED_ALLOW_LIST: &[(&str, &str)] = &[
+    ("Admin", "Login"),
+    ("Admin", "RedirectInfo"),
+    ("Pinger", "Ping"),
+    ("Client", "FullStatus"),
+    ("Client", "FindTools"),
+    ("Client", "AbortCurrentUpgrade"),
+    ("Upgrade", "WatchProgress"),
+    ("Upgrade", "Status"),
+];
+
+/// Calls admitted to a connection that has not logged in yet, in every phase. Every entry is
+/// also in [`LIMITED_ALLOW_LIST`].
+pub const BEFORE_LOGIN_ALLOW_LIST: &[(&str, &str)] =
+    &[("Admin", "Login"), ("Admin", "RedirectInfo")];
+
+/// The longest facade or method name a rejection message quotes in full; longer names (which
+/// no real facade has) are cut, so a hostile request cannot make a rejection arbitrarily big.
+pub const NAME_LENGTH_MAX: usize = 128;
+
+/// Who is calling on a connection.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Login {
+    /// Not logged in yet: only `Admin.Login` and `Admin.RedirectInfo` are served.
+    Anonymous,
+    /// A user (`user-admin`): the CLI, python-jujuclient, python-libjuju, our client.
+    User,
+    /// The agent of a controller machine.
+    ControllerAgent,
+    /// The agent of any other machine; refused while the controller is not Ready.
+    MachineAgent,
+}
+
+impl Login {
+    /// Every login, anonymous first.
+    pub const ALL: [Login; 4] = [
+        Login::Anonymous,
+        Login::User,
+        Login::ControllerAgent,
+        Login::MachineAgent,
+    ];
+
+    /// The log name: `anonymous`, `user`, `controller-agent`, `machine-agent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Login::Anonymous => "anonymous",
+            Login::User => "user",
+            Login::ControllerAgent => "controller-agent",
+            Login::MachineAgent => "machine-agent",
+        }
+    }
+}
+
+impl fmt::Display for Login {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the lifecycle exposes to the gate; the server reads it afresh for every call.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct GateView {
+    /// The agent's current phase: Ready opens the full API, every other phase is limited.
+    pub phase: Phase,
+    /// How far the phase has got, reported in the rejection detail.
+    pub progress: Progress,
+    /// How long a rejected client should wait before retrying.
+    pub retry_after: Millis,
+}
+
+impl GateView {
+    /// True in every phase but Ready.
+    pub fn is_limited(&self) -> bool {
+        !self.phase.is_ready()
+    }
+}
+
+/// A refused call: what the server puts in the reply's `error`, `error-code` and
+/// `error-info`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Rejection {
+    /// The reply's `error-code`: [`UPGRADE_IN_PROGRESS`] or [`NOT_IMPLEMENTED`].
+    pub code: &'static str,
+    /// The reply's `error`, verbatim. [`fmt::Display`] adds the detail for logs; the wire
+    /// carries only this.
+    pub message: Cow<'static, str>,
+    /// The reply's `error-info`; present on every phase rejection, absent before login.
+    pub detail: Option<RejectionDetail>,
+}
+
+/// The `error-info` object of a phase rejection (kebab-case keys; schema and example in
+/// `spec/wire.md`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RejectionDetail {
+    /// The agent's phase when it refused the call.
+    pub phase: Phase,
+    /// Steps (or, while upgrading, stages) completed so far.
+    pub step: u32,
+    /// Steps (or stages) planned in all; 0 when not known yet.
+    pub steps: u32,
+    /// The version the agent is moving to, once known (`null` until then).
+    #[serde(rename = "target-version")]
+    pub target: Option<Version>,
+    /// How long to wait before retrying, in milliseconds.
+    pub retry_after_ms: u64,
+}
+
+impl RejectionDetail {
+    /// The detail of a rejection made while the lifecycle shows `view`.
+    pub fn from_view(view: &GateView) -> RejectionDetail {
+        let Progress {
+            done,
+            total,
+            target,
+        } = view.progress;
+        assert!(
+            total == 0 || done <= total,
+            "progress {done} of {total} in phase {}: done exceeds total",
+            view.phase
+        );
+        RejectionDetail {
+            phase: view.phase,
+            step: done,
+            steps: total,
+            target,
+            retry_after_ms: view.retry_after.0,
+        }
+    }
+}
+
+impl Rejection {
+    /// The limited-phase rejection: message and code `upgrade in progress`, with detail.
+    pub fn upgrade_in_progress(view: &GateView) -> Rejection {
+        Rejection {
+            code: UPGRADE_IN_PROGRESS,
+            message: Cow::Borrowed(UPGRADE_IN_PROGRESS),
+            detail: Some(RejectionDetail::from_view(view)),
+        }
+    }
+
+    /// A refused agent login, in Juju's words: `login for <who> blocked because upgrade is in
+    /// progress`, where `who` is Juju's readable tag (`machine 1`).
+    pub fn login_blocked(view: &GateView, who: &str) -> Rejection {
+        Rejection {
+            code: UPGRADE_IN_PROGRESS,
+            message: Cow::Owned(format!(
+                "login for {} blocked because upgrade is in progress",
+                cut(who)
+            )),
+            detail: Some(RejectionDetail::from_view(view)),
+        }
+    }
+
+    /// A call made before login, in Juju's words: `unknown object type "Client"` for a facade
+    /// other than `Admin`, `no such request - method Admin.X is not implemented` otherwise.
+    pub fn not_logged_in(facade: &str, method: &str) -> Rejection {
+        let message = if facade == "Admin" {
+            format!(
+                "no such request - method Admin.{} is not implemented",
+                cut(method)
+            )
+        } else {
+            format!("unknown object type {:?}", cut(facade))
+        };
+        Rejection {
+            code: NOT_IMPLEMENTED,
+            message: Cow::Owned(message),
+            detail: None,
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        if self.code != self.message {
+            write!(f, " (code {:?})", self.code)?;
+        }
+        match &self.detail {
+            Some(detail) => {
+                write!(f, ": the agent is in phase {}", detail.phase)?;
+                if detail.steps > 0 {
+                    write!(f, ", step {} of {}", detail.step, detail.steps)?;
+                }
+                if let Some(target) = &detail.target {
+                    write!(f, ", moving to {target}")?;
+                }
+                write!(
+                    f,
+                    "; retry after {}ms, or wait for Ready with Upgrade.WatchProgress",
+                    detail.retry_after_ms
+                )
+            }
+            None => f.write_str(": not logged in; call Admin.Login first"),
+        }
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// Decides whether `login` may call `facade.method` now. Called by the server on every
+/// request, before it looks the facade up; never allocates when it admits.
+pub fn admit(view: &GateView, login: Login, facade: &str, method: &str) -> Result<(), Rejection> {
+    let outcome = decide(view, login, facade, method);
+    if let Err(rejection) = &outcome {
+        tracing::debug!(
+            phase = view.phase.as_str(),
+            login = login.as_str(),
+            facade = cut(facade),
+            method = cut(method),
+            code = rejection.code,
+            "gate rejected call"
+        );
+    }
+    outcome
+}
+
+/// Decides whether an authenticated `Admin.Login` may make `login` the connection's login
+/// now; `tag` is the login's auth tag (`machine-1`), named in the refusal as Juju names it
+/// (`login for machine 1 blocked because upgrade is in progress`).
+///
+/// Agrees with [`admit`] of `Admin.Login` for the same login; only the message names the tag.
+pub fn admit_login(view: &GateView, login: Login, tag: &str) -> Result<(), Rejection> {
+    assert!(
+        login != Login::Anonymous,
+        "admit_login({tag:?}): an authenticated login is never anonymous; use admit for calls \
+         before login"
+    );
+    if login == Login::MachineAgent && view.is_limited() {
+        let rejection = Rejection::login_blocked(view, &readable_tag(tag));
+        tracing::debug!(
+            phase = view.phase.as_str(),
+            login = login.as_str(),
+            tag = cut(tag),
+            code = rejection.code,
+            "gate refused login"
+        );
+        return Err(rejection);
+    }
+    Ok(())
+}
+
+/// True when `facade.method` is served to logged-in users and controller agents in limited
+/// phases.
+pub fn allowed_when_limited(facade: &str, method: &str) -> bool {
+    listed(LIMITED_ALLOW_LIST, facade, method)
+}
+
+/// True when `facade.method` is served to a connection that has not logged in yet.
+pub fn allowed_before_login(facade: &str, method: &str) -> bool {
+    listed(BEFORE_LOGIN_ALLOW_LIST, facade, method)
+}
+
+fn decide(view: &GateView, login: Login, facade: &str, method: &str) -> Result<(), Rejection> {
+    match login {
+        Login::Anonymous if allowed_before_login(facade, method) => Ok(()),
+        Login::Anonymous => Err(Rejection::not_logged_in(facade, method)),
+        _ if view.phase.is_ready() => Ok(()),
+        Login::User | Login::ControllerAgent if allowed_when_limited(facade, method) => Ok(()),
+        Login::User | Login::ControllerAgent => Err(Rejection::upgrade_in_progress(view)),
+        Login::MachineAgent if (facade, method) == ("Admin", "Login") => {
+            Err(Rejection::login_blocked(view, "machine agent"))
+        }
+        Login::MachineAgent => Err(Rejection::upgrade_in_progress(view)),
+    }
+}
+
+fn listed(list: &[(&str, &str)], facade: &str, method: &str) -> bool {
+    list.iter()
+        .any(|&(listed_facade, listed_method)| listed_facade == facade && listed_method == method)
+}
+
+/// Juju's `names.ReadableString`: kind, a space, then the id (`machine-0-lxd-1` →
+/// `machine 0/lxd/1`, `unit-mysql-0` → `unit mysql/0`). A string that is not a tag is
+/// returned as given.
+fn readable_tag(tag: &str) -> String {
+    let Some((kind, id)) = tag.split_once('-') else {
+        return tag.to_owned();
+    };
+    match kind {
+        "machine" => format!("machine {}", id.replace('-', "/")),
+        "unit" => match id.rsplit_once('-') {
+            Some((application, number)) => format!("unit {application}/{number}"),
+            None => format!("unit {id}"),
+        },
+        _ => format!("{kind} {id}"),
+    }
+}
+
+/// `name`, cut to at most [`NAME_LENGTH_MAX`] bytes on a character boundary.
+fn cut(name: &str) -> &str {
+    if name.len() <= NAME_LENGTH_MAX {
+        return name;
+    }
+    let mut end = NAME_LENGTH_MAX;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const SPEC: &str = include_str!("../../spec/wire.md");
+
+    fn version(text: &str) -> Version {
+        Version::parse(text).unwrap()
+    }
+
+    fn view(phase: Phase) -> GateView {
+        GateView {
+            phase,
+            progress: Progress {
+                done: 2,
+                total: 5,
+                target: Some(version("2.9.43")),
+            },
+            retry_after: Millis(1500),
+        }
+    }
+
+    /// The outcome a call must have; written out by hand, not computed from the code.
+    #[derive(Clone, Copy, Debug)]
+    enum Expect {
+        Admitted,
+        /// `upgrade in progress`, with detail.
+        Upgrade,
+        /// `login for machine agent blocked because upgrade is in progress`, with detail.
+        Blocked,
+        /// Code `not implemented`, this message, no detail.
+        NotLoggedIn(&'static str),
+    }
+    use Expect::{Admitted, Blocked, NotLoggedIn, Upgrade};
+
+    /// Per call: what an anonymous connection gets (every phase), then what a user, a
+    /// controller agent and a machine agent get in a limited phase.
+    #[rustfmt::skip]
+    const MATRIX: &[(&str, &str, Expect, Expect, Expect, Expect)] = &[
+        ("Admin", "Login", Admitted, Admitted, Admitted, Blocked),
+        ("Admin", "RedirectInfo", Admitted, Admitted, Admitted, Upgrade),
+        ("Pinger", "Ping", NotLoggedIn(r#"unknown object type "Pinger""#), Admitted, Admitted, Upgrade),
+        ("Client", "FullStatus", NotLoggedIn(r#"unknown object type "Client""#), Admitted, Admitted, Upgrade),
+        ("Client", "FindTools", NotLoggedIn(r#"unknown object type "Client""#), Admitted, Admitted, Upgrade),
+        ("Client", "AbortCurrentUpgrade", NotLoggedIn(r#"unknown object type "Client""#), Admitted, Admitted, Upgrade),
+        ("Upgrade", "WatchProgress", NotLoggedIn(r#"unknown object type "Upgrade""#), Admitted, Admitted, Upgrade),
+        ("Upgrade", "Status", NotLoggedIn(r#"unknown object type "Upgrade""#), Admitted, Admitted, Upgrade),
+        ("Application", "Deploy", NotLoggedIn(r#"unknown object type "Application""#), Upgrade, Upgrade, Upgrade),
+        ("Client", "WatchAll", NotLoggedIn(r#"unknown object type "Client""#), Upgrade, Upgrade, Upgrade),
+        ("AllWatcher", "Next", NotLoggedIn(r#"unknown object type "AllWatcher""#), Upgrade, Upgrade, Upgrade),
+        ("ModelConfig", "ModelSet", NotLoggedIn(r#"unknown object type "ModelConfig""#), Upgrade, Upgrade, Upgrade),
+        ("Upgrader", "DesiredVersion", NotLoggedIn(r#"unknown object type "Upgrader""#), Upgrade, Upgrade, Upgrade),
+        ("client", "fullstatus", NotLoggedIn(r#"unknown object type "client""#), Upgrade, Upgrade, Upgrade),
+        ("Client", "fullStatus", NotLoggedIn(r#"unknown object type "Client""#), Upgrade, Upgrade, Upgrade),
+        ("admin", "login", NotLoggedIn(r#"unknown object type "admin""#), Upgrade, Upgrade, Upgrade),
+        ("Admin", "Logout", NotLoggedIn("no such request - method Admin.Logout is not implemented"), Upgrade, Upgrade, Upgrade),
+        ("Admin", "login", NotLoggedIn("no such request - method Admin.login is not implemented"), Upgrade, Upgrade, Upgrade),
+        ("", "", NotLoggedIn(r#"unknown object type """#), Upgrade, Upgrade, Upgrade),
+    ];
+
+    fn check(phase: Phase, login: Login, facade: &str, method: &str, expect: Expect) {
+        let context = format!("{phase} {login} {facade}.{method}");
+        let outcome = admit(&view(phase), login, facade, method);
+        let detail = Some(RejectionDetail {
+            phase,
+            step: 2,
+            steps: 5,
+            target: Some(version("2.9.43")),
+            retry_after_ms: 1500,
+        });
+        let expected = match expect {
+            Admitted => Ok(()),
+            Upgrade => Err(Rejection {
+                code: "upgrade in progress",
+                message: Cow::Borrowed("upgrade in progress"),
+                detail,
+            }),
+            Blocked => Err(Rejection {
+                code: "upgrade in progress",
+                message: Cow::Borrowed(
+                    "login for machine agent blocked because upgrade is in progress",
+                ),
+                detail,
+            }),
+            NotLoggedIn(message) => Err(Rejection {
+                code: "not implemented",
+                message: Cow::Borrowed(message),
+                detail: None,
+            }),
+        };
+        assert_eq!(outcome, expected, "{context}");
+    }
+
+    #[test]
+    fn admits_exactly_the_matrix_in_every_phase() {
+        let mut checked = 0;
+        for phase in Phase::ALL {
+            for &(facade, method, anonymous, user, controller, machine) in MATRIX {
+                let (user, controller, machine) = if phase == Phase::Ready {
+                    (Admitted, Admitted, Admitted)
+                } else {
+                    (user, controller, machine)
+                };
+                check(phase, Login::Anonymous, facade, method, anonymous);
+                check(phase, Login::User, facade, method, user);
+                check(phase, Login::ControllerAgent, facade, method, controller);
+                check(phase, Login::MachineAgent, facade, method, machine);
+                checked += 4;
+            }
+        }
+        assert_eq!(checked, Phase::ALL.len() * MATRIX.len() * Login::ALL.len());
+        // The matrix covers every allow-listed call.
+        for &(facade, method) in LIMITED_ALLOW_LIST {
+            assert!(
+                MATRIX.iter().any(|row| (row.0, row.1) == (facade, method)),
+                "{facade}.{method} is missing from the matrix"
+            );
+        }
+    }
+
+    #[test]
+    fn only_ready_is_full() {
+        let limited: Vec<Phase> = Phase::ALL
+            .into_iter()
+            .filter(|phase| view(*phase).is_limited())
+            .collect();
+        assert_eq!(
+            limited,
+            [
+                Phase::Bootstrapping,
+                Phase::RunningSteps,
+                Phase::CheckingAgentVersion,
+                Phase::Upgrading,
+                Phase::StepsFailed,
+                Phase::UpgradeFailed,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_connection_becomes_full_when_the_phase_becomes_ready() {
+        // The same connection (a user logged in during RunningSteps) is gated per call.
+        let mut current = view(Phase::RunningSteps);
+        let deploy = |view: &GateView| admit(view, Login::User, "Application", "Deploy");
+        assert_eq!(deploy(&current).unwrap_err().code, UPGRADE_IN_PROGRESS);
+        current.phase = Phase::Ready;
+        assert_eq!(deploy(&current), Ok(()));
+        current.phase = Phase::Upgrading;
+        assert_eq!(deploy(&current).unwrap_err().code, UPGRADE_IN_PROGRESS);
+    }
+
+    #[test]
+    fn the_detail_follows_the_view() {
+        let unknown = GateView {
+            phase: Phase::Bootstrapping,
+            progress: Progress::default(),
+            retry_after: Millis(250),
+        };
+        let rejection = admit(&unknown, Login::User, "Client", "WatchAll").unwrap_err();
+        assert_eq!(
+            rejection.detail,
+            Some(RejectionDetail {
+                phase: Phase::Bootstrapping,
+                step: 0,
+                steps: 0,
+                target: None,
+                retry_after_ms: 250,
+            })
+        );
+    }
+
+    #[test]
+    fn machine_agent_logins_are_refused_naming_the_agent_as_juju_does() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "machine-1",
+                "login for machine 1 blocked because upgrade is in progress",
+            ),
+            (
+                "machine-0-lxd-1",
+                "login for machine 0/lxd/1 blocked because upgrade is in progress",
+            ),
+            (
+                "unit-mysql-0",
+                "login for unit mysql/0 blocked because upgrade is in progress",
+            ),
+            (
+                "application-mysql",
+                "login for application mysql blocked because upgrade is in progress",
+            ),
+            (
+                "nonsense",
+                "login for nonsense blocked because upgrade is in progress",
+            ),
+        ];
+        for phase in Phase::ALL {
+            for &(tag, message) in cases {
+                let outcome = admit_login(&view(phase), Login::MachineAgent, tag);
+                if phase == Phase::Ready {
+                    assert_eq!(outcome, Ok(()), "{phase} {tag}");
+                    continue;
+                }
+                let rejection = outcome.unwrap_err();
+                assert_eq!(rejection.code, "upgrade in progress", "{phase} {tag}");
+                assert_eq!(rejection.message, message, "{phase} {tag}");
+                assert_eq!(
+                    rejection.detail,
+                    Some(RejectionDetail::from_view(&view(phase)))
+                );
+            }
+            for login in [Login::User, Login::ControllerAgent] {
+                assert_eq!(admit_login(&view(phase), login, "user-admin"), Ok(()));
+            }
+        }
+    }
+
+    #[test]
+    fn admit_login_agrees_with_admit_of_admin_login() {
+        for phase in Phase::ALL {
+            for login in [Login::User, Login::ControllerAgent, Login::MachineAgent] {
+                let by_call = admit(&view(phase), login, "Admin", "Login");
+                let by_login = admit_login(&view(phase), login, "machine-7");
+                assert_eq!(by_call.is_ok(), by_login.is_ok(), "{phase} {login}");
+                if let (Err(by_call), Err(by_login)) = (by_call, by_login) {
+                    assert_eq!(by_call.code, by_login.code);
+                    assert_eq!(by_call.detail, by_login.detail);
+                    assert_eq!(
+                        by_login.message,
+                        "login for machine 7 blocked because upgrade is in progress"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "never anonymous")]
+    fn admit_login_refuses_an_anonymous_login() {
+        let _ = admit_login(&view(Phase::Ready), Login::Anonymous, "");
+    }
+
+    #[test]
+    #[should_panic(expected = "progress 6 of 5 in phase running-steps")]
+    fn a_progress_past_its_total_is_a_bug() {
+        let mut broken = view(Phase::RunningSteps);
+        broken.progress.done = 6;
+        let _ = admit(&broken, Login::User, "Application", "Deploy");
+    }
+
+    #[test]
+    fn the_allow_lists_are_well_formed() {
+        for (index, &(facade, method)) in LIMITED_ALLOW_LIST.iter().enumerate() {
+            for name in [facade, method] {
+                assert!(
+                    name.starts_with(|c: char| c.is_ascii_uppercase())
+                        && name.bytes().all(|b| b.is_ascii_alphanumeric()),
+                    "{name:?} is not a Juju RPC name"
+                );
+            }
+            assert!(
+                !LIMITED_ALLOW_LIST[..index].contains(&(facade, method)),
+                "{facade}.{method} is listed twice"
+            );
+        }
+        for entry in BEFORE_LOGIN_ALLOW_LIST {
+            assert!(
+                LIMITED_ALLOW_LIST.contains(entry),
+                "{entry:?} is served before login but not in limited phases"
+            );
+        }
+    }
+
+    /// The rows of the table headed `| call | admitted |` in the "The gate" section of
+    /// spec/wire.md, as `(facade, method, admitted)`.
+    fn spec_allow_list() -> Vec<(&'static str, &'static str, &'static str)> {
+        let section = SPEC
+            .split("\n## ")
+            .find(|section| section.starts_with("The gate\n"))
+            .expect("spec/wire.md has a section \"## The gate\"");
+        let mut lines = section
+            .lines()
+            .skip_while(|line| line.trim() != "| call | admitted |");
+        assert!(lines.next().is_some(), "no `| call | admitted |` table");
+        let separator = lines.next().expect("a separator row");
+        assert!(separator.starts_with("|---"), "{separator:?}");
+        lines
+            .take_while(|line| line.starts_with('|'))
+            .map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                assert_eq!(cells.len(), 4, "row {line:?} needs two cells");
+                let call = cells[1]
+                    .strip_prefix('`')
+                    .and_then(|call| call.strip_suffix('`'))
+                    .unwrap_or_else(|| panic!("call {:?} is not in backticks", cells[1]));
+                let (facade, method) = call
+                    .split_once('.')
+                    .unwrap_or_else(|| panic!("call {call:?} is not Facade.Method"));
+                (facade, method, cells[2])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_spec_table_is_the_allow_list() {
+        let expected: Vec<(&str, &str, &str)> = LIMITED_ALLOW_LIST
+            .iter()
+            .map(|&(facade, method)| {
+                let admitted = if allowed_before_login(facade, method) {
+                    "before login"
+                } else {
+                    "limited"
+                };
+                (facade, method, admitted)
+            })
+            .collect();
+        assert_eq!(spec_allow_list(), expected);
+    }
+
+    #[test]
+    fn the_spec_names_the_limited_phases_and_the_messages() {
+        let limited: Vec<String> = Phase::ALL
+            .into_iter()
+            .filter(|phase| !phase.is_ready())
+            .map(|phase| format!("`{phase}`"))
+            .collect();
+        let line = format!("Limited phases: {}.", limited.join(", "));
+        assert!(SPEC.contains(&line), "spec/wire.md lacks {line:?}");
+        let limit = format!("Names longer than {NAME_LENGTH_MAX} bytes are cut");
+        assert!(SPEC.contains(&limit), "spec/wire.md lacks {limit:?}");
+        for text in [
+            "`upgrade in progress`",
+            "`not implemented`",
+            "`unknown object type \"Client\"`",
+            "`login for machine 1 blocked because upgrade is in progress`",
+            "## Framing and facades\n\n(written with the API server)\n",
+            "## error-info",
+        ] {
+            assert!(SPEC.contains(text), "spec/wire.md lacks {text:?}");
+        }
+    }
+
+    #[test]
+    fn error_info_has_the_documented_shape() {
+        let rejection = admit(
+            &view(Phase::RunningSteps),
+            Login::User,
+            "Client",
+            "WatchAll",
+        )
+        .unwrap_err();
+        let detail = rejection.detail.unwrap();
+        assert_eq!(
+            serde_json::to_value(detail).unwrap(),
+            json!({
+                "phase": "running-steps",
+                "step": 2,
+                "steps": 5,
+                "target-version": "2.9.43",
+                "retry-after-ms": 1500,
+            })
+        );
+        let unknown = RejectionDetail {
+            phase: Phase::Bootstrapping,
+            step: 0,
+            steps: 0,
+            target: None,
+            retry_after_ms: 1000,
+        };
+        assert_eq!(
+            serde_json::to_value(unknown).unwrap(),
+            json!({
+                "phase": "bootstrapping",
+                "step": 0,
+                "steps": 0,
+                "target-version": null,
+                "retry-after-ms": 1000,
+            })
+        );
+    }
+
+    #[test]
+    fn error_info_parses_back_and_tolerates_new_keys() {
+        let text = r#"{"phase": "upgrading", "step": 1, "steps": 3,
+            "target-version": "1.25-beta1", "retry-after-ms": 2000, "added-later": true}"#;
+        let detail: RejectionDetail = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            detail,
+            RejectionDetail {
+                phase: Phase::Upgrading,
+                step: 1,
+                steps: 3,
+                target: Some(version("1.25-beta1")),
+                retry_after_ms: 2000,
+            }
+        );
+        let error = serde_json::from_str::<RejectionDetail>(
+            r#"{"phase": "upgrading", "step": 1, "steps": 3, "retry-after-ms": 2000,
+                "target-version": "2.9"}"#,
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("\"2.9\""), "{error}");
+    }
+
+    #[test]
+    fn the_spec_example_is_what_serde_writes() {
+        let section = SPEC
+            .split("\n## ")
+            .find(|section| section.starts_with("error-info\n"))
+            .expect("spec/wire.md has a section \"## error-info\"");
+        let example = section
+            .split("```json\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n```").next())
+            .expect("a json example in \"## error-info\"");
+        let reply: serde_json::Value = serde_json::from_str(example).unwrap();
+        let view = GateView {
+            phase: Phase::RunningSteps,
+            progress: Progress {
+                done: 3,
+                total: 7,
+                target: Some(version("2.9.43")),
+            },
+            retry_after: Millis(1000),
+        };
+        let rejection = admit(&view, Login::User, "Application", "Deploy").unwrap_err();
+        assert_eq!(
+            reply,
+            json!({
+                "request-id": 4,
+                "error": rejection.message,
+                "error-code": rejection.code,
+                "error-info": rejection.detail,
+                "response": {},
+            })
+        );
+    }
+
+    #[test]
+    fn display_names_the_values_and_what_to_do() {
+        let cases: &[(Result<(), Rejection>, &str)] = &[
+            (
+                admit(
+                    &view(Phase::RunningSteps),
+                    Login::User,
+                    "Client",
+                    "WatchAll",
+                ),
+                "upgrade in progress: the agent is in phase running-steps, step 2 of 5, \
+                 moving to 2.9.43; retry after 1500ms, or wait for Ready with \
+                 Upgrade.WatchProgress",
+            ),
+            (
+                admit_login(&view(Phase::Upgrading), Login::MachineAgent, "machine-3"),
+                "login for machine 3 blocked because upgrade is in progress \
+                 (code \"upgrade in progress\"): the agent is in phase upgrading, step 2 of 5, \
+                 moving to 2.9.43; retry after 1500ms, or wait for Ready with \
+                 Upgrade.WatchProgress",
+            ),
+            (
+                admit(
+                    &view(Phase::Ready),
+                    Login::Anonymous,
+                    "Client",
+                    "FullStatus",
+                ),
+                "unknown object type \"Client\" (code \"not implemented\"): not logged in; \
+                 call Admin.Login first",
+            ),
+        ];
+        for (outcome, expected) in cases {
+            assert_eq!(outcome.as_ref().unwrap_err().to_string(), *expected);
+        }
+        let unknown = GateView {
+            phase: Phase::Bootstrapping,
+            progress: Progress::default(),
+            retry_after: Millis(1000),
+        };
+        assert_eq!(
+            admit(&unknown, Login::User, "Client", "WatchAll")
+                .unwrap_err()
+                .to_string(),
+            "upgrade in progress: the agent is in phase bootstrapping; retry after 1000ms, \
+             or wait for Ready with Upgrade.WatchProgress"
+        );
+    }
+
+    #[test]
+    fn hostile_names_are_cut_in_messages() {
+        let long = "X".repeat(10_000);
+        let rejection = admit(&view(Phase::Ready), Login::Anonymous, &long, "Y").unwrap_err();
+        assert_eq!(
+            rejection.message,
+            format!("unknown object type \"{}\"", "X".repeat(NAME_LENGTH_MAX))
+        );
+        // A cut never splits a character: 127 ASCII bytes, then a 2-byte 'é'.
+        let accented = format!("{}é", "a".repeat(NAME_LENGTH_MAX - 1));
+        assert_eq!(cut(&accented), "a".repeat(NAME_LENGTH_MAX - 1));
+        let rejection = admit(&view(Phase::Ready), Login::Anonymous, "Admin", &long).unwrap_err();
+        assert_eq!(
+            rejection.message.len(),
+            "no such request - method Admin. is not implemented".len() + NAME_LENGTH_MAX
+        );
+    }
+
+    fn any_phase() -> impl Strategy<Value = Phase> {
+        prop::sample::select(Phase::ALL.to_vec())
+    }
+
+    fn any_login() -> impl Strategy<Value = Login> {
+        prop::sample::select(Login::ALL.to_vec())
+    }
+
+    /// Names near the allow-list (real names, names with one letter's case flipped, prefixes)
+    /// and arbitrary strings.
+    fn any_name() -> impl Strategy<Value = String> {
+        let real: Vec<String> = LIMITED_ALLOW_LIST
+            .iter()
+            .flat_map(|&(facade, method)| [facade.to_owned(), method.to_owned()])
+            .collect();
+        let real_for_flip = real.clone();
+        prop_oneof![
+            prop::sample::select(real),
+            (
+                prop::sample::select(real_for_flip),
+                any::<prop::sample::Index>()
+            )
+                .prop_map(|(name, index)| {
+                    let at = index.index(name.len());
+                    let mut bytes = name.into_bytes();
+                    bytes[at] ^= 0x20; // ASCII letters: flip the case.
+                    String::from_utf8(bytes).unwrap()
+                }),
+            ".{0,12}",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn admits_only_what_the_rules_allow(
+            phase in any_phase(),
+            login in any_login(),
+            facade in any_name(),
+            method in any_name(),
+            retry_after_ms in 0u64..100_000,
+        ) {
+            let view = GateView { retry_after: Millis(retry_after_ms), ..view(phase) };
+            let outcome = admit(&view, login, &facade, &method);
+            let listed_limited = LIMITED_ALLOW_LIST.contains(&(facade.as_str(), method.as_str()));
+            let listed_before = BEFORE_LOGIN_ALLOW_LIST.contains(&(facade.as_str(), method.as_str()));
+            let admitted = match login {
+                Login::Anonymous => listed_before,
+                _ if phase == Phase::Ready => true,
+                Login::MachineAgent => false,
+                Login::User | Login::ControllerAgent => listed_limited,
+            };
+            prop_assert_eq!(outcome.is_ok(), admitted);
+            if let Err(rejection) = outcome {
+                if login == Login::Anonymous {
+                    prop_assert_eq!(rejection.code, NOT_IMPLEMENTED);
+                    prop_assert_eq!(rejection.detail, None);
+                } else {
+                    prop_assert_eq!(rejection.code, UPGRADE_IN_PROGRESS);
+                    prop_assert!(rejection.message.contains("upgrade"));
+                    let detail = rejection.detail.unwrap();
+                    prop_assert_eq!(detail.phase, phase);
+                    prop_assert_eq!(detail.retry_after_ms, retry_after_ms);
+                    // python-jujuclient retries on this exact substring.
+                    if (facade.as_str(), method.as_str()) != ("Admin", "Login") {
+                        prop_assert_eq!(rejection.message.as_ref(), "upgrade in progress");
+                    }
+                }
+            }
+        }
+    }
+}

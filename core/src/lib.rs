@@ -25,10 +25,13 @@
 //!   upgraded-to → running version and this agent's roles.
 //! - [`gate`]: which API calls are admitted in which phase, and the exact rejection.
 //! - [`jobs`]: roles × environment capabilities → the jobs the API reports.
+//! - [`lifecycle`]: the statig machine that takes an agent through the phases, driven by
+//!   `handle` / `handle_timeout` / `poll_output` / `poll_timeout`.
 //! - [`time`]: [`Timestamp`] and [`Millis`].
 
 pub mod gate;
 pub mod jobs;
+pub mod lifecycle;
 pub mod phase;
 pub mod policy;
 pub mod role;
@@ -36,6 +39,7 @@ pub mod steps;
 pub mod time;
 pub mod version;
 
+pub use lifecycle::{Input, Lifecycle, Output, Request};
 pub use phase::{Phase, Progress};
 pub use role::{Role, Roles};
 pub use time::{Millis, Timestamp};

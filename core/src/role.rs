@@ -60,7 +60,9 @@ impl Roles {
     }
 
     pub fn iter(self) -> impl Iterator<Item = Role> {
-        Role::ALL.into_iter().filter(move |&role| self.contains(role))
+        Role::ALL
+            .into_iter()
+            .filter(move |&role| self.contains(role))
     }
 
     fn bit(role: Role) -> u8 {

@@ -293,16 +293,26 @@ pub enum Reason {
     /// Not `major.minor.patch` or `major.minor-tagN` (with an optional `.build`).
     Shape,
     /// A component that is not 1 to 9 ASCII digits.
-    Component { name: &'static str, text: String },
+    Component {
+        name: &'static str,
+        text: String,
+    },
     /// A pre-release tag without its number, as in `1.2-beta`.
-    TagWithoutNumber { tag: String },
+    TagWithoutNumber {
+        tag: String,
+    },
     /// A tag that is not 1..=15 lowercase ASCII letters.
-    BadTag { tag: String },
+    BadTag {
+        tag: String,
+    },
     /// A binary that is not `<version>-<release>-<arch>`.
     BinaryShape,
     /// A release or arch name that is empty, too long, or has characters outside
     /// `[A-Za-z0-9._]` (which would be unsafe in a file name).
-    BadName { name: &'static str, text: String },
+    BadName {
+        name: &'static str,
+        text: String,
+    },
 }
 
 impl fmt::Display for ParseVersionError {
@@ -423,9 +433,12 @@ mod tests {
         Version::parse(text).unwrap()
     }
 
+    /// Text, then major, minor, tag, patch, build.
+    type Case = (&'static str, u32, u32, Option<&'static str>, u32, u32);
+
     #[test]
     fn parses_real_juju_versions() {
-        let cases: &[(&str, u32, u32, Option<&str>, u32, u32)] = &[
+        let cases: &[Case] = &[
             ("2.9.43", 2, 9, None, 43, 0),
             ("1.25-beta1", 1, 25, Some("beta"), 1, 0),
             ("2.9.43.1", 2, 9, None, 43, 1),

@@ -1,0 +1,1815 @@
+//! The statig machine: one state per phase, the phase's own progress as state-local data,
+//! and the shared storage every phase reads (config, registry, snapshot, model, queues).
+//!
+//! Rules every handler keeps:
+//! - At most one "main" request is in flight (`Machine::pending`); the lease's own requests
+//!   and the record watch run beside it. A completion whose id is not the one awaited is
+//!   stale (from before a retry or a phase change) and ignored.
+//! - Every retry has a bound in [`Limits`]; every wait has a timer.
+//! - Nothing here reads a clock: `now` is the driver's, stored before each dispatch.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use statig::blocking::*;
+
+use crate::gate::GateView;
+use crate::lifecycle::record::{
+    ControllerId, ControllerSet, LeaseToken, RecordView, Revision, UpgradeInfo, UpgradeStatus,
+};
+use crate::lifecycle::types::*;
+use crate::lifecycle::{Mutations, Timer};
+use crate::phase::{Phase, Progress};
+use crate::policy::{self, Decision, Occasion, SelectionRequest, Stream};
+use crate::role::Role;
+use crate::steps::{self, StepRegistry};
+use crate::time::Timestamp;
+use crate::version::Version;
+
+/// Outputs held at most between two drains; the driver drains after every input.
+pub const OUTPUTS_MAX: usize = 32;
+
+/// What the main in-flight request is for.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum Pending {
+    Persist(PersistFor),
+    LoadModel,
+    Capabilities,
+    RecordWrite,
+    DatabaseStep(StepIndex),
+    HostStep(StepIndex),
+    Catalogue,
+    DesiredBinary,
+    SetAgentVersion,
+    Report,
+    Stage,
+}
+
+/// Why a snapshot is being persisted: what to do once it is durable.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum PersistFor {
+    Boot,
+    HostCheckpoint(StepIndex),
+    PastDatabaseSteps,
+    UpgradedTo,
+    Switch,
+    FallBack,
+    ClearTrial,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub(crate) enum LeaseState {
+    #[default]
+    Free,
+    Asking(RequestId),
+    Held(LeaseToken),
+}
+
+/// Progress of Bootstrapping.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub(crate) enum BootStage {
+    #[default]
+    NotStarted,
+    Persisting,
+    LoadingModel,
+    Capabilities,
+}
+
+/// Progress of RunningSteps.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub(crate) struct Steps {
+    record: RecordView,
+    watching: bool,
+    seen_record: bool,
+    lease: LeaseState,
+    keepalive: Option<RequestId>,
+    lease_wait: bool,
+    database_next: u16,
+    attempts: u8,
+    retry_wait: bool,
+    finishing: bool,
+    abort: Option<AbortReason>,
+    /// An operator asked to retry after an abort: an archived aborted record for this
+    /// upgrade no longer stops us.
+    retrying: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum AbortReason {
+    WaitTimedOut,
+    Operator,
+}
+
+/// Progress of CheckingAgentVersion and of Ready's background checks.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub(crate) struct Check {
+    attempts: u8,
+    occasion: Option<OccasionKey>,
+    retry_wait: bool,
+    /// A binary decided on, waiting for `agent-version` to be written or to be staged.
+    chosen: Option<StagePlan>,
+}
+
+/// [`Occasion`] without borrowed data, kept in state.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum OccasionKey {
+    Bootstrap,
+    Periodic,
+    Operator(Option<Version>),
+}
+
+impl OccasionKey {
+    fn occasion(self) -> Occasion {
+        match self {
+            OccasionKey::Bootstrap => Occasion::Bootstrap,
+            OccasionKey::Periodic => Occasion::Periodic,
+            OccasionKey::Operator(version) => Occasion::OperatorRequest { version },
+        }
+    }
+}
+
+/// Progress of Upgrading.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Upgrade {
+    plan: StagePlan,
+    staged: bool,
+    attempts: u8,
+    retry_wait: bool,
+    restarting: bool,
+}
+
+/// Why steps are held.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Held {
+    reason: String,
+    /// The record needs archiving as aborted (operator abort while held).
+    aborting: bool,
+    record: RecordView,
+}
+
+/// Why an upgrade failed, while the agent falls back.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Failure {
+    reason: String,
+    reset_done: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) enum Event {
+    Input(Input),
+    Timer(Timer),
+    /// Applied by `before_dispatch`; no state sees it.
+    #[cfg_attr(not(feature = "mutations"), allow(dead_code))]
+    SetMutations(Mutations),
+}
+
+/// What the machine shares with its driver between dispatches: the clock reading, the
+/// output queue, the timer table and the request counter. Passed to statig as context, so
+/// the wrapper can drain outputs without reaching into the machine.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Io {
+    pub(crate) now: Timestamp,
+    pub(crate) outputs: VecDeque<Output>,
+    pub(crate) timers: [Option<Timestamp>; Timer::COUNT],
+    next_request: u64,
+}
+
+impl Io {
+    pub(crate) fn new() -> Io {
+        Io {
+            now: Timestamp::ZERO,
+            outputs: VecDeque::with_capacity(OUTPUTS_MAX),
+            timers: [None; Timer::COUNT],
+            next_request: 1,
+        }
+    }
+
+    fn next_id(&mut self) -> RequestId {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        id
+    }
+
+    /// Issues a request that runs beside the main one (lease keep-alive, watch, release).
+    fn request_aside(&mut self, request: Request) -> RequestId {
+        let id = self.next_id();
+        self.emit_request(id, request);
+        id
+    }
+
+    fn emit_request(&mut self, id: RequestId, request: Request) {
+        tracing::debug!(target: "lockstep::lifecycle", id = id.0, request = request_name(&request), "request");
+        self.push(Output::Request { id, request });
+    }
+
+    pub(crate) fn push(&mut self, output: Output) {
+        assert!(
+            self.outputs.len() < OUTPUTS_MAX,
+            "more than {OUTPUTS_MAX} outputs undrained: the driver must drain after every input"
+        );
+        self.outputs.push_back(output);
+    }
+
+    fn set_timer(&mut self, timer: Timer, after: crate::time::Millis) {
+        self.timers[timer as usize] = Some(self.now + after);
+    }
+
+    fn cancel_timer(&mut self, timer: Timer) {
+        self.timers[timer as usize] = None;
+    }
+}
+
+/// The shared storage of the machine.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) struct Machine {
+    pub(crate) config: Config,
+    pub(crate) registry: Arc<StepRegistry>,
+    pub(crate) snapshot: Snapshot,
+    pub(crate) first_boot: bool,
+    pub(crate) model: Option<ModelView>,
+    pub(crate) pending: Option<(RequestId, Pending)>,
+    pub(crate) gate: GateView,
+    pub(crate) upgrade_available: Option<Version>,
+    pub(crate) mutations: Mutations,
+    /// Set by Bootstrapping when the snapshot shows a trial that did not succeed.
+    fell_back: Option<String>,
+}
+
+#[state_machine(
+    initial = "State::bootstrapping(BootStage::NotStarted)",
+    state(derive(Clone, PartialEq, Eq, Hash, Debug)),
+    context_identifier = "io",
+    before_dispatch = "Self::before_dispatch",
+    after_transition = "Self::after_transition"
+)]
+impl Machine {
+    // ---------------------------------------------------------------- Bootstrapping
+
+    #[state]
+    fn bootstrapping(
+        &mut self,
+        io: &mut Io,
+        stage: &mut BootStage,
+        event: &Event,
+    ) -> Outcome<State> {
+        match event {
+            Event::Input(Input::Start) if *stage == BootStage::NotStarted => {
+                self.start_trial_accounting(io);
+                *stage = BootStage::Persisting;
+                let snapshot = self.snapshot.clone();
+                self.request(
+                    io,
+                    Pending::Persist(PersistFor::Boot),
+                    Request::PersistSnapshot(snapshot),
+                );
+                Handled
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Persist(PersistFor::Boot)) =>
+            {
+                if let Some(outcome) = self.trial_exhausted(io) {
+                    return outcome;
+                }
+                *stage = BootStage::LoadingModel;
+                self.request(io, Pending::LoadModel, Request::LoadModel);
+                Handled
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Persist(PersistFor::FallBack)) =>
+            {
+                self.restart_into_previous(io);
+                Handled
+            }
+            Event::Input(Input::ModelLoaded { id, model })
+                if self.completes(*id, Pending::LoadModel) =>
+            {
+                self.model = Some(model.clone());
+                if self.first_boot && self.is_controller() {
+                    *stage = BootStage::Capabilities;
+                    self.request(io, Pending::Capabilities, Request::RefreshCapabilities);
+                    return Handled;
+                }
+                self.leave_bootstrapping()
+            }
+            Event::Input(Input::Done { id }) if self.completes(*id, Pending::Capabilities) => {
+                self.leave_bootstrapping()
+            }
+            Event::Timer(Timer::TrialReady) => self.trial_timed_out(io),
+            _ => Super,
+        }
+    }
+
+    // ---------------------------------------------------------------- RunningSteps
+
+    #[action]
+    fn enter_running_steps(&mut self, io: &mut Io, steps: &mut Steps) {
+        self.reconcile_steps(io, steps);
+    }
+
+    #[state(
+        entry_action = "enter_running_steps",
+        exit_action = "exit_running_steps"
+    )]
+    fn running_steps(&mut self, io: &mut Io, steps: &mut Steps, event: &Event) -> Outcome<State> {
+        let outcome = match event {
+            Event::Input(Input::RecordChanged(view)) => {
+                if view.revision >= steps.record.revision {
+                    steps.record = *view;
+                    steps.seen_record = true;
+                }
+                None
+            }
+            Event::Input(Input::RecordWritten { id, write })
+                if self.completes(*id, Pending::RecordWrite) =>
+            {
+                match write {
+                    RecordWrite::Written(view) | RecordWrite::Conflict(view) => {
+                        if view.revision >= steps.record.revision {
+                            steps.record = *view;
+                            steps.seen_record = true;
+                        }
+                        if let (Some(reason), RecordWrite::Written(_)) = (steps.abort, write) {
+                            return Transition(self.held_after_abort(reason, steps));
+                        }
+                    }
+                    RecordWrite::Fenced => self.lose_lease(io, steps),
+                }
+                None
+            }
+            Event::Input(Input::LeaseAnswered { id, lease }) => {
+                self.lease_answered(io, steps, *id, *lease);
+                None
+            }
+            Event::Input(Input::StepFinished { id, outcome }) => {
+                self.step_finished(io, steps, *id, outcome)
+            }
+            Event::Input(Input::Done { id }) => self.steps_done(io, steps, *id),
+            Event::Input(Input::Operator(OperatorAction::Abort)) => {
+                steps.abort = Some(AbortReason::Operator);
+                None
+            }
+            Event::Timer(Timer::StepRetry) => {
+                steps.retry_wait = false;
+                None
+            }
+            Event::Timer(Timer::LeaseRetry) => {
+                steps.lease_wait = false;
+                None
+            }
+            Event::Timer(Timer::LeaseKeepAlive) => {
+                if let (LeaseState::Held(token), None) = (steps.lease, steps.keepalive) {
+                    steps.keepalive = Some(io.request_aside(Request::KeepAliveLease(token)));
+                }
+                None
+            }
+            Event::Timer(Timer::ControllersWait) => {
+                if !self.all_ready(&steps.record) {
+                    steps.abort = Some(AbortReason::WaitTimedOut);
+                }
+                None
+            }
+            Event::Timer(Timer::TrialReady) => return self.trial_timed_out(io),
+            _ => return Super,
+        };
+        if let Some(state) = outcome {
+            return Transition(state);
+        }
+        match self.reconcile_steps(io, steps) {
+            Some(state) => Transition(state),
+            None => Handled,
+        }
+    }
+
+    #[action]
+    fn exit_running_steps(&mut self, io: &mut Io, steps: &mut Steps) {
+        for timer in [
+            Timer::StepRetry,
+            Timer::LeaseRetry,
+            Timer::LeaseKeepAlive,
+            Timer::ControllersWait,
+        ] {
+            io.cancel_timer(timer);
+        }
+        if let LeaseState::Held(token) = steps.lease {
+            // Not awaited: the lease expires by itself if this is lost.
+            io.request_aside(Request::ReleaseLease(token));
+        }
+    }
+
+    // ---------------------------------------------------------------- CheckingAgentVersion
+
+    #[action]
+    fn enter_checking_agent_version(&mut self, io: &mut Io, check: &mut Check) {
+        if self.mutations.gate_before_version_check {
+            // Planted defect: the gate opens before the version is known.
+            io.push(Output::Gate(self.view(Phase::Ready)));
+        }
+        if check.occasion.is_none() {
+            check.occasion = Some(self.occasion());
+        }
+        self.start_check(io);
+    }
+
+    #[state(entry_action = "enter_checking_agent_version")]
+    fn checking_agent_version(
+        &mut self,
+        io: &mut Io,
+        check: &mut Check,
+        event: &Event,
+    ) -> Outcome<State> {
+        match event {
+            Event::Input(Input::CatalogueFound { id, result })
+                if self.completes(*id, Pending::Catalogue) =>
+            {
+                match result {
+                    Ok(catalogue) => self.decide(io, check, catalogue),
+                    Err(reason) => {
+                        check.attempts += 1;
+                        if check.attempts < self.config.limits.catalogue_attempts_max {
+                            check.retry_wait = true;
+                            self.status_message(
+                                io,
+                                format!("agent binary lookup failed (will retry): {reason}"),
+                            );
+                            io.set_timer(
+                                Timer::CatalogueRetry,
+                                self.config.limits.catalogue_retry_delay,
+                            );
+                            return Handled;
+                        }
+                        if self.must_upgrade() {
+                            let reason = format!("agent binaries could not be looked up: {reason}");
+                            return Transition(State::upgrade_failed(Failure {
+                                reason,
+                                reset_done: false,
+                            }));
+                        }
+                        self.status_message(
+                            io,
+                            format!("agent binary lookup failed (giving up): {reason}"),
+                        );
+                        Transition(State::ready(Check::default()))
+                    }
+                }
+            }
+            Event::Input(Input::DesiredBinary { id, plan })
+                if self.completes(*id, Pending::DesiredBinary) =>
+            {
+                if plan.binary.number == self.config.running.number {
+                    Transition(State::ready(Check::default()))
+                } else {
+                    Transition(State::upgrading(Upgrade::new(plan.clone(), false)))
+                }
+            }
+            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
+                match check.chosen.take() {
+                    Some(plan) => Transition(State::upgrading(Upgrade::new(plan, false))),
+                    None => Transition(State::ready(Check::default())),
+                }
+            }
+            Event::Input(Input::Done { id }) if self.completes(*id, Pending::Report) => {
+                Transition(State::ready(Check::default()))
+            }
+            Event::Timer(Timer::CatalogueRetry) if check.retry_wait => {
+                check.retry_wait = false;
+                self.start_check(io);
+                Handled
+            }
+            Event::Timer(Timer::TrialReady) => self.trial_timed_out(io),
+            _ => Super,
+        }
+    }
+
+    // ---------------------------------------------------------------- Upgrading
+
+    #[action]
+    fn enter_upgrading(&mut self, io: &mut Io, upgrade: &mut Upgrade) {
+        self.advance_upgrade(io, upgrade);
+    }
+
+    #[state(entry_action = "enter_upgrading")]
+    fn upgrading(&mut self, io: &mut Io, upgrade: &mut Upgrade, event: &Event) -> Outcome<State> {
+        match event {
+            Event::Input(Input::Staged { id, result }) if self.completes(*id, Pending::Stage) => {
+                match result {
+                    Ok(()) => {
+                        upgrade.staged = true;
+                        self.advance_upgrade(io, upgrade);
+                        Handled
+                    }
+                    Err(reason) => {
+                        upgrade.attempts += 1;
+                        if upgrade.attempts < self.config.limits.stage_attempts_max {
+                            upgrade.retry_wait = true;
+                            self.status_message(
+                                io,
+                                format!(
+                                    "staging agent binary {} failed (will retry): {reason}",
+                                    upgrade.plan.binary
+                                ),
+                            );
+                            io.set_timer(Timer::StageRetry, self.config.limits.stage_retry_delay);
+                            return Handled;
+                        }
+                        let reason = format!(
+                            "agent binary {} could not be staged after {} attempts: {reason}",
+                            upgrade.plan.binary, upgrade.attempts
+                        );
+                        Transition(State::upgrade_failed(Failure {
+                            reason,
+                            reset_done: false,
+                        }))
+                    }
+                }
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Persist(PersistFor::Switch)) =>
+            {
+                upgrade.restarting = true;
+                let binary = upgrade.plan.binary.clone();
+                io.request_aside(Request::RestartInto(binary));
+                Handled
+            }
+            Event::Timer(Timer::StageRetry) if upgrade.retry_wait => {
+                upgrade.retry_wait = false;
+                self.advance_upgrade(io, upgrade);
+                Handled
+            }
+            _ => Super,
+        }
+    }
+
+    // ---------------------------------------------------------------- Ready
+
+    #[action]
+    fn enter_ready(&mut self, io: &mut Io) {
+        if let Some(trial) = &self.snapshot.trial
+            && trial.binary == self.config.running
+        {
+            // The new binary proved itself: forget the trial.
+            io.cancel_timer(Timer::TrialReady);
+            self.snapshot.trial = None;
+            let snapshot = self.snapshot.clone();
+            self.request(
+                io,
+                Pending::Persist(PersistFor::ClearTrial),
+                Request::PersistSnapshot(snapshot),
+            );
+        }
+        if self.is_controller() {
+            io.set_timer(
+                Timer::CatalogueCheck,
+                self.config.limits.catalogue_check_interval,
+            );
+        }
+    }
+
+    #[state(entry_action = "enter_ready")]
+    fn ready(&mut self, io: &mut Io, check: &mut Check, event: &Event) -> Outcome<State> {
+        match event {
+            Event::Timer(Timer::CatalogueCheck) => {
+                io.set_timer(
+                    Timer::CatalogueCheck,
+                    self.config.limits.catalogue_check_interval,
+                );
+                if self.pending.is_none() {
+                    check.occasion = Some(OccasionKey::Periodic);
+                    self.start_check(io);
+                }
+                Handled
+            }
+            Event::Input(Input::UpgradeRequested { version }) => {
+                self.request_upgrade(io, check, *version);
+                Handled
+            }
+            Event::Input(Input::AgentVersionChanged(version)) => {
+                if *version != self.config.running.number {
+                    self.request_upgrade(io, check, Some(*version));
+                }
+                Handled
+            }
+            Event::Input(Input::CatalogueFound { id, result })
+                if self.completes(*id, Pending::Catalogue) =>
+            {
+                match result {
+                    Ok(catalogue) => self.decide_in_ready(io, check, catalogue),
+                    Err(reason) => {
+                        self.status_message(io, format!("agent binary lookup failed: {reason}"));
+                        Handled
+                    }
+                }
+            }
+            Event::Input(Input::DesiredBinary { id, plan })
+                if self.completes(*id, Pending::DesiredBinary) =>
+            {
+                if plan.binary.number != self.config.running.number {
+                    check.chosen = Some(plan.clone());
+                    self.request(io, Pending::Stage, Request::StageBinary(plan.clone()));
+                }
+                Handled
+            }
+            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
+                // Pre-stage while still Ready: the gate closes only once the binary is verified.
+                if let Some(plan) = check.chosen.clone() {
+                    self.request(io, Pending::Stage, Request::StageBinary(plan));
+                }
+                Handled
+            }
+            Event::Input(Input::Staged { id, result }) if self.completes(*id, Pending::Stage) => {
+                match result {
+                    Ok(()) => match check.chosen.take() {
+                        Some(plan) => Transition(State::upgrading(Upgrade::new(plan, true))),
+                        None => Handled,
+                    },
+                    Err(reason) => {
+                        check.chosen = None;
+                        self.status_message(
+                            io,
+                            format!("upgrade not started: staging failed: {reason}"),
+                        );
+                        Handled
+                    }
+                }
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Report)
+                    || self.completes(*id, Pending::Persist(PersistFor::ClearTrial)) =>
+            {
+                Handled
+            }
+            _ => Super,
+        }
+    }
+
+    // ---------------------------------------------------------------- StepsFailed
+
+    #[action]
+    fn enter_steps_failed(&mut self, io: &mut Io, held: &mut Held) {
+        let message = held.reason.clone();
+        self.status_message(io, message);
+    }
+
+    #[state(entry_action = "enter_steps_failed")]
+    fn steps_failed(&mut self, io: &mut Io, held: &mut Held, event: &Event) -> Outcome<State> {
+        match event {
+            Event::Input(Input::Operator(OperatorAction::Retry)) if self.pending.is_none() => {
+                Transition(State::running_steps(Steps {
+                    retrying: true,
+                    ..Steps::default()
+                }))
+            }
+            Event::Input(Input::Operator(OperatorAction::Abort)) if self.pending.is_none() => {
+                if let (Some((record, revision)), true) =
+                    (held.record.current, self.is_controller())
+                {
+                    held.aborting = true;
+                    let aborted = UpgradeInfo {
+                        status: UpgradeStatus::Aborted,
+                        ..record
+                    };
+                    self.request(
+                        io,
+                        Pending::RecordWrite,
+                        Request::UpdateRecord {
+                            expected: revision,
+                            record: aborted,
+                            fence: None,
+                        },
+                    );
+                    return Handled;
+                }
+                self.abort_held(io, held)
+            }
+            Event::Input(Input::RecordWritten { id, write })
+                if self.completes(*id, Pending::RecordWrite) =>
+            {
+                match write {
+                    RecordWrite::Written(view) => {
+                        held.record = *view;
+                        self.abort_held(io, held)
+                    }
+                    RecordWrite::Conflict(view) => {
+                        // Someone changed it first; the operator may abort again.
+                        held.record = *view;
+                        held.aborting = false;
+                        Handled
+                    }
+                    RecordWrite::Fenced => Handled,
+                }
+            }
+            Event::Input(Input::RecordChanged(view)) => {
+                if view.revision >= held.record.revision {
+                    held.record = *view;
+                }
+                Handled
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Persist(PersistFor::FallBack)) =>
+            {
+                self.restart_into_previous(io);
+                Handled
+            }
+            _ => Super,
+        }
+    }
+
+    // ---------------------------------------------------------------- UpgradeFailed
+
+    #[action]
+    fn enter_upgrade_failed(&mut self, io: &mut Io, failure: &mut Failure) {
+        self.status_message(
+            io,
+            format!(
+                "upgrade failed, staying on {}: {}",
+                self.config.running.number, failure.reason
+            ),
+        );
+        self.advance_failure(io, failure);
+    }
+
+    #[state(entry_action = "enter_upgrade_failed")]
+    fn upgrade_failed(
+        &mut self,
+        io: &mut Io,
+        failure: &mut Failure,
+        event: &Event,
+    ) -> Outcome<State> {
+        match event {
+            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
+                failure.reset_done = true;
+                if let Some(model) = &mut self.model {
+                    model.agent_version = self.config.running.number;
+                }
+                self.advance_failure(io, failure)
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Persist(PersistFor::ClearTrial)) =>
+            {
+                Transition(State::ready(Check::default()))
+            }
+            _ => Super,
+        }
+    }
+}
+
+impl std::hash::Hash for Machine {
+    /// Everything but the registry, which is fixed for the life of the process.
+    fn hash<H: std::hash::Hasher>(&self, hasher: &mut H) {
+        self.config.hash(hasher);
+        self.snapshot.hash(hasher);
+        self.first_boot.hash(hasher);
+        self.model.hash(hasher);
+        self.pending.hash(hasher);
+        self.gate.hash(hasher);
+        self.upgrade_available.hash(hasher);
+        self.mutations.hash(hasher);
+        self.fell_back.hash(hasher);
+    }
+}
+
+impl Machine {
+    pub(crate) fn new(
+        config: Config,
+        registry: Arc<StepRegistry>,
+        snapshot: Option<Snapshot>,
+    ) -> Machine {
+        let first_boot = snapshot.is_none();
+        let snapshot = snapshot.unwrap_or_else(|| Snapshot::bootstrapped(&config.running));
+        let retry_after = config.limits.retry_after;
+        Machine {
+            config,
+            registry,
+            snapshot,
+            first_boot,
+            model: None,
+            pending: None,
+            gate: GateView {
+                phase: Phase::Bootstrapping,
+                progress: Progress::default(),
+                retry_after,
+            },
+            upgrade_available: None,
+            mutations: Mutations::default(),
+            fell_back: None,
+        }
+    }
+
+    fn before_dispatch(&mut self, _state: StateOrSuperstate<'_, State, Superstate>, event: &Event) {
+        if let Event::SetMutations(mutations) = event {
+            self.mutations = *mutations;
+        }
+    }
+
+    fn after_transition(&mut self, source: &State, target: &State, io: &mut Io) {
+        let (from, to) = (phase_of(source), phase_of(target));
+        if from == to {
+            return;
+        }
+        tracing::info!(target: "lockstep::lifecycle", from = %from, to = %to, "phase changed");
+        let progress = if to == Phase::RunningSteps {
+            let plan = self.current_plan(false);
+            Progress {
+                done: 0,
+                total: plan.len() as u32,
+                target: Some(self.config.running.number),
+            }
+        } else if let State::Upgrading { upgrade } = target {
+            Progress {
+                done: 0,
+                total: 1,
+                target: Some(upgrade.plan.binary.number),
+            }
+        } else {
+            Progress::default()
+        };
+        self.gate = self.view(to);
+        self.gate.progress = progress;
+        io.push(Output::Gate(self.gate));
+        io.push(Output::Status(StatusReport {
+            phase: to,
+            progress,
+            message: String::new(),
+        }));
+    }
+
+    // ---------------------------------------------------------------- requests and timers
+
+    /// Issues the main request; asserts none is in flight.
+    fn request(&mut self, io: &mut Io, pending: Pending, request: Request) -> RequestId {
+        assert!(
+            self.pending.is_none(),
+            "request {pending:?} while {:?} is in flight",
+            self.pending
+        );
+        let id = io.next_id();
+        self.pending = Some((id, pending));
+        io.emit_request(id, request);
+        id
+    }
+
+    /// True (and clears it) when `id` completes the main request of this kind.
+    fn completes(&mut self, id: RequestId, kind: Pending) -> bool {
+        if self.pending == Some((id, kind)) {
+            self.pending = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn view(&self, phase: Phase) -> GateView {
+        GateView {
+            phase,
+            progress: self.gate.progress,
+            retry_after: self.config.limits.retry_after,
+        }
+    }
+
+    fn status_message(&mut self, io: &mut Io, message: String) {
+        tracing::info!(target: "lockstep::lifecycle", phase = %self.gate.phase, message = %message, "status");
+        io.push(Output::Status(StatusReport {
+            phase: self.gate.phase,
+            progress: self.gate.progress,
+            message,
+        }));
+    }
+
+    fn set_progress(&mut self, io: &mut Io, done: u32) {
+        if self.gate.progress.done != done {
+            self.gate.progress.done = done;
+            io.push(Output::Gate(self.gate));
+        }
+    }
+
+    fn is_controller(&self) -> bool {
+        self.config.controller.is_some() && self.config.roles.contains(Role::Controller)
+    }
+
+    fn me(&self) -> ControllerId {
+        self.config.controller.expect("only controllers coordinate")
+    }
+
+    fn controllers(&self) -> ControllerSet {
+        self.model
+            .as_ref()
+            .map(|model| model.controllers)
+            .unwrap_or(ControllerSet::EMPTY)
+    }
+
+    fn all_ready(&self, view: &RecordView) -> bool {
+        match view.current {
+            Some((record, _)) => record.controllers_ready.covers(self.controllers()),
+            None => false,
+        }
+    }
+
+    // ---------------------------------------------------------------- Bootstrapping
+
+    /// Counts a boot of a binary on trial, or notices that the trial was abandoned.
+    fn start_trial_accounting(&mut self, io: &mut Io) {
+        let Some(trial) = &mut self.snapshot.trial else {
+            return;
+        };
+        if trial.binary == self.config.running {
+            trial.boots = trial.boots.saturating_add(1);
+            io.set_timer(Timer::TrialReady, self.config.limits.trial_ready_timeout);
+        } else {
+            self.fell_back = Some(format!(
+                "agent binary {} did not come up; running {} again",
+                trial.binary, self.config.running
+            ));
+        }
+    }
+
+    fn trial_exhausted(&mut self, io: &mut Io) -> Option<Outcome<State>> {
+        let trial = self.snapshot.trial.as_ref()?;
+        if trial.binary != self.config.running || trial.boots <= self.config.limits.trial_boots_max
+        {
+            return None;
+        }
+        let reason = format!(
+            "agent binary {} booted {} times without reaching Ready",
+            trial.binary, trial.boots
+        );
+        Some(self.fall_back(io, reason))
+    }
+
+    fn trial_timed_out(&mut self, io: &mut Io) -> Outcome<State> {
+        let reason = format!(
+            "agent binary {} did not reach Ready within {}",
+            self.config.running, self.config.limits.trial_ready_timeout
+        );
+        self.fall_back(io, reason)
+    }
+
+    /// Falls back to the previous binary if no database step of the new version has run;
+    /// otherwise holds (rolling back after database steps is unsafe).
+    fn fall_back(&mut self, io: &mut Io, reason: String) -> Outcome<State> {
+        let safe = self
+            .snapshot
+            .trial
+            .as_ref()
+            .is_some_and(|trial| !trial.past_database_steps)
+            && self.snapshot.previous.is_some();
+        if !safe || self.pending.is_some() {
+            return Transition(State::steps_failed(Held {
+                reason: format!(
+                    "{reason}; database steps already ran, so it is held here rather than rolled back"
+                ),
+                aborting: false,
+                record: RecordView::default(),
+            }));
+        }
+        self.status_message(io, format!("{reason}; falling back"));
+        let snapshot = self.snapshot.clone();
+        self.request(
+            io,
+            Pending::Persist(PersistFor::FallBack),
+            Request::PersistSnapshot(snapshot),
+        );
+        Handled
+    }
+
+    fn restart_into_previous(&mut self, io: &mut Io) {
+        if let Some(previous) = self.snapshot.previous.clone() {
+            io.request_aside(Request::RestartInto(previous));
+        }
+    }
+
+    fn leave_bootstrapping(&mut self) -> Outcome<State> {
+        if let Some(reason) = self.fell_back.take() {
+            return Transition(State::upgrade_failed(Failure {
+                reason,
+                reset_done: false,
+            }));
+        }
+        let upgraded_to = self.snapshot.upgraded_to_version;
+        let running = self.config.running.number;
+        if upgraded_to > running {
+            return Transition(State::steps_failed(Held {
+                reason: format!(
+                    "agent binary {running} is older than upgradedToVersion {upgraded_to}; \
+                     install {upgraded_to} or newer"
+                ),
+                aborting: false,
+                record: RecordView::default(),
+            }));
+        }
+        if upgraded_to < running {
+            return Transition(State::running_steps(Steps::default()));
+        }
+        Transition(State::checking_agent_version(Check::default()))
+    }
+
+    // ---------------------------------------------------------------- RunningSteps
+
+    fn current_plan(&self, coordinator: bool) -> steps::Plan {
+        steps::plan(
+            &self.registry,
+            self.snapshot.upgraded_to_version,
+            self.config.running.number,
+            self.config.roles,
+            coordinator && self.is_controller(),
+        )
+    }
+
+    fn lease_answered(
+        &mut self,
+        io: &mut Io,
+        steps: &mut Steps,
+        id: RequestId,
+        lease: Option<LeaseToken>,
+    ) {
+        if steps.keepalive == Some(id) {
+            steps.keepalive = None;
+            match lease {
+                Some(token) if steps.lease == LeaseState::Held(token) => {
+                    io.set_timer(
+                        Timer::LeaseKeepAlive,
+                        self.config.limits.lease_keepalive_interval,
+                    );
+                }
+                _ => self.lose_lease(io, steps),
+            }
+            return;
+        }
+        if steps.lease != LeaseState::Asking(id) {
+            return;
+        }
+        match lease {
+            Some(token) => {
+                tracing::info!(target: "lockstep::lifecycle", token = token.0, "coordinator lease acquired");
+                steps.lease = LeaseState::Held(token);
+                io.set_timer(
+                    Timer::LeaseKeepAlive,
+                    self.config.limits.lease_keepalive_interval,
+                );
+            }
+            None => {
+                steps.lease = LeaseState::Free;
+                steps.lease_wait = true;
+                io.set_timer(Timer::LeaseRetry, self.config.limits.lease_retry_delay);
+            }
+        }
+    }
+
+    fn lose_lease(&mut self, io: &mut Io, steps: &mut Steps) {
+        if matches!(steps.lease, LeaseState::Held(_)) {
+            tracing::warn!(target: "lockstep::lifecycle", "coordinator lease lost; no longer coordinating");
+        }
+        steps.lease = LeaseState::Free;
+        steps.keepalive = None;
+        steps.lease_wait = true;
+        io.cancel_timer(Timer::LeaseKeepAlive);
+        io.set_timer(Timer::LeaseRetry, self.config.limits.lease_retry_delay);
+    }
+
+    fn step_finished(
+        &mut self,
+        io: &mut Io,
+        steps: &mut Steps,
+        id: RequestId,
+        outcome: &StepOutcome,
+    ) -> Option<State> {
+        let kind = match self.pending {
+            Some((pending_id, kind @ (Pending::DatabaseStep(_) | Pending::HostStep(_))))
+                if pending_id == id =>
+            {
+                kind
+            }
+            _ => return None,
+        };
+        self.pending = None;
+        match (kind, outcome) {
+            (Pending::DatabaseStep(_), StepOutcome::Applied | StepOutcome::AlreadyApplied) => {
+                steps.database_next += 1;
+                steps.attempts = 0;
+                None
+            }
+            (Pending::HostStep(index), StepOutcome::Applied | StepOutcome::AlreadyApplied) => {
+                steps.attempts = 0;
+                if self.mutations.checkpoint_before_effects {
+                    return None; // planted defect: the checkpoint was already written
+                }
+                self.persist_host_checkpoint(io, index);
+                None
+            }
+            (_, StepOutcome::Fenced) => {
+                self.lose_lease(io, steps);
+                None
+            }
+            (_, StepOutcome::Failed(reason)) => {
+                steps.attempts += 1;
+                let target = self.config.running.number;
+                if steps.attempts >= self.config.limits.step_attempts_max {
+                    return Some(State::steps_failed(Held {
+                        reason: format!("upgrade to {target} failed (giving up): {reason}"),
+                        aborting: false,
+                        record: steps.record,
+                    }));
+                }
+                self.status_message(
+                    io,
+                    format!("upgrade to {target} failed (will retry): {reason}"),
+                );
+                steps.retry_wait = true;
+                io.set_timer(Timer::StepRetry, self.config.limits.step_retry_delay);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn steps_done(&mut self, io: &mut Io, steps: &mut Steps, id: RequestId) -> Option<State> {
+        let (pending_id, kind) = self.pending?;
+        if pending_id != id {
+            return None;
+        }
+        self.pending = None;
+        match kind {
+            Pending::Persist(PersistFor::UpgradedTo) => {
+                Some(State::checking_agent_version(Check::default()))
+            }
+            Pending::Capabilities => {
+                self.persist_upgraded_to(io);
+                None
+            }
+            Pending::Persist(PersistFor::FallBack) => {
+                self.restart_into_previous(io);
+                None
+            }
+            Pending::Persist(PersistFor::HostCheckpoint(index))
+                if self.mutations.checkpoint_before_effects =>
+            {
+                // Planted defect: the step runs only after its checkpoint is durable.
+                let key = self.registry.key(index);
+                self.request(
+                    io,
+                    Pending::HostStep(index),
+                    Request::RunStep {
+                        step: index,
+                        key,
+                        fence: None,
+                    },
+                );
+                None
+            }
+            _ => {
+                let _ = steps;
+                None
+            }
+        }
+    }
+
+    fn persist_host_checkpoint(&mut self, io: &mut Io, index: StepIndex) {
+        let key = self.registry.key(index);
+        if !self.snapshot.host_checkpoints.contains(&key) {
+            self.snapshot.host_checkpoints.push(key);
+        }
+        let snapshot = self.snapshot.clone();
+        self.request(
+            io,
+            Pending::Persist(PersistFor::HostCheckpoint(index)),
+            Request::PersistSnapshot(snapshot),
+        );
+    }
+
+    fn persist_upgraded_to(&mut self, io: &mut Io) {
+        self.snapshot.upgraded_to_version = self.config.running.number;
+        self.snapshot.host_checkpoints.clear();
+        let snapshot = self.snapshot.clone();
+        self.request(
+            io,
+            Pending::Persist(PersistFor::UpgradedTo),
+            Request::PersistSnapshot(snapshot),
+        );
+    }
+
+    /// Issues the next request RunningSteps needs, or returns the phase to go to. Called
+    /// after every event of the phase: the decision depends only on what is known now.
+    fn reconcile_steps(&mut self, io: &mut Io, steps: &mut Steps) -> Option<State> {
+        if self.pending.is_some() || steps.finishing {
+            return None;
+        }
+        if !self.is_controller() {
+            return self.next_host_step(io, steps, None);
+        }
+        let me = self.me();
+        let (from, to) = (
+            self.snapshot.upgraded_to_version,
+            self.config.running.number,
+        );
+        if !steps.watching {
+            steps.watching = true;
+            io.request_aside(Request::WatchRecord { after: Revision(0) });
+            return None;
+        }
+        if !steps.seen_record {
+            return None;
+        }
+        let Some((record, revision)) = steps.record.current else {
+            if let Some(last) = steps.record.last_archived
+                && last.describes(from, to)
+            {
+                if last.status == UpgradeStatus::Complete && last.controllers_done.contains(me) {
+                    return self.finish_steps(io, steps);
+                }
+                if last.status == UpgradeStatus::Aborted && !steps.retrying {
+                    return Some(State::steps_failed(Held {
+                        reason: format!("upgrade from {from} to {to} was aborted"),
+                        aborting: false,
+                        record: steps.record,
+                    }));
+                }
+            }
+            if let Some(reason) = steps.abort {
+                return Some(self.held_after_abort(reason, steps));
+            }
+            let record = UpgradeInfo {
+                previous_version: from,
+                target_version: to,
+                status: UpgradeStatus::Pending,
+                controllers_ready: ControllerSet::EMPTY.with(me),
+                controllers_done: ControllerSet::EMPTY,
+            };
+            self.request(io, Pending::RecordWrite, Request::CreateRecord(record));
+            return None;
+        };
+        if !record.describes(from, to) {
+            return Some(State::steps_failed(Held {
+                reason: format!(
+                    "current upgrade info mismatch: expected {from} -> {to}, found {} -> {} ({}); \
+                     abort it or finish it first",
+                    record.previous_version, record.target_version, record.status
+                ),
+                aborting: false,
+                record: steps.record,
+            }));
+        }
+        if let Some(_reason) = steps.abort {
+            let aborted = UpgradeInfo {
+                status: UpgradeStatus::Aborted,
+                ..record
+            };
+            self.request(
+                io,
+                Pending::RecordWrite,
+                Request::UpdateRecord {
+                    expected: revision,
+                    record: aborted,
+                    fence: None,
+                },
+            );
+            return None;
+        }
+        if !record.controllers_ready.contains(me) {
+            let registered = UpgradeInfo {
+                controllers_ready: record.controllers_ready.with(me),
+                ..record
+            };
+            self.request(
+                io,
+                Pending::RecordWrite,
+                Request::UpdateRecord {
+                    expected: revision,
+                    record: registered,
+                    fence: None,
+                },
+            );
+            return None;
+        }
+        if !self.all_ready(&steps.record) {
+            if io.timers[Timer::ControllersWait as usize].is_none() {
+                io.set_timer(Timer::ControllersWait, self.config.limits.controllers_wait);
+                self.status_message(
+                    io,
+                    format!(
+                        "waiting for controllers: ready {:?} of {:?}",
+                        record.controllers_ready,
+                        self.controllers()
+                    ),
+                );
+            }
+            return None;
+        }
+        io.cancel_timer(Timer::ControllersWait);
+        if steps.retry_wait {
+            return None;
+        }
+        match record.status {
+            UpgradeStatus::Pending => {
+                let token = match steps.lease {
+                    LeaseState::Held(token) => token,
+                    LeaseState::Free if !steps.lease_wait => {
+                        let id = io.request_aside(Request::AcquireLease);
+                        steps.lease = LeaseState::Asking(id);
+                        return None;
+                    }
+                    _ => return None,
+                };
+                if self.mark_past_database_steps(io) {
+                    return None;
+                }
+                let plan = self.current_plan(true);
+                self.set_progress(io, u32::from(steps.database_next));
+                let fence = if self.mutations.unfenced_coordinator {
+                    None
+                } else {
+                    Some(token)
+                };
+                if let Some(&index) = plan.database().get(usize::from(steps.database_next)) {
+                    let key = self.registry.key(index);
+                    self.request(
+                        io,
+                        Pending::DatabaseStep(index),
+                        Request::RunStep {
+                            step: index,
+                            key,
+                            fence,
+                        },
+                    );
+                    return None;
+                }
+                let complete = UpgradeInfo {
+                    status: UpgradeStatus::DbComplete,
+                    ..record
+                };
+                self.request(
+                    io,
+                    Pending::RecordWrite,
+                    Request::UpdateRecord {
+                        expected: revision,
+                        record: complete,
+                        fence,
+                    },
+                );
+                None
+            }
+            UpgradeStatus::DbComplete => {
+                if self.mark_past_database_steps(io) {
+                    return None;
+                }
+                let running = UpgradeInfo {
+                    status: UpgradeStatus::Running,
+                    ..record
+                };
+                self.request(
+                    io,
+                    Pending::RecordWrite,
+                    Request::UpdateRecord {
+                        expected: revision,
+                        record: running,
+                        fence: None,
+                    },
+                );
+                None
+            }
+            UpgradeStatus::Running => {
+                if self.mark_past_database_steps(io) {
+                    return None;
+                }
+                if let Some(state) = self.next_host_step(io, steps, Some((record, revision))) {
+                    return Some(state);
+                }
+                None
+            }
+            UpgradeStatus::Complete | UpgradeStatus::Aborted => {
+                unreachable!("a final record is archived, never current")
+            }
+        }
+    }
+
+    /// Before this agent runs (or relies on) database steps of a trial binary, persist that
+    /// falling back is no longer safe. True while that write is in flight.
+    fn mark_past_database_steps(&mut self, io: &mut Io) -> bool {
+        match &mut self.snapshot.trial {
+            Some(trial) if trial.binary == self.config.running && !trial.past_database_steps => {
+                trial.past_database_steps = true;
+                let snapshot = self.snapshot.clone();
+                self.request(
+                    io,
+                    Pending::Persist(PersistFor::PastDatabaseSteps),
+                    Request::PersistSnapshot(snapshot),
+                );
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Runs the next host step not yet checkpointed; when none is left, marks this
+    /// controller done in the record (archiving it if last) or finishes.
+    fn next_host_step(
+        &mut self,
+        io: &mut Io,
+        steps: &mut Steps,
+        record: Option<(UpgradeInfo, Revision)>,
+    ) -> Option<State> {
+        let plan = self.current_plan(false);
+        let remaining: Vec<StepIndex> = plan
+            .host()
+            .iter()
+            .copied()
+            .filter(|&index| {
+                !self
+                    .snapshot
+                    .host_checkpoints
+                    .contains(&self.registry.key(index))
+            })
+            .collect();
+        let done = plan.host().len() - remaining.len();
+        self.set_progress(io, (plan.database().len() + done) as u32);
+        let skip_last = self.mutations.upgraded_to_with_step_missing && remaining.len() == 1;
+        if let (Some(&index), false) = (remaining.first(), skip_last) {
+            let key = self.registry.key(index);
+            if self.mutations.checkpoint_before_effects {
+                // Planted defect: the checkpoint is made durable before the step ran.
+                self.snapshot.host_checkpoints.push(key);
+                let snapshot = self.snapshot.clone();
+                self.request(
+                    io,
+                    Pending::Persist(PersistFor::HostCheckpoint(index)),
+                    Request::PersistSnapshot(snapshot),
+                );
+                return None;
+            }
+            self.request(
+                io,
+                Pending::HostStep(index),
+                Request::RunStep {
+                    step: index,
+                    key,
+                    fence: None,
+                },
+            );
+            return None;
+        }
+        if let Some((record, revision)) = record {
+            let me = self.me();
+            if !record.controllers_done.contains(me) {
+                let done = record.controllers_done.with(me);
+                let status = if done.covers(self.controllers()) {
+                    UpgradeStatus::Complete
+                } else {
+                    record.status
+                };
+                let next = UpgradeInfo {
+                    controllers_done: done,
+                    status,
+                    ..record
+                };
+                self.request(
+                    io,
+                    Pending::RecordWrite,
+                    Request::UpdateRecord {
+                        expected: revision,
+                        record: next,
+                        fence: None,
+                    },
+                );
+                return None;
+            }
+        }
+        self.finish_steps(io, steps)
+    }
+
+    /// The end of an upgrade's steps: rediscover capabilities (controllers), then advance
+    /// `upgradedToVersion`.
+    fn finish_steps(&mut self, io: &mut Io, steps: &mut Steps) -> Option<State> {
+        steps.finishing = true;
+        if let LeaseState::Held(token) = steps.lease {
+            steps.lease = LeaseState::Free;
+            io.cancel_timer(Timer::LeaseKeepAlive);
+            io.request_aside(Request::ReleaseLease(token));
+        }
+        if self.is_controller() {
+            self.request(io, Pending::Capabilities, Request::RefreshCapabilities);
+        } else {
+            self.persist_upgraded_to(io);
+        }
+        None
+    }
+
+    fn held_after_abort(&mut self, reason: AbortReason, steps: &Steps) -> State {
+        let text = match reason {
+            AbortReason::WaitTimedOut => format!(
+                "upgrade to {} aborted: timed out after {} waiting for controllers (ready {:?} of {:?})",
+                self.config.running.number,
+                self.config.limits.controllers_wait,
+                steps
+                    .record
+                    .current
+                    .map(|(record, _)| record.controllers_ready)
+                    .unwrap_or_default(),
+                self.controllers()
+            ),
+            AbortReason::Operator => format!(
+                "upgrade to {} aborted by the operator",
+                self.config.running.number
+            ),
+        };
+        State::steps_failed(Held {
+            reason: text,
+            aborting: false,
+            record: steps.record,
+        })
+    }
+
+    /// Abort while held: fall back to the previous binary when that is safe, else stay held.
+    fn abort_held(&mut self, io: &mut Io, held: &mut Held) -> Outcome<State> {
+        held.aborting = false;
+        held.reason = format!(
+            "upgrade to {} aborted by the operator",
+            self.config.running.number
+        );
+        let rollback_safe =
+            self.snapshot.trial.as_ref().is_some_and(|trial| {
+                !trial.past_database_steps && trial.binary == self.config.running
+            });
+        if rollback_safe {
+            let reason = held.reason.clone();
+            return self.fall_back(io, reason);
+        }
+        let message = held.reason.clone();
+        self.status_message(io, message);
+        Handled
+    }
+
+    // ---------------------------------------------------------------- agent version
+
+    fn occasion(&self) -> OccasionKey {
+        let desired = self.model.as_ref().map(|model| model.agent_version);
+        match desired {
+            _ if self.first_boot => OccasionKey::Bootstrap,
+            Some(version) if version != self.config.running.number => {
+                OccasionKey::Operator(Some(version))
+            }
+            _ => OccasionKey::Periodic,
+        }
+    }
+
+    /// True when staying on the running version would disobey the model.
+    fn must_upgrade(&self) -> bool {
+        match &self.model {
+            Some(model) => {
+                model.agent_version != self.config.running.number
+                    || matches!(model.policy, policy::UpgradePolicy::Pinned(version) if version != self.config.running.number)
+            }
+            None => false,
+        }
+    }
+
+    fn start_check(&mut self, io: &mut Io) {
+        if self.is_controller() {
+            let stream = self.model.as_ref().and_then(|model| model.stream);
+            let streams = Stream::preferred(stream, &self.config.running.number);
+            self.request(io, Pending::Catalogue, Request::LookupCatalogue { streams });
+        } else {
+            self.request(io, Pending::DesiredBinary, Request::DesiredBinary);
+        }
+    }
+
+    #[expect(
+        clippy::result_large_err,
+        reason = "policy errors carry the binaries they name; built once per check"
+    )]
+    fn select(
+        &self,
+        occasion: OccasionKey,
+        catalogue: &policy::Catalogue,
+    ) -> Result<Decision, policy::PolicyError> {
+        let default_model;
+        let model = match &self.model {
+            Some(model) => model,
+            None => {
+                default_model = ModelView {
+                    agent_version: self.config.running.number,
+                    policy: policy::UpgradePolicy::Off,
+                    stream: None,
+                    controllers: ControllerSet::EMPTY,
+                };
+                &default_model
+            }
+        };
+        policy::select(
+            &SelectionRequest {
+                running: &self.config.running,
+                policy: &model.policy,
+                stream: model.stream,
+                occasion: occasion.occasion(),
+            },
+            catalogue,
+        )
+    }
+
+    fn decide(
+        &mut self,
+        io: &mut Io,
+        check: &mut Check,
+        catalogue: &policy::Catalogue,
+    ) -> Outcome<State> {
+        let occasion = check.occasion.unwrap_or(OccasionKey::Periodic);
+        match self.select(occasion, catalogue) {
+            Ok(Decision::Stay { upgrade_available }) => {
+                if self.must_upgrade() {
+                    let reason = format!(
+                        "agent-version {} cannot be installed: no matching agent binary",
+                        self.model
+                            .as_ref()
+                            .map(|model| model.agent_version)
+                            .unwrap_or(self.config.running.number)
+                    );
+                    return Transition(State::upgrade_failed(Failure {
+                        reason,
+                        reset_done: false,
+                    }));
+                }
+                if upgrade_available != self.upgrade_available {
+                    self.upgrade_available = upgrade_available;
+                    self.request(
+                        io,
+                        Pending::Report,
+                        Request::ReportUpgradeAvailable(upgrade_available),
+                    );
+                    return Handled;
+                }
+                Transition(State::ready(Check::default()))
+            }
+            Ok(decision) => {
+                let plan = stage_plan(decision);
+                let version = plan.binary.number;
+                check.chosen = Some(plan);
+                if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
+                    self.request(
+                        io,
+                        Pending::SetAgentVersion,
+                        Request::SetAgentVersion(version),
+                    );
+                    return Handled;
+                }
+                let plan = check.chosen.take().expect("just chosen");
+                Transition(State::upgrading(Upgrade::new(plan, false)))
+            }
+            Err(error) => {
+                let reason = error.to_string();
+                Transition(State::upgrade_failed(Failure {
+                    reason,
+                    reset_done: false,
+                }))
+            }
+        }
+    }
+
+    fn request_upgrade(&mut self, io: &mut Io, check: &mut Check, version: Option<Version>) {
+        if self.pending.is_some() || check.chosen.is_some() {
+            self.status_message(io, "an upgrade check is already in progress".to_owned());
+            return;
+        }
+        check.occasion = Some(OccasionKey::Operator(version));
+        self.start_check(io);
+    }
+
+    fn decide_in_ready(
+        &mut self,
+        io: &mut Io,
+        check: &mut Check,
+        catalogue: &policy::Catalogue,
+    ) -> Outcome<State> {
+        let occasion = check.occasion.take().unwrap_or(OccasionKey::Periodic);
+        match self.select(occasion, catalogue) {
+            Ok(Decision::Stay { upgrade_available }) => {
+                if upgrade_available != self.upgrade_available {
+                    self.upgrade_available = upgrade_available;
+                    self.request(
+                        io,
+                        Pending::Report,
+                        Request::ReportUpgradeAvailable(upgrade_available),
+                    );
+                }
+                Handled
+            }
+            Ok(decision) => {
+                let plan = stage_plan(decision);
+                let version = plan.binary.number;
+                check.chosen = Some(plan.clone());
+                if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
+                    if let Some(model) = &mut self.model {
+                        model.agent_version = version;
+                    }
+                    self.request(
+                        io,
+                        Pending::SetAgentVersion,
+                        Request::SetAgentVersion(version),
+                    );
+                } else {
+                    self.request(io, Pending::Stage, Request::StageBinary(plan));
+                }
+                Handled
+            }
+            Err(error) => {
+                self.status_message(io, format!("upgrade not started: {error}"));
+                Handled
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- Upgrading and failure
+
+    fn advance_upgrade(&mut self, io: &mut Io, upgrade: &mut Upgrade) {
+        if self.pending.is_some() || upgrade.restarting {
+            return;
+        }
+        if !upgrade.staged {
+            self.request(
+                io,
+                Pending::Stage,
+                Request::StageBinary(upgrade.plan.clone()),
+            );
+            return;
+        }
+        self.snapshot.previous = Some(self.config.running.clone());
+        self.snapshot.trial = Some(Trial {
+            binary: upgrade.plan.binary.clone(),
+            boots: 0,
+            past_database_steps: false,
+        });
+        let snapshot = self.snapshot.clone();
+        self.request(
+            io,
+            Pending::Persist(PersistFor::Switch),
+            Request::PersistSnapshot(snapshot),
+        );
+    }
+
+    fn advance_failure(&mut self, io: &mut Io, failure: &mut Failure) -> Outcome<State> {
+        if self.pending.is_some() {
+            return Handled;
+        }
+        if self.is_controller() && !failure.reset_done {
+            // Juju's fix for a controller that restarted forever: agent-version back to ours.
+            self.request(
+                io,
+                Pending::SetAgentVersion,
+                Request::SetAgentVersion(self.config.running.number),
+            );
+            return Handled;
+        }
+        if self.snapshot.trial.is_some() {
+            self.snapshot.trial = None;
+            let snapshot = self.snapshot.clone();
+            self.request(
+                io,
+                Pending::Persist(PersistFor::ClearTrial),
+                Request::PersistSnapshot(snapshot),
+            );
+            return Handled;
+        }
+        Transition(State::ready(Check::default()))
+    }
+}
+
+impl Upgrade {
+    fn new(plan: StagePlan, staged: bool) -> Upgrade {
+        Upgrade {
+            plan,
+            staged,
+            attempts: 0,
+            retry_wait: false,
+            restarting: false,
+        }
+    }
+}
+
+fn stage_plan(decision: Decision) -> StagePlan {
+    match decision {
+        Decision::Upgrade { entry } => StagePlan {
+            binary: entry.binary,
+            size_bytes: entry.size_bytes,
+            sha256: entry.sha256,
+            source: StageSource::Catalogue { path: entry.path },
+        },
+        Decision::UseLocal {
+            binary,
+            sha256,
+            size_bytes,
+        } => StagePlan {
+            binary,
+            size_bytes,
+            sha256,
+            source: StageSource::Local,
+        },
+        Decision::Stay { .. } => unreachable!("a stay decision stages nothing"),
+    }
+}
+
+pub(crate) fn phase_of(state: &State) -> Phase {
+    match state {
+        State::Bootstrapping { .. } => Phase::Bootstrapping,
+        State::RunningSteps { .. } => Phase::RunningSteps,
+        State::CheckingAgentVersion { .. } => Phase::CheckingAgentVersion,
+        State::Upgrading { .. } => Phase::Upgrading,
+        State::Ready { .. } => Phase::Ready,
+        State::StepsFailed { .. } => Phase::StepsFailed,
+        State::UpgradeFailed { .. } => Phase::UpgradeFailed,
+    }
+}

@@ -1,0 +1,402 @@
+//! The lifecycle's vocabulary: what goes in, what comes out, what is persisted.
+
+use std::fmt;
+
+use crate::lifecycle::record::{ControllerId, ControllerSet, LeaseToken, RecordView};
+use crate::phase::Phase;
+use crate::policy::{Catalogue, Sha256, Stream, UpgradePolicy};
+use crate::role::Roles;
+pub use crate::steps::StepIndex;
+use crate::steps::StepKey;
+use crate::time::Millis;
+use crate::version::{Binary, Version};
+
+/// Identifies a request the core made; its completion carries the same id.
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize,
+)]
+pub struct RequestId(pub u64);
+
+/// Every bound the lifecycle keeps, with Juju's values as defaults.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Limits {
+    /// Attempts at a failing step batch before holding in StepsFailed (Juju: 5).
+    pub step_attempts_max: u8,
+    /// Delay between step attempts (Juju: 2 minutes).
+    pub step_retry_delay: Millis,
+    /// How long controllers wait for each other to register (Juju: 15 minutes).
+    pub controllers_wait: Millis,
+    /// Interval between lease keep-alives; the store's lease TTL must be a few times this.
+    pub lease_keepalive_interval: Millis,
+    /// Delay before trying again for a lease someone else holds.
+    pub lease_retry_delay: Millis,
+    /// Attempts at a catalogue lookup before giving up on this check.
+    pub catalogue_attempts_max: u8,
+    pub catalogue_retry_delay: Millis,
+    /// Interval of the background check for newer patches while Ready (Juju: 6 hours).
+    pub catalogue_check_interval: Millis,
+    /// Attempts at staging (download and verify) a binary before the upgrade fails.
+    pub stage_attempts_max: u8,
+    pub stage_retry_delay: Millis,
+    /// Boots a new binary may take without reaching Ready before the agent falls back.
+    pub trial_boots_max: u8,
+    /// How long a new binary may take from start to Ready before the agent falls back.
+    pub trial_ready_timeout: Millis,
+    /// The retry-after hint given to clients the gate turns away.
+    pub retry_after: Millis,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            step_attempts_max: 5,
+            step_retry_delay: Millis(2 * 60 * 1000),
+            controllers_wait: Millis(15 * 60 * 1000),
+            lease_keepalive_interval: Millis(1000),
+            lease_retry_delay: Millis(1000),
+            catalogue_attempts_max: 3,
+            catalogue_retry_delay: Millis(5000),
+            catalogue_check_interval: Millis(6 * 60 * 60 * 1000),
+            stage_attempts_max: 3,
+            stage_retry_delay: Millis(5000),
+            trial_boots_max: 2,
+            trial_ready_timeout: Millis(10 * 60 * 1000),
+            retry_after: Millis(1000),
+        }
+    }
+}
+
+/// What the embedder tells the core about this agent; fixed for the life of the process.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Config {
+    /// Set for a controller: its index among the model's controllers.
+    pub controller: Option<ControllerId>,
+    /// This machine's roles; a controller has [`crate::Role::Controller`].
+    pub roles: Roles,
+    /// The binary this process runs.
+    pub running: Binary,
+    pub limits: Limits,
+}
+
+/// A new binary on trial: switched to, not yet proven to reach Ready.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Trial {
+    /// The binary on trial.
+    pub binary: Binary,
+    /// Boots of that binary so far.
+    pub boots: u8,
+    /// Set (and persisted) before this agent runs or observes database steps of the new
+    /// version: from then on, falling back to the previous binary is unsafe (Juju's lesson).
+    pub past_database_steps: bool,
+}
+
+/// The agent's own persisted state (its part of `agent.conf`), written atomically by the
+/// driver whenever the core asks. Restarting from any persisted snapshot resumes correctly.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Snapshot {
+    /// Format of this snapshot; a newer one is refused by [`Snapshot::check_format`].
+    pub format: u32,
+    /// Juju's `upgradedToVersion`: written only after every planned step is checkpointed.
+    pub upgraded_to_version: Version,
+    /// Host steps of the current upgrade already run (at least once) on this machine.
+    pub host_checkpoints: Vec<StepKey>,
+    /// The binary that ran before the current one, kept for falling back.
+    pub previous: Option<Binary>,
+    /// A switch to a new binary not yet proven.
+    pub trial: Option<Trial>,
+}
+
+impl Snapshot {
+    pub const FORMAT: u32 = 1;
+
+    /// The snapshot of a freshly bootstrapped agent: it records the *binary's* version as
+    /// upgraded-to, not the client's (Juju's historic bug ran steps for nothing).
+    pub fn bootstrapped(running: &Binary) -> Snapshot {
+        Snapshot {
+            format: Snapshot::FORMAT,
+            upgraded_to_version: running.number,
+            host_checkpoints: Vec::new(),
+            previous: None,
+            trial: None,
+        }
+    }
+
+    /// Refuses a snapshot written by a newer lockstep, naming both formats.
+    pub fn check_format(&self) -> Result<(), String> {
+        if self.format > Snapshot::FORMAT {
+            return Err(format!(
+                "agent snapshot format {} is newer than this binary understands ({}); \
+                 run a newer lockstep",
+                self.format,
+                Snapshot::FORMAT
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the shared store says about the model, read at start.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ModelView {
+    /// The model's `agent-version`: the version its agents should run.
+    pub agent_version: Version,
+    pub policy: UpgradePolicy,
+    /// The model's `agent-stream`, when set explicitly.
+    pub stream: Option<Stream>,
+    /// The provisioned controllers.
+    pub controllers: ControllerSet,
+}
+
+/// A binary the core asks the driver to stage: download (or copy), verify size and sha256,
+/// unpack, ready to switch to.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct StagePlan {
+    pub binary: Binary,
+    pub size_bytes: u64,
+    pub sha256: Sha256,
+    pub source: StageSource,
+}
+
+/// Where a staged binary comes from.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum StageSource {
+    /// A catalogue item's path, relative to the metadata source.
+    Catalogue { path: String },
+    /// The operator's own file (`--build-agent`).
+    Local,
+    /// The controller's tools endpoint (agents other than controllers).
+    Controller,
+}
+
+/// How a step attempt ended.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum StepOutcome {
+    /// The step ran and its checkpoint is recorded.
+    Applied,
+    /// Its checkpoint already existed: nothing was done (exactly-once).
+    AlreadyApplied,
+    /// The coordinator's lease is no longer current: nothing was done.
+    Fenced,
+    /// The step failed; nothing of it was committed.
+    Failed(String),
+}
+
+/// How a write of the upgrade-info record ended.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum RecordWrite {
+    /// Written; the view after the write.
+    Written(RecordView),
+    /// The revision (or absence) expected did not hold; the current view.
+    Conflict(RecordView),
+    /// A fenced write whose lease is no longer current.
+    Fenced,
+}
+
+/// An operator's action on a held or running upgrade.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum OperatorAction {
+    /// Run the held steps again (`upgrade-controller --reset-previous-upgrade`, or a restart).
+    Retry,
+    /// Give up the upgrade (`abort-upgrade`, `Client.AbortCurrentUpgrade`).
+    Abort,
+}
+
+/// Everything the driver feeds the core. Completions echo the [`RequestId`] of the request.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Input {
+    /// The process started: begin Bootstrapping.
+    Start,
+    /// A request without a result completed (persist, refresh capabilities, report, ...).
+    Done {
+        id: RequestId,
+    },
+    ModelLoaded {
+        id: RequestId,
+        model: ModelView,
+    },
+    /// The upgrade-info record as it now is: the first delivery of a watch (read after
+    /// subscribing, so nothing is missed), then one per change.
+    RecordChanged(RecordView),
+    RecordWritten {
+        id: RequestId,
+        write: RecordWrite,
+    },
+    /// A lease request answered: `Some` while held, `None` when busy or lost.
+    LeaseAnswered {
+        id: RequestId,
+        lease: Option<LeaseToken>,
+    },
+    StepFinished {
+        id: RequestId,
+        outcome: StepOutcome,
+    },
+    CatalogueFound {
+        id: RequestId,
+        result: Result<Catalogue, String>,
+    },
+    /// An agent other than a controller learnt its desired binary from the controller.
+    DesiredBinary {
+        id: RequestId,
+        plan: StagePlan,
+    },
+    Staged {
+        id: RequestId,
+        result: Result<(), String>,
+    },
+    /// The model's `agent-version` changed (an operator ran `upgrade-controller`).
+    AgentVersionChanged(Version),
+    /// The operator asked for an upgrade now, to a version or to the newest patch.
+    UpgradeRequested {
+        version: Option<Version>,
+    },
+    Operator(OperatorAction),
+}
+
+/// Discriminant of [`Input`], as named in `spec/transitions.json`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum InputKind {
+    Start,
+    Done,
+    ModelLoaded,
+    RecordChanged,
+    RecordWritten,
+    LeaseAnswered,
+    StepFinished,
+    CatalogueFound,
+    DesiredBinary,
+    Staged,
+    AgentVersionChanged,
+    UpgradeRequested,
+    Operator,
+    Timer,
+}
+
+impl Input {
+    pub fn kind(&self) -> InputKind {
+        match self {
+            Input::Start => InputKind::Start,
+            Input::Done { .. } => InputKind::Done,
+            Input::ModelLoaded { .. } => InputKind::ModelLoaded,
+            Input::RecordChanged(_) => InputKind::RecordChanged,
+            Input::RecordWritten { .. } => InputKind::RecordWritten,
+            Input::LeaseAnswered { .. } => InputKind::LeaseAnswered,
+            Input::StepFinished { .. } => InputKind::StepFinished,
+            Input::CatalogueFound { .. } => InputKind::CatalogueFound,
+            Input::DesiredBinary { .. } => InputKind::DesiredBinary,
+            Input::Staged { .. } => InputKind::Staged,
+            Input::AgentVersionChanged(_) => InputKind::AgentVersionChanged,
+            Input::UpgradeRequested { .. } => InputKind::UpgradeRequested,
+            Input::Operator(_) => InputKind::Operator,
+        }
+    }
+}
+
+/// What the core asks the driver to do. Each is answered by the input named.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum Request {
+    /// Write the snapshot atomically to the agent's data dir. → `Done`
+    PersistSnapshot(Snapshot),
+    /// Read the model from the shared store. → `ModelLoaded`
+    LoadModel,
+    /// Ask the environment provider for its capabilities and write them to the model
+    /// (at bootstrap and at the end of every upgrade). → `Done`
+    RefreshCapabilities,
+    /// Subscribe to the upgrade-info record from the revision given; deliver the current
+    /// view first. → `RecordChanged`, repeatedly
+    WatchRecord {
+        after: crate::lifecycle::record::Revision,
+    },
+    /// Create the record if none is current. → `RecordWritten`
+    CreateRecord(crate::lifecycle::record::UpgradeInfo),
+    /// Compare-and-set on the record's revision, fenced on a lease when given. A final
+    /// status archives the record. → `RecordWritten`
+    UpdateRecord {
+        expected: crate::lifecycle::record::Revision,
+        record: crate::lifecycle::record::UpgradeInfo,
+        fence: Option<LeaseToken>,
+    },
+    /// Take the upgrade lease if it is free. → `LeaseAnswered`
+    AcquireLease,
+    /// Keep the lease alive. → `LeaseAnswered` (`None`: it was lost)
+    KeepAliveLease(LeaseToken),
+    /// Give the lease up. → `Done`
+    ReleaseLease(LeaseToken),
+    /// Run one step unless its checkpoint exists. A database step's changes and checkpoint
+    /// commit in one transaction, fenced on the lease; a host step is run by the agent
+    /// itself. → `StepFinished`
+    RunStep {
+        step: StepIndex,
+        key: StepKey,
+        fence: Option<LeaseToken>,
+    },
+    /// Look the agent binaries up in these streams. → `CatalogueFound`
+    LookupCatalogue { streams: &'static [Stream] },
+    /// Ask the controller for this agent's desired binary. → `DesiredBinary`
+    DesiredBinary,
+    /// Set the model's `agent-version`. → `Done`
+    SetAgentVersion(Version),
+    /// Record (or clear) the model's `upgrade-available`. → `Done`
+    ReportUpgradeAvailable(Option<Version>),
+    /// Download or copy, verify and unpack a binary. → `Staged`
+    StageBinary(StagePlan),
+    /// Switch `tools/<agent-tag>` to this binary and restart into it. No completion: the
+    /// process ends.
+    RestartInto(Binary),
+}
+
+/// The gate's inputs, published whenever they change.
+pub use crate::gate::GateView;
+
+/// Status for operators and clients (`Upgrade.Status`, `FullStatus`, logs).
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct StatusReport {
+    pub phase: Phase,
+    pub progress: crate::phase::Progress,
+    /// Human text, Juju's wording where it has one, e.g.
+    /// `upgrade to 2.9.43 failed (will retry): <reason>`.
+    pub message: String,
+}
+
+/// Everything the core emits. Drain with [`crate::lifecycle::Lifecycle::poll_output`] after
+/// every input.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum Output {
+    Request {
+        id: RequestId,
+        request: Request,
+    },
+    /// The gate changed: serve calls by this view from now on.
+    Gate(GateView),
+    /// Progress or status text changed.
+    Status(StatusReport),
+}
+
+/// Discriminant of [`Request`], as named in `spec/transitions.json`.
+pub fn request_name(request: &Request) -> &'static str {
+    match request {
+        Request::PersistSnapshot(_) => "PersistSnapshot",
+        Request::LoadModel => "LoadModel",
+        Request::RefreshCapabilities => "RefreshCapabilities",
+        Request::WatchRecord { .. } => "WatchRecord",
+        Request::CreateRecord(_) => "CreateRecord",
+        Request::UpdateRecord { .. } => "UpdateRecord",
+        Request::AcquireLease => "AcquireLease",
+        Request::KeepAliveLease(_) => "KeepAliveLease",
+        Request::ReleaseLease(_) => "ReleaseLease",
+        Request::RunStep { .. } => "RunStep",
+        Request::LookupCatalogue { .. } => "LookupCatalogue",
+        Request::DesiredBinary => "DesiredBinary",
+        Request::SetAgentVersion(_) => "SetAgentVersion",
+        Request::ReportUpgradeAvailable(_) => "ReportUpgradeAvailable",
+        Request::StageBinary(_) => "StageBinary",
+        Request::RestartInto(_) => "RestartInto",
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
