@@ -28,6 +28,9 @@
 //! - [`lifecycle`]: the statig machine that takes an agent through the phases, driven by
 //!   `handle` / `handle_timeout` / `poll_output` / `poll_timeout`.
 //! - [`time`]: [`Timestamp`] and [`Millis`].
+//! - `testkit` (feature `testkit`): a deterministic in-memory world of stores, catalogues
+//!   and crashing hosts that drives real lifecycles; shared by the explorer, the property
+//!   tests, the benchmark and the example.
 
 pub mod gate;
 pub mod jobs;
@@ -36,6 +39,8 @@ pub mod phase;
 pub mod policy;
 pub mod role;
 pub mod steps;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod time;
 pub mod version;
 

@@ -1,0 +1,720 @@
+//! A deterministic, in-memory world that drives real [`Lifecycle`]s: the shared store
+//! (model, upgrade-info record with revisions, coordinator lease with fencing, database-step
+//! checkpoints), a catalogue, and hosts whose processes crash, restart and switch binaries.
+//!
+//! It models exactly the store operations of `CONTRACT.md` — create-if-absent,
+//! compare-and-set on a revision, a lease with keep-alive and expiry, fenced writes, watch
+//! from a revision — and counts the effects the invariants speak of (how often each
+//! database step was applied, under which lease; how often each host step ran on each
+//! host). The exhaustive explorer, the property tests, the benchmark and the example all
+//! drive lifecycles through it, so they check one model.
+//!
+//! Like the rest of the crate it performs no I/O and reads no clock: time is the world's
+//! own counter. Compiled only with the `testkit` feature.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::lifecycle::{
+    Config, ControllerId, ControllerSet, Input, LeaseToken, Lifecycle, ModelView, Mutations,
+    Output, RecordView, RecordWrite, Request, RequestId, Revision, Snapshot, StagePlan,
+    StageSource, StepOutcome, Timer, UpgradeInfo,
+};
+use crate::phase::Phase;
+use crate::policy::Catalogue;
+use crate::steps::{StepKey, StepKind, StepRegistry};
+use crate::time::{Millis, Timestamp};
+use crate::version::Version;
+
+/// Host steps and database steps counted per key saturate here: any value above 1 is
+/// already a violation of exactly-once, and small counts keep the state space finite.
+const RUNS_SATURATE: u8 = 3;
+
+/// The shared store.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Store {
+    pub model: ModelView,
+    pub record: Option<(UpgradeInfo, Revision)>,
+    pub last_archived: Option<UpgradeInfo>,
+    pub revision: Revision,
+    pub lease: Option<(ControllerId, LeaseToken)>,
+    next_token: u64,
+    pub database_checkpoints: BTreeSet<StepKey>,
+    /// Times each database step's effects were committed.
+    pub database_runs: BTreeMap<StepKey, u8>,
+    /// Database-step commits made by a controller that did not hold the current lease.
+    pub unfenced_database_runs: u8,
+    /// Record writes that were not valid successors of the record they replaced.
+    pub invalid_record_writes: u8,
+    pub capability_refreshes: u8,
+    pub upgrade_available: Option<Version>,
+}
+
+impl Store {
+    fn view(&self) -> RecordView {
+        RecordView {
+            current: self.record,
+            last_archived: self.last_archived,
+            revision: self.revision,
+        }
+    }
+
+    fn bump(&mut self) -> Revision {
+        self.revision = Revision(self.revision.0 + 1);
+        self.revision
+    }
+
+    fn fence_holds(&self, fence: Option<LeaseToken>) -> bool {
+        match fence {
+            None => true,
+            Some(token) => self.lease.map(|(_, held)| held) == Some(token),
+        }
+    }
+}
+
+/// One machine: its process (if running), what it has on disk, and what is in flight.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Host {
+    pub config: Config,
+    pub process: Option<Lifecycle>,
+    /// The snapshot on disk (`agent.conf`), as last persisted.
+    pub durable: Option<Snapshot>,
+    /// Requests made and not yet executed.
+    pub in_flight: Vec<(RequestId, Request)>,
+    /// Results of executed requests, not yet delivered (delivered in order).
+    pub completions: Vec<Input>,
+    pub watching: bool,
+    /// Times each host step ran here.
+    pub host_runs: BTreeMap<StepKey, u8>,
+    /// The gate as the API server would serve it: the last view the core published.
+    pub gate_phase: Phase,
+    /// The process ended to restart into this binary.
+    pub restarting: bool,
+    /// `upgradedToVersion` when the world began: where this host's upgrade starts.
+    pub origin: Version,
+}
+
+impl std::hash::Hash for Host {
+    fn hash<H: std::hash::Hasher>(&self, hasher: &mut H) {
+        self.config.hash(hasher);
+        match &self.process {
+            Some(process) => {
+                1u8.hash(hasher);
+                process.hash_state(hasher);
+            }
+            None => 0u8.hash(hasher),
+        }
+        self.durable.hash(hasher);
+        self.in_flight.hash(hasher);
+        for input in &self.completions {
+            format!("{input:?}").hash(hasher);
+        }
+        self.watching.hash(hasher);
+        self.host_runs.hash(hasher);
+        self.gate_phase.hash(hasher);
+        self.restarting.hash(hasher);
+        self.origin.hash(hasher);
+    }
+}
+
+/// One thing that can happen next in a world.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Action {
+    /// Host `host` starts its process (first boot, after a crash, or into a new binary).
+    Boot { host: usize },
+    /// The store (or provider, or disk) executes the `index`-th request in flight.
+    Execute { host: usize, index: usize },
+    /// The oldest completion reaches the process.
+    Deliver { host: usize },
+    /// An armed timer fires.
+    Fire { host: usize, timer: Timer },
+    /// The process dies; what was not durable is lost.
+    Crash { host: usize },
+    /// The coordinator lease expires (its holder stopped keeping it alive, or was cut off).
+    ExpireLease,
+}
+
+/// A broken invariant, named as in `spec/invariants.md`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Violation {
+    /// I1: the gate served the full API outside Ready.
+    GateOpenOutsideReady { host: usize, phase: Phase },
+    /// I2: a database step's effects were committed more than once.
+    DatabaseStepTwice { key: StepKey },
+    /// I3: a database step was committed by a controller not holding the current lease.
+    UnfencedCoordinatorWrite,
+    /// I4: the upgrade-info record took an invalid transition.
+    InvalidRecordTransition,
+    /// I5: a host checkpoint is durable for a step that never ran on that host.
+    CheckpointWithoutEffects { host: usize, key: StepKey },
+    /// I6: `upgradedToVersion` advanced while a planned step had not run.
+    UpgradedToAheadOfSteps { host: usize, key: StepKey },
+    /// I7: a process is Ready while its own steps are not recorded as done.
+    ReadyBeforeSteps { host: usize },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// The whole world.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct World {
+    pub registry: Arc<StepRegistry>,
+    pub catalogue: Catalogue,
+    pub store: Store,
+    pub hosts: Vec<Host>,
+    pub now: Timestamp,
+    pub mutations: Mutations,
+    /// Remaining crashes and lease expiries the explorer may inject.
+    pub crashes_left: u8,
+    pub expiries_left: u8,
+}
+
+impl std::hash::Hash for World {
+    fn hash<H: std::hash::Hasher>(&self, hasher: &mut H) {
+        self.store.hash(hasher);
+        self.hosts.hash(hasher);
+        self.crashes_left.hash(hasher);
+        self.expiries_left.hash(hasher);
+    }
+}
+
+/// What a world is built from.
+#[derive(Clone, Debug)]
+pub struct WorldSpec {
+    pub registry: Arc<StepRegistry>,
+    pub catalogue: Catalogue,
+    pub model: ModelView,
+    /// One config per host; controllers first.
+    pub hosts: Vec<Config>,
+    /// Each host's snapshot on disk at the start (`None`: first boot after bootstrap).
+    pub snapshots: Vec<Option<Snapshot>>,
+    pub crashes: u8,
+    pub expiries: u8,
+}
+
+impl World {
+    pub fn new(spec: WorldSpec) -> World {
+        assert_eq!(
+            spec.hosts.len(),
+            spec.snapshots.len(),
+            "one snapshot per host"
+        );
+        let hosts = spec
+            .hosts
+            .into_iter()
+            .zip(spec.snapshots)
+            .map(|(config, durable)| Host {
+                origin: durable.as_ref().map_or(config.running.number, |snapshot| {
+                    snapshot.upgraded_to_version
+                }),
+                config,
+                process: None,
+                durable,
+                in_flight: Vec::new(),
+                completions: Vec::new(),
+                watching: false,
+                host_runs: BTreeMap::new(),
+                gate_phase: Phase::Bootstrapping,
+                restarting: false,
+            })
+            .collect();
+        World {
+            registry: spec.registry,
+            catalogue: spec.catalogue,
+            store: Store {
+                model: spec.model,
+                record: None,
+                last_archived: None,
+                revision: Revision(1),
+                lease: None,
+                next_token: 1,
+                database_checkpoints: BTreeSet::new(),
+                database_runs: BTreeMap::new(),
+                unfenced_database_runs: 0,
+                invalid_record_writes: 0,
+                capability_refreshes: 0,
+                upgrade_available: None,
+            },
+            hosts,
+            now: Timestamp::ZERO,
+            mutations: Mutations::default(),
+            crashes_left: spec.crashes,
+            expiries_left: spec.expiries,
+        }
+    }
+
+    /// Every action enabled now, in a fixed order.
+    pub fn actions(&self) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for (host, state) in self.hosts.iter().enumerate() {
+            match &state.process {
+                None => actions.push(Action::Boot { host }),
+                Some(process) => {
+                    for index in 0..state.in_flight.len() {
+                        actions.push(Action::Execute { host, index });
+                    }
+                    if !state.completions.is_empty() {
+                        actions.push(Action::Deliver { host });
+                    }
+                    for (timer, _) in process.timers() {
+                        actions.push(Action::Fire { host, timer });
+                    }
+                    if self.crashes_left > 0 {
+                        actions.push(Action::Crash { host });
+                    }
+                }
+            }
+        }
+        if self.expiries_left > 0 && self.store.lease.is_some() {
+            actions.push(Action::ExpireLease);
+        }
+        actions
+    }
+
+    /// Applies one action.
+    pub fn apply(&mut self, action: Action) {
+        match action {
+            Action::Boot { host } => self.boot(host),
+            Action::Execute { host, index } => {
+                let (id, request) = self.hosts[host].in_flight.remove(index);
+                self.execute(host, id, request);
+            }
+            Action::Deliver { host } => {
+                let input = self.hosts[host].completions.remove(0);
+                self.deliver(host, input);
+            }
+            Action::Fire { host, timer } => {
+                let now = self.now;
+                if let Some(process) = &mut self.hosts[host].process {
+                    process.handle_timer(now, timer);
+                }
+                self.drain(host);
+            }
+            Action::Crash { host } => {
+                self.crashes_left -= 1;
+                self.stop(host);
+            }
+            Action::ExpireLease => {
+                self.expiries_left -= 1;
+                self.store.lease = None;
+            }
+        }
+    }
+
+    fn boot(&mut self, host: usize) {
+        let state = &mut self.hosts[host];
+        assert!(state.process.is_none(), "host {host} is already running");
+        state.restarting = false;
+        let mut process = Lifecycle::new(
+            state.config.clone(),
+            Arc::clone(&self.registry),
+            state.durable.clone(),
+        )
+        .expect("a valid host config");
+        apply_mutations(&mut process, self.mutations);
+        process.handle(self.now, Input::Start);
+        state.process = Some(process);
+        self.drain(host);
+    }
+
+    fn stop(&mut self, host: usize) {
+        let state = &mut self.hosts[host];
+        state.process = None;
+        state.in_flight.clear();
+        state.completions.clear();
+        state.watching = false;
+        state.gate_phase = Phase::Bootstrapping;
+    }
+
+    /// Feeds an input to a host's process (dropped if it is down) and drains its outputs.
+    pub fn deliver(&mut self, host: usize, input: Input) {
+        let now = self.now;
+        if let Some(process) = &mut self.hosts[host].process {
+            process.handle(now, input);
+        }
+        self.drain(host);
+    }
+
+    fn drain(&mut self, host: usize) {
+        let state = &mut self.hosts[host];
+        let Some(process) = &mut state.process else {
+            return;
+        };
+        while let Some(output) = process.poll_output() {
+            match output {
+                Output::Request { id, request } => state.in_flight.push((id, request)),
+                Output::Gate(view) => state.gate_phase = view.phase,
+                Output::Status(_) => {}
+            }
+        }
+    }
+
+    fn controller_of(&self, host: usize) -> ControllerId {
+        self.hosts[host]
+            .config
+            .controller
+            .expect("store writes come from controllers")
+    }
+
+    fn execute(&mut self, host: usize, id: RequestId, request: Request) {
+        let completion = match request {
+            Request::PersistSnapshot(snapshot) => {
+                self.hosts[host].durable = Some(snapshot);
+                Some(Input::Done { id })
+            }
+            Request::LoadModel => Some(Input::ModelLoaded {
+                id,
+                model: self.store.model.clone(),
+            }),
+            Request::RefreshCapabilities => {
+                self.store.capability_refreshes = self
+                    .store
+                    .capability_refreshes
+                    .saturating_add(1)
+                    .min(RUNS_SATURATE);
+                Some(Input::Done { id })
+            }
+            Request::WatchRecord { .. } => {
+                self.hosts[host].watching = true;
+                Some(Input::RecordChanged(self.store.view()))
+            }
+            Request::CreateRecord(record) => {
+                if self.store.record.is_some() {
+                    Some(Input::RecordWritten {
+                        id,
+                        write: RecordWrite::Conflict(self.store.view()),
+                    })
+                } else {
+                    let revision = self.store.bump();
+                    self.store.record = Some((record, revision));
+                    self.notify_watchers(host);
+                    Some(Input::RecordWritten {
+                        id,
+                        write: RecordWrite::Written(self.store.view()),
+                    })
+                }
+            }
+            Request::UpdateRecord {
+                expected,
+                record,
+                fence,
+            } => {
+                if !self.store.fence_holds(fence) {
+                    Some(Input::RecordWritten {
+                        id,
+                        write: RecordWrite::Fenced,
+                    })
+                } else {
+                    match self.store.record {
+                        Some((current, revision)) if revision == expected => {
+                            if !current.may_become(&record) {
+                                self.store.invalid_record_writes = self
+                                    .store
+                                    .invalid_record_writes
+                                    .saturating_add(1)
+                                    .min(RUNS_SATURATE);
+                            }
+                            let revision = self.store.bump();
+                            if record.status.is_final() {
+                                self.store.record = None;
+                                self.store.last_archived = Some(record);
+                            } else {
+                                self.store.record = Some((record, revision));
+                            }
+                            self.notify_watchers(host);
+                            Some(Input::RecordWritten {
+                                id,
+                                write: RecordWrite::Written(self.store.view()),
+                            })
+                        }
+                        _ => Some(Input::RecordWritten {
+                            id,
+                            write: RecordWrite::Conflict(self.store.view()),
+                        }),
+                    }
+                }
+            }
+            Request::AcquireLease => {
+                let me = self.controller_of(host);
+                let lease = match self.store.lease {
+                    None => {
+                        let token = LeaseToken(self.store.next_token);
+                        self.store.next_token += 1;
+                        self.store.lease = Some((me, token));
+                        Some(token)
+                    }
+                    Some((holder, token)) if holder == me => Some(token),
+                    Some(_) => None,
+                };
+                Some(Input::LeaseAnswered { id, lease })
+            }
+            Request::KeepAliveLease(token) => {
+                let me = self.controller_of(host);
+                let lease = (self.store.lease == Some((me, token))).then_some(token);
+                Some(Input::LeaseAnswered { id, lease })
+            }
+            Request::ReleaseLease(token) => {
+                let me = self.controller_of(host);
+                if self.store.lease == Some((me, token)) {
+                    self.store.lease = None;
+                }
+                None
+            }
+            Request::RunStep { step, key, fence } => {
+                let outcome = match self.registry.step(step).kind {
+                    StepKind::Database => self.run_database_step(host, key, fence),
+                    StepKind::Host => {
+                        let runs = self.hosts[host].host_runs.entry(key).or_insert(0);
+                        *runs = runs.saturating_add(1).min(RUNS_SATURATE);
+                        StepOutcome::Applied
+                    }
+                };
+                Some(Input::StepFinished { id, outcome })
+            }
+            Request::LookupCatalogue { .. } => Some(Input::CatalogueFound {
+                id,
+                result: Ok(self.catalogue.clone()),
+            }),
+            Request::DesiredBinary => {
+                let running = &self.hosts[host].config.running;
+                let desired = self.store.model.agent_version;
+                let entry = self
+                    .catalogue
+                    .entries()
+                    .iter()
+                    .find(|entry| {
+                        entry.binary.number == desired
+                            && entry.binary.release == running.release
+                            && entry.binary.arch == running.arch
+                    })
+                    .cloned();
+                entry.map(|entry| Input::DesiredBinary {
+                    id,
+                    plan: StagePlan {
+                        binary: entry.binary,
+                        size_bytes: entry.size_bytes,
+                        sha256: entry.sha256,
+                        source: StageSource::Controller,
+                    },
+                })
+            }
+            Request::SetAgentVersion(version) => {
+                self.store.model.agent_version = version;
+                Some(Input::Done { id })
+            }
+            Request::ReportUpgradeAvailable(version) => {
+                self.store.upgrade_available = version;
+                Some(Input::Done { id })
+            }
+            Request::StageBinary(_) => Some(Input::Staged { id, result: Ok(()) }),
+            Request::RestartInto(binary) => {
+                self.stop(host);
+                let state = &mut self.hosts[host];
+                state.config.running = binary;
+                state.restarting = true;
+                None
+            }
+        };
+        if let Some(input) = completion
+            && self.hosts[host].process.is_some()
+        {
+            self.hosts[host].completions.push(input);
+        }
+    }
+
+    fn run_database_step(
+        &mut self,
+        host: usize,
+        key: StepKey,
+        fence: Option<LeaseToken>,
+    ) -> StepOutcome {
+        if !self.store.fence_holds(fence) {
+            return StepOutcome::Fenced;
+        }
+        if self.store.database_checkpoints.contains(&key) {
+            return StepOutcome::AlreadyApplied;
+        }
+        // The step's changes and its checkpoint commit in one transaction.
+        let me = self.controller_of(host);
+        if self.store.lease.map(|(holder, _)| holder) != Some(me) {
+            self.store.unfenced_database_runs = self
+                .store
+                .unfenced_database_runs
+                .saturating_add(1)
+                .min(RUNS_SATURATE);
+        }
+        let runs = self.store.database_runs.entry(key).or_insert(0);
+        *runs = runs.saturating_add(1).min(RUNS_SATURATE);
+        self.store.database_checkpoints.insert(key);
+        StepOutcome::Applied
+    }
+
+    fn notify_watchers(&mut self, _writer: usize) {
+        let view = self.store.view();
+        for state in &mut self.hosts {
+            if state.watching && state.process.is_some() {
+                state.completions.push(Input::RecordChanged(view));
+            }
+        }
+    }
+
+    /// Checks every safety invariant in the world as it is now.
+    pub fn check(&self) -> Result<(), Violation> {
+        if let Some((&key, _)) = self.store.database_runs.iter().find(|&(_, &runs)| runs > 1) {
+            return Err(Violation::DatabaseStepTwice { key });
+        }
+        if self.store.unfenced_database_runs > 0 {
+            return Err(Violation::UnfencedCoordinatorWrite);
+        }
+        if self.store.invalid_record_writes > 0 {
+            return Err(Violation::InvalidRecordTransition);
+        }
+        for (index, host) in self.hosts.iter().enumerate() {
+            if let Some(process) = &host.process
+                && host.gate_phase == Phase::Ready
+                && process.phase() != Phase::Ready
+            {
+                return Err(Violation::GateOpenOutsideReady {
+                    host: index,
+                    phase: process.phase(),
+                });
+            }
+            let Some(durable) = &host.durable else {
+                continue;
+            };
+            if let Some(key) = durable
+                .host_checkpoints
+                .iter()
+                .find(|key| host.host_runs.get(key).copied().unwrap_or(0) == 0)
+            {
+                return Err(Violation::CheckpointWithoutEffects {
+                    host: index,
+                    key: *key,
+                });
+            }
+            if let Some(key) = self.missing_step(index, durable.upgraded_to_version) {
+                return Err(Violation::UpgradedToAheadOfSteps { host: index, key });
+            }
+            if let Some(process) = &host.process
+                && process.phase() == Phase::Ready
+                && durable.upgraded_to_version != host.config.running.number
+                && process.snapshot().upgraded_to_version != host.config.running.number
+            {
+                return Err(Violation::ReadyBeforeSteps { host: index });
+            }
+        }
+        Ok(())
+    }
+
+    /// A step planned for `host` up to `upgraded_to` that has not taken effect.
+    fn missing_step(&self, host: usize, upgraded_to: Version) -> Option<StepKey> {
+        let config = &self.hosts[host].config;
+        let origin = self.hosts[host].origin;
+        let plan = crate::steps::plan(
+            &self.registry,
+            origin,
+            upgraded_to,
+            config.roles,
+            config.controller.is_some(),
+        );
+        plan.iter().find_map(|index| {
+            let key = self.registry.key(index);
+            let missing = match self.registry.step(index).kind {
+                StepKind::Database => !self.store.database_checkpoints.contains(&key),
+                StepKind::Host => self.hosts[host].host_runs.get(&key).copied().unwrap_or(0) == 0,
+            };
+            missing.then_some(key)
+        })
+    }
+
+    /// True when nothing but faults could happen: no request, completion or timer is left
+    /// (timers of a Ready agent's periodic check excepted).
+    pub fn is_quiescent(&self) -> bool {
+        self.hosts.iter().all(|host| match &host.process {
+            None => false,
+            Some(process) => {
+                host.in_flight.is_empty()
+                    && host.completions.is_empty()
+                    && process
+                        .timers()
+                        .all(|(timer, _)| timer == Timer::CatalogueCheck)
+            }
+        })
+    }
+
+    /// Runs the world with a fixed schedule (boot, execute, deliver in order; timers only
+    /// when nothing else is left) until quiescent or `steps_max` actions were taken.
+    /// Returns the number of actions taken.
+    pub fn run_in_order(&mut self, steps_max: usize) -> usize {
+        for taken in 0..steps_max {
+            let action = self.next_in_order();
+            match action {
+                Some(action) => self.apply(action),
+                None => return taken,
+            }
+        }
+        steps_max
+    }
+
+    fn next_in_order(&mut self) -> Option<Action> {
+        for (host, state) in self.hosts.iter().enumerate() {
+            if state.process.is_none() {
+                return Some(Action::Boot { host });
+            }
+            if !state.completions.is_empty() {
+                return Some(Action::Deliver { host });
+            }
+            if !state.in_flight.is_empty() {
+                return Some(Action::Execute { host, index: 0 });
+            }
+        }
+        // Nothing but timers: advance time to the earliest non-periodic deadline.
+        let earliest = self
+            .hosts
+            .iter()
+            .enumerate()
+            .filter_map(|(host, state)| {
+                let process = state.process.as_ref()?;
+                process
+                    .timers()
+                    .filter(|(timer, _)| *timer != Timer::CatalogueCheck)
+                    .map(|(timer, at)| (at, host, timer))
+                    .min()
+            })
+            .min()?;
+        let (at, host, timer) = earliest;
+        self.now = self.now.max(at);
+        Some(Action::Fire { host, timer })
+    }
+
+    /// Advances the world's clock.
+    pub fn advance(&mut self, by: Millis) {
+        self.now = self.now + by;
+    }
+}
+
+#[cfg(feature = "mutations")]
+fn apply_mutations(process: &mut Lifecycle, mutations: Mutations) {
+    if mutations != Mutations::default() {
+        process.set_mutations(mutations);
+    }
+}
+
+#[cfg(not(feature = "mutations"))]
+fn apply_mutations(_process: &mut Lifecycle, mutations: Mutations) {
+    assert_eq!(
+        mutations,
+        Mutations::default(),
+        "planted defects need the `mutations` feature"
+    );
+}
+
+/// Controllers `0..count` as a set.
+pub fn controllers(count: u8) -> ControllerSet {
+    ControllerSet::first(count)
+}
