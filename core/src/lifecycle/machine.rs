@@ -303,7 +303,9 @@ impl Machine {
 
     #[action]
     fn enter_running_steps(&mut self, io: &mut Io, steps: &mut Steps) {
-        self.reconcile_steps(io, steps);
+        let next = self.reconcile_steps(io, steps);
+        // An entry action cannot transition: the first reconcile only ever asks.
+        assert!(next.is_none(), "RunningSteps decided {next:?} on entry");
     }
 
     #[state(
@@ -469,6 +471,12 @@ impl Machine {
             }
             Event::Input(Input::Done { id }) if self.completes(*id, Pending::Report) => {
                 Transition(State::ready(Check::default()))
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Persist(PersistFor::FallBack)) =>
+            {
+                self.restart_into_previous(io);
+                Handled
             }
             Event::Timer(Timer::CatalogueRetry) if check.retry_wait => {
                 check.retry_wait = false;
@@ -945,22 +953,27 @@ impl Machine {
     /// Falls back to the previous binary if no database step of the new version has run;
     /// otherwise holds (rolling back after database steps is unsafe).
     fn fall_back(&mut self, io: &mut Io, reason: String) -> Outcome<State> {
-        let safe = self
-            .snapshot
-            .trial
-            .as_ref()
-            .is_some_and(|trial| !trial.past_database_steps)
-            && self.snapshot.previous.is_some();
-        if !safe || self.pending.is_some() {
+        // Safe only while the previous binary would find the state it left: no database
+        // step of the new version ran, and the new version's steps are not recorded as done.
+        let upgraded_to = self.snapshot.upgraded_to_version;
+        let safe =
+            self.snapshot.trial.as_ref().is_some_and(|trial| {
+                !trial.past_database_steps && upgraded_to < trial.binary.number
+            }) && self.snapshot.previous.is_some();
+        if !safe {
             return Transition(State::steps_failed(Held {
                 reason: format!(
-                    "{reason}; database steps already ran, so it is held here rather than rolled back"
+                    "{reason}; the new version's steps already ran, so it is held here \
+                     rather than rolled back"
                 ),
                 aborting: false,
                 record: RecordView::default(),
             }));
         }
         self.status_message(io, format!("{reason}; falling back"));
+        // Whatever was awaited no longer matters (a hung store is a reason to fall back):
+        // its completion, if it ever comes, is stale.
+        self.pending = None;
         let snapshot = self.snapshot.clone();
         self.request(
             io,
@@ -977,14 +990,18 @@ impl Machine {
     }
 
     fn leave_bootstrapping(&mut self) -> Outcome<State> {
-        if let Some(reason) = self.fell_back.take() {
+        let upgraded_to = self.snapshot.upgraded_to_version;
+        let running = self.config.running.number;
+        // Checked before a fall back is honoured: an older binary must never serve state
+        // that a newer one already migrated.
+        if upgraded_to <= running
+            && let Some(reason) = self.fell_back.take()
+        {
             return Transition(State::upgrade_failed(Failure {
                 reason,
                 reset_done: false,
             }));
         }
-        let upgraded_to = self.snapshot.upgraded_to_version;
-        let running = self.config.running.number;
         if upgraded_to > running {
             return Transition(State::steps_failed(Held {
                 reason: format!(
@@ -1754,17 +1771,16 @@ impl Machine {
             );
             return Handled;
         }
-        if self.snapshot.trial.is_some() {
-            self.snapshot.trial = None;
-            let snapshot = self.snapshot.clone();
-            self.request(
-                io,
-                Pending::Persist(PersistFor::ClearTrial),
-                Request::PersistSnapshot(snapshot),
-            );
-            return Handled;
-        }
-        Transition(State::ready(Check::default()))
+        // Always persist, even with no trial to clear: an entry action cannot transition,
+        // so UpgradeFailed leaves on this write's completion.
+        self.snapshot.trial = None;
+        let snapshot = self.snapshot.clone();
+        self.request(
+            io,
+            Pending::Persist(PersistFor::ClearTrial),
+            Request::PersistSnapshot(snapshot),
+        );
+        Handled
     }
 }
 

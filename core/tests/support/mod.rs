@@ -66,6 +66,16 @@ pub fn controller(id: u8, running: Version) -> Config {
     }
 }
 
+/// An agent with only the host-machine role: it takes its version from the controller.
+pub fn host_machine(running: Version) -> Config {
+    Config {
+        controller: None,
+        roles: Roles::of(&[Role::HostMachine]),
+        running: binary(running),
+        limits: Limits::default(),
+    }
+}
+
 pub fn snapshot(upgraded_to: Version) -> Snapshot {
     let mut snapshot = Snapshot::bootstrapped(&binary(upgraded_to));
     snapshot.upgraded_to_version = upgraded_to;

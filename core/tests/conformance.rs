@@ -1,0 +1,565 @@
+//! The code against `spec/transitions.json`: for every phase and input kind, the core does
+//! what the table says, the table has no gaps, and every entry the table does not mark
+//! "ignored" (and every next phase it lists) is exercised.
+//!
+//! Worlds of one to three controllers are driven by seeded schedules that mix the world's
+//! own actions (boot, execute, deliver, timers, crashes, lease expiry) with what a world
+//! alone never produces: failed steps, failed staging, failed catalogue lookups, operator
+//! retries and aborts, upgrade requests, and stale completions.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lockstep_core::Phase;
+use lockstep_core::lifecycle::{
+    Input, InputKind, ModelView, OperatorAction, RecordView, Request, RequestId, StagePlan,
+    StageSource, StepOutcome, Timer, Trial, request_name,
+};
+use lockstep_core::policy::Sha256;
+use lockstep_core::policy::UpgradePolicy;
+use lockstep_core::testkit::{Action, World, WorldSpec};
+use serde_json::Value;
+use support::*;
+
+const TABLE: &str = include_str!("../../spec/transitions.json");
+
+#[derive(Debug)]
+enum Entry {
+    Ignored,
+    Allowed {
+        next: BTreeSet<String>,
+        requests: BTreeSet<String>,
+    },
+}
+
+fn table() -> BTreeMap<(String, String), Entry> {
+    let json: Value = serde_json::from_str(TABLE).expect("spec/transitions.json parses");
+    let phases: Vec<String> = serde_json::from_value(json["phases"].clone()).unwrap();
+    let inputs: Vec<String> = serde_json::from_value(json["inputs"].clone()).unwrap();
+    let mut table = BTreeMap::new();
+    for phase in &phases {
+        for input in &inputs {
+            let cell = &json["transitions"][phase][input];
+            let entry = match cell {
+                Value::String(text) if text == "ignored" => Entry::Ignored,
+                Value::Object(_) => {
+                    let list = |field: &str| -> BTreeSet<String> {
+                        serde_json::from_value(cell[field].clone())
+                            .unwrap_or_else(|_| panic!("{phase} × {input}: `{field}` is a list"))
+                    };
+                    Entry::Allowed {
+                        next: list("next"),
+                        requests: list("requests"),
+                    }
+                }
+                other => {
+                    panic!("spec/transitions.json has no entry for {phase} × {input}: {other}")
+                }
+            };
+            table.insert((phase.clone(), input.clone()), entry);
+        }
+    }
+    table
+}
+
+fn input_name(kind: InputKind) -> String {
+    format!("{kind:?}")
+}
+
+#[test]
+fn the_table_names_every_phase_and_input_kind() {
+    let table = table();
+    let phases: BTreeSet<&str> = table.keys().map(|(phase, _)| phase.as_str()).collect();
+    let code: BTreeSet<&str> = Phase::ALL.iter().map(|phase| phase.as_str()).collect();
+    assert_eq!(phases, code, "phases of the table and the code");
+    assert_eq!(
+        table.len(),
+        Phase::ALL.len() * 14,
+        "14 input kinds per phase"
+    );
+    for ((phase, input), entry) in &table {
+        if let Entry::Allowed { next, .. } = entry {
+            assert!(
+                next.contains(phase),
+                "{phase} × {input}: a stale completion keeps the phase, so next must list it"
+            );
+        }
+    }
+}
+
+/// One observation: a phase, an input kind, the phase after, the requests made.
+type Seen = BTreeMap<(String, String), BTreeSet<String>>;
+
+/// How a driver chooses its next step.
+#[derive(Clone, Copy)]
+enum Schedule {
+    /// Seeded choices among everything enabled, with perturbations.
+    Random,
+    /// Deliver, then execute, then boot, then timers; requests of the named kind fail
+    /// whenever they are executed; the named timer fires as soon as the host is in the
+    /// named phase.
+    Directed {
+        fail: Option<&'static str>,
+        fire: Option<(Phase, Timer)>,
+    },
+}
+
+struct Driver {
+    world: World,
+    schedule: Schedule,
+    seed: u64,
+    table: BTreeMap<(String, String), Entry>,
+    seen: Seen,
+}
+
+impl Driver {
+    fn next(&mut self) -> u64 {
+        // A fixed LCG: the schedule depends only on the seed.
+        self.seed = self
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.seed >> 33
+    }
+
+    fn phase(&self, host: usize) -> Option<Phase> {
+        self.world.hosts[host]
+            .process
+            .as_ref()
+            .map(|process| process.phase())
+    }
+
+    /// Runs `deliver` (which feeds one input to `host`) and checks it against the table.
+    fn observe(
+        &mut self,
+        host: usize,
+        before: Phase,
+        kind: InputKind,
+        deliver: impl FnOnce(&mut World),
+    ) {
+        let ids_before: BTreeSet<RequestId> = self.world.hosts[host]
+            .in_flight
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        deliver(&mut self.world);
+        let Some(after) = self.phase(host) else {
+            return;
+        };
+        let requests: BTreeSet<String> = self.world.hosts[host]
+            .in_flight
+            .iter()
+            .filter(|(id, _)| !ids_before.contains(id))
+            .map(|(_, request)| request_name(request).to_owned())
+            .collect();
+        let key = (before.as_str().to_owned(), input_name(kind));
+        match &self.table[&key] {
+            Entry::Ignored => assert!(
+                after == before && requests.is_empty(),
+                "{} × {}: the table says ignored, but it went to {after} and asked {requests:?}",
+                key.0,
+                key.1
+            ),
+            Entry::Allowed {
+                next,
+                requests: allowed,
+            } => {
+                assert!(
+                    next.contains(after.as_str()),
+                    "{} × {}: went to {after}, table allows {next:?}",
+                    key.0,
+                    key.1
+                );
+                let extra: Vec<_> = requests.difference(allowed).collect();
+                assert!(
+                    extra.is_empty(),
+                    "{} × {}: asked {extra:?}, table allows {allowed:?}",
+                    key.0,
+                    key.1
+                );
+                self.seen
+                    .entry(key)
+                    .or_default()
+                    .insert(after.as_str().to_owned());
+            }
+        }
+    }
+
+    fn step(&mut self) -> bool {
+        if let Schedule::Directed { fail, fire } = self.schedule {
+            return self.directed(fail, fire);
+        }
+        let actions = self.world.actions();
+        if actions.is_empty() {
+            return false;
+        }
+        let choice = self.next();
+        let host = (choice as usize / 7) % self.world.hosts.len();
+        // One step in eight is something only an operator, a failing dependency or a late
+        // message would do.
+        if choice.is_multiple_of(8) && self.world.hosts[host].process.is_some() {
+            self.perturb(host);
+            return true;
+        }
+        let action = actions[(choice as usize) % actions.len()];
+        match action {
+            Action::Boot { host } => {
+                self.observe(host, Phase::Bootstrapping, InputKind::Start, |world| {
+                    world.apply(action)
+                })
+            }
+            Action::Deliver { host } => {
+                let kind = self.world.hosts[host].completions[0].kind();
+                let before = self.phase(host).expect("running");
+                self.observe(host, before, kind, |world| world.apply(action));
+            }
+            Action::Fire { host, .. } => {
+                let before = self.phase(host).expect("running");
+                self.observe(host, before, InputKind::Timer, |world| world.apply(action));
+            }
+            _ => self.world.apply(action),
+        }
+        true
+    }
+
+    fn directed(&mut self, fail: Option<&'static str>, fire: Option<(Phase, Timer)>) -> bool {
+        let actions = self.world.actions();
+        if let Some((phase, timer)) = fire {
+            let due = actions.iter().find(|action| {
+                matches!(action, Action::Fire { host, timer: armed }
+                    if *armed == timer && self.phase(*host) == Some(phase))
+            });
+            if let Some(&Action::Fire { host, .. }) = due {
+                let before = self.phase(host).expect("running");
+                self.observe(host, before, InputKind::Timer, |world| {
+                    world.apply(Action::Fire { host, timer })
+                });
+                return true;
+            }
+        }
+        let pick =
+            |wanted: fn(&Action) -> bool| actions.iter().copied().find(&wanted);
+        let action = pick(|action| matches!(action, Action::Deliver { .. }))
+            .or_else(|| pick(|action| matches!(action, Action::Execute { .. })))
+            .or_else(|| pick(|action| matches!(action, Action::Boot { .. })))
+            .or_else(|| pick(|action| matches!(action, Action::Fire { timer, .. } if *timer != Timer::CatalogueCheck)));
+        let Some(action) = action else { return false };
+        match action {
+            Action::Execute { host, index }
+                if fail.is_some_and(|name| {
+                    request_name(&self.world.hosts[host].in_flight[index].1) == name
+                }) =>
+            {
+                let before = self.phase(host).expect("running");
+                let (id, request) = self.world.hosts[host].in_flight.remove(index);
+                let input = failure(id, &request);
+                let kind = input.kind();
+                self.observe(host, before, kind, |world| world.deliver(host, input));
+            }
+            Action::Boot { host } => {
+                self.observe(host, Phase::Bootstrapping, InputKind::Start, |world| {
+                    world.apply(action)
+                })
+            }
+            Action::Deliver { host } => {
+                let kind = self.world.hosts[host].completions[0].kind();
+                let before = self.phase(host).expect("running");
+                self.observe(host, before, kind, |world| world.apply(action));
+            }
+            Action::Fire { host, .. } => {
+                let before = self.phase(host).expect("running");
+                self.observe(host, before, InputKind::Timer, |world| world.apply(action));
+            }
+            _ => self.world.apply(action),
+        }
+        true
+    }
+
+    fn perturb(&mut self, host: usize) {
+        let before = self.phase(host).expect("running");
+        let failing = self.world.hosts[host]
+            .in_flight
+            .iter()
+            .position(|(_, request)| {
+                matches!(
+                    request,
+                    Request::RunStep { .. }
+                        | Request::StageBinary(_)
+                        | Request::LookupCatalogue { .. }
+                )
+            });
+        let choice = self.next();
+        if let (Some(index), true) = (failing, choice.is_multiple_of(2)) {
+            let (id, request) = self.world.hosts[host].in_flight.remove(index);
+            let input = failure(id, &request);
+            let kind = input.kind();
+            self.observe(host, before, kind, |world| world.deliver(host, input));
+            return;
+        }
+        let stale = RequestId(1_000_000 + choice);
+        let input = match self.next() % 13 {
+            0 => Input::Operator(OperatorAction::Retry),
+            1 => Input::Operator(OperatorAction::Abort),
+            2 => Input::UpgradeRequested { version: None },
+            3 => Input::UpgradeRequested { version: Some(V44) },
+            4 => Input::AgentVersionChanged(V44),
+            5 => Input::Done { id: stale },
+            6 => Input::StepFinished {
+                id: stale,
+                outcome: StepOutcome::Applied,
+            },
+            7 => Input::RecordChanged(RecordView::default()),
+            8 => Input::Staged {
+                id: stale,
+                result: Ok(()),
+            },
+            9 => Input::CatalogueFound {
+                id: stale,
+                result: Ok(catalogue(&[V44])),
+            },
+            10 => Input::Start,
+            11 => Input::DesiredBinary {
+                id: stale,
+                plan: StagePlan {
+                    binary: binary(V44),
+                    size_bytes: 1024,
+                    sha256: Sha256([44; 32]),
+                    source: StageSource::Controller,
+                },
+            },
+            _ => Input::LeaseAnswered {
+                id: stale,
+                lease: None,
+            },
+        };
+        let kind = input.kind();
+        self.observe(host, before, kind, |world| world.deliver(host, input));
+    }
+}
+
+/// The failed completion of a request.
+fn failure(id: RequestId, request: &Request) -> Input {
+    match request {
+        Request::RunStep { .. } => Input::StepFinished {
+            id,
+            outcome: StepOutcome::Failed("disk full".into()),
+        },
+        Request::StageBinary(_) => Input::Staged {
+            id,
+            result: Err("sha256 mismatch".into()),
+        },
+        _ => Input::CatalogueFound {
+            id,
+            result: Err("connection refused".into()),
+        },
+    }
+}
+
+/// A controller that switched to 2.9.44 (from 2.9.43) and is on trial.
+fn on_trial(
+    boots: u8,
+    past_database_steps: bool,
+    upgraded_to: lockstep_core::Version,
+) -> WorldSpec {
+    let mut spec = controllers_upgrading(1, V43, V44, registry());
+    let mut snapshot = snapshot(upgraded_to);
+    snapshot.previous = Some(binary(V43));
+    snapshot.trial = Some(Trial {
+        binary: binary(V44),
+        boots,
+        past_database_steps,
+    });
+    spec.snapshots = vec![Some(snapshot)];
+    spec.model = ModelView {
+        agent_version: V44,
+        ..spec.model
+    };
+    spec
+}
+
+/// Directed schedules for paths a random schedule rarely takes.
+fn directed() -> Vec<(WorldSpec, Schedule)> {
+    let plain = Schedule::Directed {
+        fail: None,
+        fire: None,
+    };
+    let mut older_binary = controllers_upgrading(1, V44, V43, registry());
+    older_binary.model = ModelView {
+        agent_version: V43,
+        ..older_binary.model
+    };
+    let mut operator_set = controllers_upgrading(1, V43, V43, registry());
+    operator_set.model = ModelView {
+        agent_version: V44,
+        ..operator_set.model
+    };
+    vec![
+        // Booted too often: falls back (safe) or holds (database steps ran).
+        (on_trial(2, true, V43), plain),
+        (on_trial(2, false, V43), plain),
+        // Trial timer while bootstrapping and while checking the version.
+        (
+            on_trial(0, false, V43),
+            Schedule::Directed {
+                fail: None,
+                fire: Some((Phase::Bootstrapping, Timer::TrialReady)),
+            },
+        ),
+        (
+            on_trial(0, true, V43),
+            Schedule::Directed {
+                fail: None,
+                fire: Some((Phase::Bootstrapping, Timer::TrialReady)),
+            },
+        ),
+        (
+            on_trial(0, true, V44),
+            Schedule::Directed {
+                fail: None,
+                fire: Some((Phase::CheckingAgentVersion, Timer::TrialReady)),
+            },
+        ),
+        (
+            on_trial(0, false, V44),
+            Schedule::Directed {
+                fail: None,
+                fire: Some((Phase::CheckingAgentVersion, Timer::TrialReady)),
+            },
+        ),
+        // A binary older than upgradedToVersion.
+        (older_binary, plain),
+        // The operator set agent-version; staging keeps failing.
+        (operator_set.clone(), plain),
+        (
+            operator_set,
+            Schedule::Directed {
+                fail: Some("StageBinary"),
+                fire: None,
+            },
+        ),
+        // Steps keep failing; catalogue lookups keep failing.
+        (
+            controllers_upgrading(1, V42, V43, registry()),
+            Schedule::Directed {
+                fail: Some("RunStep"),
+                fire: None,
+            },
+        ),
+        (
+            controllers_upgrading(1, V43, V43, registry()),
+            Schedule::Directed {
+                fail: Some("LookupCatalogue"),
+                fire: None,
+            },
+        ),
+    ]
+}
+
+fn specs() -> Vec<WorldSpec> {
+    let mut first_boot_auto = controllers_upgrading(1, V43, V43, registry());
+    first_boot_auto.snapshots = vec![None];
+    first_boot_auto.model = ModelView {
+        policy: UpgradePolicy::AutoPatch,
+        ..first_boot_auto.model
+    };
+    let mut first_boot_off = controllers_upgrading(1, V43, V43, registry());
+    first_boot_off.snapshots = vec![None];
+    let mut pinned_missing = first_boot_off.clone();
+    pinned_missing.model = ModelView {
+        policy: UpgradePolicy::Pinned(lockstep_core::Version::new(2, 9, 99)),
+        ..pinned_missing.model
+    };
+    let with_faults = |mut spec: WorldSpec| {
+        spec.crashes = 2;
+        spec.expiries = 2;
+        spec
+    };
+    let mut operator_set = controllers_upgrading(1, V43, V43, registry());
+    operator_set.model = ModelView {
+        agent_version: V44,
+        ..operator_set.model
+    };
+    let mut machine_agent = controllers_upgrading(1, V43, V43, registry());
+    machine_agent.hosts.push(host_machine(V43));
+    machine_agent.snapshots.push(Some(snapshot(V43)));
+    let mut machine_agent_behind = machine_agent.clone();
+    machine_agent_behind.model = ModelView {
+        agent_version: V44,
+        ..machine_agent_behind.model
+    };
+    vec![
+        with_faults(operator_set),
+        with_faults(machine_agent),
+        with_faults(machine_agent_behind),
+        with_faults(controllers_upgrading(1, V42, V43, registry())),
+        with_faults(controllers_upgrading(2, V42, V44, registry())),
+        with_faults(controllers_upgrading(3, V42, V43, registry())),
+        with_faults(first_boot_auto),
+        with_faults(first_boot_off),
+        with_faults(pinned_missing),
+    ]
+}
+
+#[test]
+fn the_code_does_what_the_table_says_and_exercises_all_of_it() {
+    let mut seen = Seen::new();
+    let mut observations = 0u64;
+    let random = specs()
+        .into_iter()
+        .map(|spec| (spec, Schedule::Random, 150u64));
+    let directed = directed()
+        .into_iter()
+        .map(|(spec, schedule)| (spec, schedule, 1u64));
+    for (index, (spec, schedule, seeds)) in random.chain(directed).enumerate() {
+        for seed in 0..seeds {
+            let mut driver = Driver {
+                world: World::new(spec.clone()),
+                schedule,
+                seed: seed * 1000 + index as u64,
+                table: table(),
+                seen: std::mem::take(&mut seen),
+            };
+            for _ in 0..600 {
+                if !driver.step() {
+                    break;
+                }
+                observations += 1;
+                driver.world.check().unwrap_or_else(|violation| {
+                    let hosts: Vec<String> = driver
+                        .world
+                        .hosts
+                        .iter()
+                        .map(|host| {
+                            format!(
+                                "running {} durable {:?} process {:?}",
+                                host.config.running, host.durable, host.process
+                            )
+                        })
+                        .collect();
+                    panic!(
+                        "seed {seed} of spec {index}: {violation}\n{}",
+                        hosts.join("\n")
+                    )
+                });
+            }
+            seen = driver.seen;
+        }
+    }
+    let table = table();
+    let mut missing = Vec::new();
+    for (key, entry) in &table {
+        if let Entry::Allowed { next, .. } = entry {
+            let observed = seen.get(key).cloned().unwrap_or_default();
+            for phase in next.difference(&observed) {
+                missing.push(format!("{} × {} → {phase}", key.0, key.1));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of the table's transitions were never exercised in {observations} steps:\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
