@@ -93,6 +93,15 @@ pub struct Host {
     pub restarting: bool,
     /// `upgradedToVersion` when the world began: where this host's upgrade starts.
     pub origin: Version,
+    /// The phase the process was in when it published a gate view opening the full API
+    /// outside Ready. Sticky, like the store's effect counters: the API server serves every
+    /// view it is given, even one the same drain replaces, so a breach is recorded the
+    /// moment the view is published rather than read off the last view at the end.
+    pub gate_breach: Option<Phase>,
+    /// The last non-empty status message the process published (`None` after a crash).
+    /// Not part of the host's hash: it only repeats what the process's state holds (a held
+    /// process's reason), and hashing every progress message would split equal states.
+    pub status_message: Option<String>,
 }
 
 impl std::hash::Hash for Host {
@@ -115,6 +124,7 @@ impl std::hash::Hash for Host {
         self.gate_phase.hash(hasher);
         self.restarting.hash(hasher);
         self.origin.hash(hasher);
+        self.gate_breach.hash(hasher);
     }
 }
 
@@ -172,6 +182,15 @@ pub struct World {
     /// Remaining crashes and lease expiries the explorer may inject.
     pub crashes_left: u8,
     pub expiries_left: u8,
+    /// Remaining fires of the timers that say "something took too long"
+    /// ([`Timer::ControllersWait`], [`Timer::TrialReady`]). Time is abstract in the
+    /// explorer, so such a timer may fire at any moment: a timing fault, budgeted like the
+    /// others. Unbounded (255) unless an explorer narrows it.
+    pub timeouts_left: u8,
+    /// Remaining fires of the periodic [`Timer::CatalogueCheck`]. Each fire repeats the same
+    /// lookup with a fresh request id, so an unbounded budget means an unbounded state
+    /// space. Unbounded (255) unless an explorer narrows it.
+    pub catalogue_checks_left: u8,
 }
 
 impl std::hash::Hash for World {
@@ -180,6 +199,8 @@ impl std::hash::Hash for World {
         self.hosts.hash(hasher);
         self.crashes_left.hash(hasher);
         self.expiries_left.hash(hasher);
+        self.timeouts_left.hash(hasher);
+        self.catalogue_checks_left.hash(hasher);
     }
 }
 
@@ -221,6 +242,8 @@ impl World {
                 host_runs: BTreeMap::new(),
                 gate_phase: Phase::Bootstrapping,
                 restarting: false,
+                gate_breach: None,
+                status_message: None,
             })
             .collect();
         World {
@@ -245,10 +268,15 @@ impl World {
             mutations: Mutations::default(),
             crashes_left: spec.crashes,
             expiries_left: spec.expiries,
+            timeouts_left: u8::MAX,
+            catalogue_checks_left: u8::MAX,
         }
     }
 
     /// Every action enabled now, in a fixed order.
+    ///
+    /// A timer is offered only when firing it can change more than request ids (see
+    /// [`World::may_fire`]); faults only while their budgets last.
     pub fn actions(&self) -> Vec<Action> {
         let mut actions = Vec::new();
         for (host, state) in self.hosts.iter().enumerate() {
@@ -262,7 +290,9 @@ impl World {
                         actions.push(Action::Deliver { host });
                     }
                     for (timer, _) in process.timers() {
-                        actions.push(Action::Fire { host, timer });
+                        if self.may_fire(host, timer) {
+                            actions.push(Action::Fire { host, timer });
+                        }
                     }
                     if self.crashes_left > 0 {
                         actions.push(Action::Crash { host });
@@ -274,6 +304,31 @@ impl World {
             actions.push(Action::ExpireLease);
         }
         actions
+    }
+
+    /// Whether [`World::actions`] offers firing `timer` on `host` now.
+    ///
+    /// Every request carries a fresh id and the lifecycle's hash includes its id counter, so
+    /// a timer that only makes the process ask the store a question it would answer as
+    /// before leads to a state equal in all but ids: a new state each round, forever. Such
+    /// fires are held back until the answer could differ, which loses no behaviour, since
+    /// the timer stays armed and may fire at any later point:
+    /// - a lease keep-alive succeeds (changes nothing) while the store says this controller
+    ///   holds the lease; it is offered once the lease expired or passed to another;
+    /// - a lease retry fails (changes nothing) while another controller holds the lease; it
+    ///   is offered once the lease is free (or is this controller's own, left by a crash).
+    ///
+    /// Timeouts and the periodic catalogue check are offered while their budgets last.
+    pub fn may_fire(&self, host: usize, timer: Timer) -> bool {
+        let holder = self.store.lease.map(|(holder, _)| holder);
+        let mine = holder.is_some() && holder == self.hosts[host].config.controller;
+        match timer {
+            Timer::LeaseKeepAlive => !mine,
+            Timer::LeaseRetry => holder.is_none() || mine,
+            Timer::ControllersWait | Timer::TrialReady => self.timeouts_left > 0,
+            Timer::CatalogueCheck => self.catalogue_checks_left > 0,
+            Timer::StepRetry | Timer::CatalogueRetry | Timer::StageRetry => true,
+        }
     }
 
     /// Applies one action.
@@ -289,6 +344,15 @@ impl World {
                 self.deliver(host, input);
             }
             Action::Fire { host, timer } => {
+                match timer {
+                    Timer::ControllersWait | Timer::TrialReady => {
+                        self.timeouts_left = self.timeouts_left.saturating_sub(1);
+                    }
+                    Timer::CatalogueCheck => {
+                        self.catalogue_checks_left = self.catalogue_checks_left.saturating_sub(1);
+                    }
+                    _ => {}
+                }
                 let now = self.now;
                 if let Some(process) = &mut self.hosts[host].process {
                     process.handle_timer(now, timer);
@@ -329,6 +393,7 @@ impl World {
         state.completions.clear();
         state.watching = false;
         state.gate_phase = Phase::Bootstrapping;
+        state.status_message = None;
     }
 
     /// Feeds an input to a host's process (dropped if it is down) and drains its outputs.
@@ -348,8 +413,21 @@ impl World {
         while let Some(output) = process.poll_output() {
             match output {
                 Output::Request { id, request } => state.in_flight.push((id, request)),
-                Output::Gate(view) => state.gate_phase = view.phase,
-                Output::Status(_) => {}
+                Output::Gate(view) => {
+                    // One input makes at most one transition (statig), and the phase read
+                    // here is the one after it: a Ready view in a drain whose process is
+                    // not Ready was published outside Ready.
+                    let phase = process.phase();
+                    if view.phase == Phase::Ready && phase != Phase::Ready {
+                        state.gate_breach.get_or_insert(phase);
+                    }
+                    state.gate_phase = view.phase;
+                }
+                Output::Status(report) => {
+                    if !report.message.is_empty() {
+                        state.status_message = Some(report.message);
+                    }
+                }
             }
         }
     }
@@ -575,6 +653,9 @@ impl World {
             return Err(Violation::InvalidRecordTransition);
         }
         for (index, host) in self.hosts.iter().enumerate() {
+            if let Some(phase) = host.gate_breach {
+                return Err(Violation::GateOpenOutsideReady { host: index, phase });
+            }
             if let Some(process) = &host.process
                 && host.gate_phase == Phase::Ready
                 && process.phase() != Phase::Ready
