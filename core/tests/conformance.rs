@@ -238,8 +238,7 @@ impl Driver {
                 return true;
             }
         }
-        let pick =
-            |wanted: fn(&Action) -> bool| actions.iter().copied().find(&wanted);
+        let pick = |wanted: fn(&Action) -> bool| actions.iter().copied().find(&wanted);
         let action = pick(|action| matches!(action, Action::Deliver { .. }))
             .or_else(|| pick(|action| matches!(action, Action::Execute { .. })))
             .or_else(|| pick(|action| matches!(action, Action::Boot { .. })))
