@@ -137,8 +137,7 @@ fn main() {
                 &host.capabilities,
             );
             println!(
-                "\n{} is {} on {}: machine 0 reports jobs {:?}; upgradedToVersion {}",
-                "controller",
+                "\ncontroller is {} on {}: machine 0 reports jobs {:?}; upgradedToVersion {}",
                 core.phase(),
                 host.running,
                 jobs.iter().map(|job| job.as_str()).collect::<Vec<_>>(),
