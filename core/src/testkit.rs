@@ -116,8 +116,9 @@ impl std::hash::Hash for Host {
         }
         self.durable.hash(hasher);
         self.in_flight.hash(hasher);
+        self.completions.len().hash(hasher);
         for input in &self.completions {
-            format!("{input:?}").hash(hasher);
+            hash_input(input, hasher);
         }
         self.watching.hash(hasher);
         self.host_runs.hash(hasher);
@@ -126,6 +127,38 @@ impl std::hash::Hash for Host {
         self.origin.hash(hasher);
         self.gate_breach.hash(hasher);
     }
+}
+
+/// Hashes a completion (`Input` is not `Hash`: a catalogue is compared, not hashed).
+fn hash_input<H: std::hash::Hasher>(input: &Input, hasher: &mut H) {
+    use std::hash::Hash;
+    std::mem::discriminant(input).hash(hasher);
+    match input {
+        Input::Start => {}
+        Input::Done { id } => id.hash(hasher),
+        Input::ModelLoaded { id, model } => (id, model).hash(hasher),
+        Input::RecordChanged(view) => view.hash(hasher),
+        Input::RecordWritten { id, write } => (id, write).hash(hasher),
+        Input::LeaseAnswered { id, lease } => (id, lease).hash(hasher),
+        Input::StepFinished { id, outcome } => (id, outcome).hash(hasher),
+        Input::CatalogueFound { id, result } => {
+            id.hash(hasher);
+            match result {
+                Ok(catalogue) => catalogue.entries().hash(hasher),
+                Err(reason) => reason.hash(hasher),
+            }
+        }
+        Input::DesiredBinary { id, plan } => (id, plan).hash(hasher),
+        Input::Staged { id, result } => (id, result).hash(hasher),
+        Input::AgentVersionChanged(version) => version.hash(hasher),
+        Input::UpgradeRequested { version } => version.hash(hasher),
+        Input::Operator(action) => action.hash(hasher),
+    }
+}
+
+/// The timers that say "something took too long": early fires are a budgeted fault.
+fn is_timeout(timer: Timer) -> bool {
+    matches!(timer, Timer::ControllersWait | Timer::TrialReady)
 }
 
 /// One thing that can happen next in a world.
@@ -162,6 +195,9 @@ pub enum Violation {
     UpgradedToAheadOfSteps { host: usize, key: StepKey },
     /// I7: a process is Ready while its own steps are not recorded as done.
     ReadyBeforeSteps { host: usize },
+    /// I8: a controller serves (is Ready on) a binary older than a database step already
+    /// applied to the shared store: a rollback onto migrated state.
+    OldBinaryOnMigratedStore { host: usize, key: StepKey },
 }
 
 impl fmt::Display for Violation {
@@ -300,6 +336,21 @@ impl World {
                 }
             }
         }
+        let idle = actions
+            .iter()
+            .all(|action| matches!(action, Action::Crash { .. }));
+        if idle {
+            // Time passes when nothing else can happen: a timeout that fires now is not
+            // early, so its budget does not hold it back.
+            for (host, state) in self.hosts.iter().enumerate() {
+                let timers = state.process.iter().flat_map(|process| process.timers());
+                for (timer, _) in timers {
+                    if is_timeout(timer) && !self.may_fire(host, timer) {
+                        actions.push(Action::Fire { host, timer });
+                    }
+                }
+            }
+        }
         if self.expiries_left > 0 && self.store.lease.is_some() {
             actions.push(Action::ExpireLease);
         }
@@ -318,7 +369,10 @@ impl World {
     /// - a lease retry fails (changes nothing) while another controller holds the lease; it
     ///   is offered once the lease is free (or is this controller's own, left by a crash).
     ///
-    /// Timeouts and the periodic catalogue check are offered while their budgets last.
+    /// A timeout ([`Timer::ControllersWait`], [`Timer::TrialReady`]) is offered early, while
+    /// other things can still happen, only while [`World::timeouts_left`] lasts; once
+    /// nothing but a fault can happen it is offered whatever the budget (it is then late,
+    /// not early). The periodic catalogue check is offered while its budget lasts.
     pub fn may_fire(&self, host: usize, timer: Timer) -> bool {
         let holder = self.store.lease.map(|(holder, _)| holder);
         let mine = holder.is_some() && holder == self.hosts[host].config.controller;
@@ -346,6 +400,7 @@ impl World {
             Action::Fire { host, timer } => {
                 match timer {
                     Timer::ControllersWait | Timer::TrialReady => {
+                        // A late fire (budget spent) costs nothing.
                         self.timeouts_left = self.timeouts_left.saturating_sub(1);
                     }
                     Timer::CatalogueCheck => {
@@ -653,6 +708,20 @@ impl World {
             return Err(Violation::InvalidRecordTransition);
         }
         for (index, host) in self.hosts.iter().enumerate() {
+            if let Some(process) = &host.process
+                && host.config.controller.is_some()
+                && process.phase() == Phase::Ready
+                && let Some(key) = self
+                    .store
+                    .database_checkpoints
+                    .iter()
+                    .find(|key| key.target_version > host.config.running.number)
+            {
+                return Err(Violation::OldBinaryOnMigratedStore {
+                    host: index,
+                    key: *key,
+                });
+            }
             if let Some(phase) = host.gate_breach {
                 return Err(Violation::GateOpenOutsideReady { host: index, phase });
             }
@@ -711,6 +780,96 @@ impl World {
             };
             missing.then_some(key)
         })
+    }
+
+    /// An enabled action that an exhaustive search may take alone, ignoring every other
+    /// action enabled now, without missing any reachable broken invariant, quiescent state or
+    /// stuck state (a partial-order reduction: the action is a persistent set by itself).
+    ///
+    /// It is an action of a host `h` whose armed timers cannot fire before `h` itself acts
+    /// (see [`World::timer_stays_unfired`]), and one of:
+    /// 1. **Deliver to `h` when no request of `h` in flight touches `h`'s own state** (a
+    ///    snapshot write, a host step, a restart). Delivering touches only `h`'s process,
+    ///    queues and gate. Another host's action, or one of `h`'s store requests, can only
+    ///    change the store and append to `h`'s queues, which commutes with taking the oldest
+    ///    completion and feeding it to the process; a crash of `h` leaves the same state
+    ///    whether or not the delivery came first (process, queues and gate are discarded;
+    ///    the disk and the store were not touched; a gate breach the delivery records is
+    ///    reported at once). A state skipped by delivering first, `s·w` for a path `w` of
+    ///    such actions, agrees with `s` on everything of `h` that a check reads (process,
+    ///    gate, disk, runs) and with the visited `s·deliver·w` on everything else, and every
+    ///    invariant reads one host's own state plus the store; it is never quiescent or
+    ///    stuck, since the delivery is still pending.
+    /// 2. **Execute `h`'s only request when `h` has nothing else to do and does not watch
+    ///    the record**, for requests whose execution reads nothing another host writes and
+    ///    writes nothing any check reads: a catalogue lookup and a staging. Nobody else can
+    ///    append to `h`'s completions (it does not watch) and `h` cannot act otherwise, so the
+    ///    execution commutes with everything; a crash discards its effect.
+    /// 3. The same for **persisting `h`'s snapshot**, when no crash is left (a crash before
+    ///    the write is a different outcome than after it). The write is visible only to the
+    ///    invariants of `h` (I5, I6, I7): on a skipped state `s·w`, `h`'s disk and runs are
+    ///    as in `s`, except that the store's database checkpoints may have grown, and they
+    ///    only grow, which can only satisfy I6 further.
+    ///
+    /// Acyclicity, which such reductions need, holds: every action consumes a fault budget,
+    /// a request, a completion or an armed timer, or issues a request with a fresh id.
+    pub fn local_action(&self) -> Option<Action> {
+        for (host, state) in self.hosts.iter().enumerate() {
+            let Some(process) = &state.process else {
+                continue;
+            };
+            if !process
+                .timers()
+                .all(|(timer, _)| self.timer_stays_unfired(host, timer))
+            {
+                continue;
+            }
+            let touches_host = |request: &Request| match request {
+                Request::PersistSnapshot(_) | Request::RestartInto(_) => true,
+                Request::RunStep { step, .. } => self.registry.step(*step).kind == StepKind::Host,
+                _ => false,
+            };
+            if !state.completions.is_empty()
+                && !state
+                    .in_flight
+                    .iter()
+                    .any(|(_, request)| touches_host(request))
+            {
+                return Some(Action::Deliver { host });
+            }
+            if !state.completions.is_empty() || state.watching {
+                continue;
+            }
+            if let [(_, request)] = state.in_flight.as_slice() {
+                let alone = match request {
+                    Request::LookupCatalogue { .. } | Request::StageBinary(_) => true,
+                    Request::PersistSnapshot(_) => self.crashes_left == 0,
+                    _ => false,
+                };
+                if alone {
+                    return Some(Action::Execute { host, index: 0 });
+                }
+            }
+        }
+        None
+    }
+
+    /// True when firing `timer` on `host` is not offered now and no other host's action,
+    /// nor any fault, can make it offered while `host` has something else to do: only
+    /// `host`'s own process could. (A spent timeout is offered late only when nothing but
+    /// faults can happen anywhere, so never while `host` has an action of its own.)
+    pub fn timer_stays_unfired(&self, host: usize, timer: Timer) -> bool {
+        let holder = self.store.lease.map(|(holder, _)| holder);
+        let mine = holder.is_some() && holder == self.hosts[host].config.controller;
+        match timer {
+            Timer::ControllersWait | Timer::TrialReady => self.timeouts_left == 0,
+            Timer::CatalogueCheck => self.catalogue_checks_left == 0,
+            // Nobody else can take a lease this controller holds; only expiry frees it.
+            Timer::LeaseKeepAlive => mine && self.expiries_left == 0,
+            Timer::LeaseRetry | Timer::StepRetry | Timer::CatalogueRetry | Timer::StageRetry => {
+                false
+            }
+        }
     }
 
     /// True when nothing but faults could happen: no request, completion or timer is left

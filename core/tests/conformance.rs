@@ -368,6 +368,7 @@ fn on_trial(
         binary: binary(V44),
         boots,
         past_database_steps,
+        switches: 0,
     });
     spec.snapshots = vec![Some(snapshot)];
     spec.model = ModelView {

@@ -275,9 +275,8 @@ proptest! {
     }
 }
 
-/// The checks can fail: a schedule that crashes a host in the middle of the upgrade and
-/// never heals leaves it down, which the liveness phase would notice if run. Here: the
-/// safety check notices a gate left open on a host whose process was taken away.
+/// The per-action check can fail: it notices a gate left open on a host whose process is
+/// gone.
 #[test]
 fn safety_check_notices_an_open_gate_on_a_down_host() {
     let mut world = World::new(Setup::FirstBootAutoPatch.spec(0, 0));
@@ -304,6 +303,7 @@ fn trial_timeout_with_a_request_in_flight_falls_back() {
         binary: binary(V44),
         boots: 0,
         past_database_steps: false,
+        switches: 0,
     });
     let mut process =
         Lifecycle::new(controller(0, V44), registry(), Some(snapshot)).expect("valid");
@@ -349,5 +349,106 @@ fn trial_timeout_with_a_request_in_flight_falls_back() {
     assert!(
         matches!(&requests[..], [(_, Request::RestartInto(previous))] if *previous == binary(V43)),
         "{requests:?}"
+    );
+}
+
+/// Regression (found by the `lifecycle_inputs` fuzz target, since fixed).
+/// A record view whose *current* record has a final status (complete or aborted) reaches
+/// `unreachable!("a final record is archived, never current")` in `reconcile_steps`. A
+/// store that archives final records never sends one, but the view comes from outside the
+/// core, and an agent must not crash on it. Expected: no panic (hold with a reason, or
+/// treat the record as archived).
+#[test]
+fn a_final_record_as_current_does_not_panic() {
+    use lockstep_core::Timestamp;
+    use lockstep_core::lifecycle::{
+        ControllerSet, Input, Lifecycle, Output, RecordView, Revision, UpgradeInfo,
+    };
+
+    let mut process =
+        Lifecycle::new(controller(0, V43), registry(), Some(snapshot(V42))).expect("valid");
+    let now = Timestamp::ZERO;
+    let mut ids = Vec::new();
+    let mut call = |process: &mut Lifecycle, input: Option<Input>| {
+        if let Some(input) = input {
+            process.handle(now, input);
+        }
+        while let Some(output) = process.poll_output() {
+            if let Output::Request { id, .. } = output {
+                ids.push(id);
+            }
+        }
+        ids.clone()
+    };
+    let ids = call(&mut process, Some(Input::Start));
+    let ids = call(&mut process, Some(Input::Done { id: ids[0] }));
+    let model = ModelView {
+        agent_version: V43,
+        policy: UpgradePolicy::Off,
+        stream: None,
+        controllers: ControllerSet::first(1),
+    };
+    call(&mut process, Some(Input::ModelLoaded { id: ids[1], model }));
+    assert_eq!(process.phase(), Phase::RunningSteps);
+    let complete = UpgradeInfo {
+        previous_version: V42,
+        target_version: V43,
+        status: UpgradeStatus::Complete,
+        controllers_ready: ControllerSet::first(1),
+        controllers_done: ControllerSet::EMPTY,
+    };
+    let view = RecordView {
+        current: Some((complete, Revision(2))),
+        last_archived: None,
+        revision: Revision(2),
+    };
+    call(&mut process, Some(Input::RecordChanged(view))); // panics today
+}
+
+/// Regression (since fixed). A binary on trial whose `TrialReady` fires
+/// while a request is in flight, once its version's database steps ran, is held in
+/// StepsFailed, correctly; but the in-flight request stays awaited (StepsFailed does not
+/// consume its completion), and `Operator(Retry)` / `Operator(Abort)` are guarded on no
+/// request in flight, so the operator cannot act until the process restarts. Expected:
+/// a held agent awaits nothing and takes the operator's retry.
+#[test]
+fn held_trial_takes_the_operators_retry() {
+    use lockstep_core::Timestamp;
+    use lockstep_core::lifecycle::{Input, Lifecycle, OperatorAction, Output, Trial};
+
+    let mut snapshot = snapshot(V43);
+    snapshot.previous = Some(binary(V43));
+    snapshot.trial = Some(Trial {
+        binary: binary(V44),
+        boots: 0,
+        past_database_steps: true,
+        switches: 0,
+    });
+    let mut process =
+        Lifecycle::new(controller(0, V44), registry(), Some(snapshot)).expect("valid");
+    let now = Timestamp::ZERO;
+    let drain = |process: &mut Lifecycle| {
+        let mut ids = Vec::new();
+        while let Some(output) = process.poll_output() {
+            if let Output::Request { id, .. } = output {
+                ids.push(id);
+            }
+        }
+        ids
+    };
+    process.handle(now, Input::Start); // persist the boot snapshot: request 1
+    let boot_persist = drain(&mut process)[0];
+    process.handle_timer(now, Timer::TrialReady); // held: rolling back is unsafe
+    drain(&mut process);
+    assert_eq!(process.phase(), Phase::StepsFailed);
+    process.handle(now, Input::Done { id: boot_persist });
+    drain(&mut process);
+    assert_eq!(process.awaiting(), None, "a held agent awaits nothing");
+    process.handle(now, Input::Operator(OperatorAction::Retry));
+    drain(&mut process);
+    assert_ne!(
+        process.phase(),
+        Phase::StepsFailed,
+        "the operator's retry is taken"
     );
 }

@@ -19,7 +19,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(binary) = Binary::parse(text) {
         let printed = binary.to_string();
-        assert_eq!(Binary::parse(&printed).expect("a printed binary parses"), binary);
+        assert_eq!(
+            Binary::parse(&printed).expect("a printed binary parses"),
+            binary
+        );
         assert!(!binary.release.contains(['/', '\\']) && !binary.arch.contains(['/', '\\']));
     }
     let _ = Version::parse(text).map_err(|error| error.to_string());

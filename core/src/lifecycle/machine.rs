@@ -45,6 +45,21 @@ pub(crate) enum Pending {
     Stage,
 }
 
+impl Pending {
+    /// Requests whose effect outlives this process if they complete after it gave up on
+    /// them: store writes and steps. Reads and local persists are safe to abandon.
+    fn writes_shared_state(self) -> bool {
+        matches!(
+            self,
+            Pending::RecordWrite
+                | Pending::DatabaseStep(_)
+                | Pending::HostStep(_)
+                | Pending::SetAgentVersion
+                | Pending::Report
+        )
+    }
+}
+
 /// Why a snapshot is being persisted: what to do once it is durable.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) enum PersistFor {
@@ -172,6 +187,9 @@ pub(crate) struct Io {
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) timers: [Option<Timestamp>; Timer::COUNT],
     next_request: u64,
+    /// Set once the process asked to restart into another binary: it makes no further
+    /// request, whatever it is told, so nothing of it runs beside its successor.
+    exiting: bool,
 }
 
 impl Io {
@@ -181,6 +199,17 @@ impl Io {
             outputs: VecDeque::with_capacity(OUTPUTS_MAX),
             timers: [None; Timer::COUNT],
             next_request: 1,
+            exiting: false,
+        }
+    }
+
+    /// Asks the driver to switch to `binary` and restart; the last request this process
+    /// makes.
+    fn exit_into(&mut self, binary: crate::version::Binary) {
+        if !self.exiting {
+            let id = self.next_id();
+            self.emit_request(id, Request::RestartInto(binary));
+            self.exiting = true;
         }
     }
 
@@ -198,6 +227,10 @@ impl Io {
     }
 
     fn emit_request(&mut self, id: RequestId, request: Request) {
+        if self.exiting {
+            tracing::debug!(target: "lockstep::lifecycle", request = request_name(&request), "not sent: restarting");
+            return;
+        }
         tracing::debug!(target: "lockstep::lifecycle", id = id.0, request = request_name(&request), "request");
         self.push(Output::Request { id, request });
     }
@@ -225,7 +258,6 @@ pub(crate) struct Machine {
     pub(crate) config: Config,
     pub(crate) registry: Arc<StepRegistry>,
     pub(crate) snapshot: Snapshot,
-    pub(crate) first_boot: bool,
     pub(crate) model: Option<ModelView>,
     pub(crate) pending: Option<(RequestId, Pending)>,
     pub(crate) gate: GateView,
@@ -233,6 +265,8 @@ pub(crate) struct Machine {
     pub(crate) mutations: Mutations,
     /// Set by Bootstrapping when the snapshot shows a trial that did not succeed.
     fell_back: Option<String>,
+    /// Set by Bootstrapping when the snapshot shows a switch that never happened.
+    resume_switch: Option<crate::version::Binary>,
 }
 
 #[state_machine(
@@ -270,6 +304,14 @@ impl Machine {
                 if let Some(outcome) = self.trial_exhausted(io) {
                     return outcome;
                 }
+                if let Some(binary) = self.resume_switch.take() {
+                    self.status_message(
+                        io,
+                        format!("resuming the switch to agent binary {binary}"),
+                    );
+                    io.exit_into(binary);
+                    return Handled;
+                }
                 *stage = BootStage::LoadingModel;
                 self.request(io, Pending::LoadModel, Request::LoadModel);
                 Handled
@@ -284,7 +326,7 @@ impl Machine {
                 if self.completes(*id, Pending::LoadModel) =>
             {
                 self.model = Some(model.clone());
-                if self.first_boot && self.is_controller() {
+                if !self.snapshot.bootstrap_complete && self.is_controller() {
                     *stage = BootStage::Capabilities;
                     self.request(io, Pending::Capabilities, Request::RefreshCapabilities);
                     return Handled;
@@ -316,7 +358,7 @@ impl Machine {
         let outcome = match event {
             Event::Input(Input::RecordChanged(view)) => {
                 if view.revision >= steps.record.revision {
-                    steps.record = *view;
+                    steps.record = view.normalized();
                     steps.seen_record = true;
                 }
                 None
@@ -327,7 +369,7 @@ impl Machine {
                 match write {
                     RecordWrite::Written(view) | RecordWrite::Conflict(view) => {
                         if view.revision >= steps.record.revision {
-                            steps.record = *view;
+                            steps.record = view.normalized();
                             steps.seen_record = true;
                         }
                         if let (Some(reason), RecordWrite::Written(_)) = (steps.abort, write) {
@@ -535,7 +577,7 @@ impl Machine {
             {
                 upgrade.restarting = true;
                 let binary = upgrade.plan.binary.clone();
-                io.request_aside(Request::RestartInto(binary));
+                io.exit_into(binary);
                 Handled
             }
             Event::Timer(Timer::StageRetry) if upgrade.retry_wait => {
@@ -551,12 +593,18 @@ impl Machine {
 
     #[action]
     fn enter_ready(&mut self, io: &mut Io) {
-        if let Some(trial) = &self.snapshot.trial
-            && trial.binary == self.config.running
-        {
-            // The new binary proved itself: forget the trial.
+        let proven = self
+            .snapshot
+            .trial
+            .as_ref()
+            .is_some_and(|trial| trial.binary == self.config.running);
+        if proven || !self.snapshot.bootstrap_complete {
+            // The new binary proved itself (forget the trial), and bootstrap is over.
             io.cancel_timer(Timer::TrialReady);
-            self.snapshot.trial = None;
+            if proven {
+                self.snapshot.trial = None;
+            }
+            self.snapshot.bootstrap_complete = true;
             let snapshot = self.snapshot.clone();
             self.request(
                 io,
@@ -653,6 +701,9 @@ impl Machine {
 
     #[action]
     fn enter_steps_failed(&mut self, io: &mut Io, held: &mut Held) {
+        // A held agent awaits nothing: whatever was in flight completes as stale, and the
+        // operator's retry or abort is taken at once.
+        self.pending = None;
         let message = held.reason.clone();
         self.status_message(io, message);
     }
@@ -693,12 +744,12 @@ impl Machine {
             {
                 match write {
                     RecordWrite::Written(view) => {
-                        held.record = *view;
+                        held.record = view.normalized();
                         self.abort_held(io, held)
                     }
                     RecordWrite::Conflict(view) => {
                         // Someone changed it first; the operator may abort again.
-                        held.record = *view;
+                        held.record = view.normalized();
                         held.aborting = false;
                         Handled
                     }
@@ -707,7 +758,7 @@ impl Machine {
             }
             Event::Input(Input::RecordChanged(view)) => {
                 if view.revision >= held.record.revision {
-                    held.record = *view;
+                    held.record = view.normalized();
                 }
                 Handled
             }
@@ -765,13 +816,13 @@ impl std::hash::Hash for Machine {
     fn hash<H: std::hash::Hasher>(&self, hasher: &mut H) {
         self.config.hash(hasher);
         self.snapshot.hash(hasher);
-        self.first_boot.hash(hasher);
         self.model.hash(hasher);
         self.pending.hash(hasher);
         self.gate.hash(hasher);
         self.upgrade_available.hash(hasher);
         self.mutations.hash(hasher);
         self.fell_back.hash(hasher);
+        self.resume_switch.hash(hasher);
     }
 }
 
@@ -781,14 +832,12 @@ impl Machine {
         registry: Arc<StepRegistry>,
         snapshot: Option<Snapshot>,
     ) -> Machine {
-        let first_boot = snapshot.is_none();
         let snapshot = snapshot.unwrap_or_else(|| Snapshot::bootstrapped(&config.running));
         let retry_after = config.limits.retry_after;
         Machine {
             config,
             registry,
             snapshot,
-            first_boot,
             model: None,
             pending: None,
             gate: GateView {
@@ -799,6 +848,7 @@ impl Machine {
             upgrade_available: None,
             mutations: Mutations::default(),
             fell_back: None,
+            resume_switch: None,
         }
     }
 
@@ -850,7 +900,9 @@ impl Machine {
             self.pending
         );
         let id = io.next_id();
-        self.pending = Some((id, pending));
+        if !io.exiting {
+            self.pending = Some((id, pending));
+        }
         io.emit_request(id, request);
         id
     }
@@ -921,6 +973,11 @@ impl Machine {
         if trial.binary == self.config.running {
             trial.boots = trial.boots.saturating_add(1);
             io.set_timer(Timer::TrialReady, self.config.limits.trial_ready_timeout);
+        } else if trial.boots == 0 && trial.switches < self.config.limits.trial_boots_max {
+            // The switch was persisted but the new binary never counted a boot: the process
+            // died before restarting (or the binary before starting). Try the switch again.
+            trial.switches += 1;
+            self.resume_switch = Some(trial.binary.clone());
         } else {
             self.fell_back = Some(format!(
                 "agent binary {} did not come up; running {} again",
@@ -970,9 +1027,21 @@ impl Machine {
                 record: RecordView::default(),
             }));
         }
+        if let Some((_, pending)) = self.pending
+            && pending.writes_shared_state()
+        {
+            // A write in flight may still land: falling back now could leave its effect
+            // behind (a record re-created after it was archived). Decide again shortly.
+            self.status_message(
+                io,
+                format!("{reason}; falling back once {pending:?} completes"),
+            );
+            io.set_timer(Timer::TrialReady, self.config.limits.retry_after);
+            return Handled;
+        }
         self.status_message(io, format!("{reason}; falling back"));
-        // Whatever was awaited no longer matters (a hung store is a reason to fall back):
-        // its completion, if it ever comes, is stale.
+        // A read awaited no longer matters (a hung store is a reason to fall back): its
+        // completion, if it ever comes, is stale.
         self.pending = None;
         let snapshot = self.snapshot.clone();
         self.request(
@@ -985,7 +1054,7 @@ impl Machine {
 
     fn restart_into_previous(&mut self, io: &mut Io) {
         if let Some(previous) = self.snapshot.previous.clone() {
-            io.request_aside(Request::RestartInto(previous));
+            io.exit_into(previous);
         }
     }
 
@@ -994,6 +1063,22 @@ impl Machine {
         let running = self.config.running.number;
         // Checked before a fall back is honoured: an older binary must never serve state
         // that a newer one already migrated.
+        if let Some(reason) = &self.fell_back
+            && self
+                .snapshot
+                .trial
+                .as_ref()
+                .is_some_and(|trial| trial.past_database_steps)
+        {
+            return Transition(State::steps_failed(Held {
+                reason: format!(
+                    "{reason}, but database steps of the new version already ran: {running} \
+                     must not serve the migrated store; install the new version again"
+                ),
+                aborting: false,
+                record: RecordView::default(),
+            }));
+        }
         if upgraded_to <= running
             && let Some(reason) = self.fell_back.take()
         {
@@ -1391,7 +1476,7 @@ impl Machine {
                 None
             }
             UpgradeStatus::Complete | UpgradeStatus::Aborted => {
-                unreachable!("a final record is archived, never current")
+                unreachable!("views are normalized on receipt: a final record is never current")
             }
         }
     }
@@ -1557,7 +1642,7 @@ impl Machine {
     fn occasion(&self) -> OccasionKey {
         let desired = self.model.as_ref().map(|model| model.agent_version);
         match desired {
-            _ if self.first_boot => OccasionKey::Bootstrap,
+            _ if !self.snapshot.bootstrap_complete => OccasionKey::Bootstrap,
             Some(version) if version != self.config.running.number => {
                 OccasionKey::Operator(Some(version))
             }
@@ -1749,6 +1834,7 @@ impl Machine {
             binary: upgrade.plan.binary.clone(),
             boots: 0,
             past_database_steps: false,
+            switches: 0,
         });
         let snapshot = self.snapshot.clone();
         self.request(

@@ -212,6 +212,22 @@ pub struct RecordView {
     pub revision: Revision,
 }
 
+impl RecordView {
+    /// The view with a final record moved from current to archived. Stores archive final
+    /// records, but a view comes from outside the core: one that names a complete or
+    /// aborted record as current means the same as one that archived it.
+    pub fn normalized(self) -> RecordView {
+        match self.current {
+            Some((record, _)) if record.status.is_final() => RecordView {
+                current: None,
+                last_archived: Some(record),
+                revision: self.revision,
+            },
+            _ => self,
+        }
+    }
+}
+
 /// A lease's fencing token: the store's proof of which lease grant is current (etcd: the
 /// leader key's create revision). A write fenced on a token succeeds only while that grant
 /// is still the current one.

@@ -89,6 +89,12 @@ pub struct Trial {
     /// Set (and persisted) before this agent runs or observes database steps of the new
     /// version: from then on, falling back to the previous binary is unsafe (Juju's lesson).
     pub past_database_steps: bool,
+    /// Times the previous binary found the switch persisted but the new binary never
+    /// booted (a crash between persisting the switch and restarting, or a binary that dies
+    /// before it can count a boot) and restarted into it again. Bounded by
+    /// [`Limits::trial_boots_max`]; then the switch is given up.
+    #[serde(default)]
+    pub switches: u8,
 }
 
 /// The agent's own persisted state (its part of `agent.conf`), written atomically by the
@@ -106,6 +112,11 @@ pub struct Snapshot {
     pub previous: Option<Binary>,
     /// A switch to a new binary not yet proven.
     pub trial: Option<Trial>,
+    /// Set once the agent first reached Ready. Until then every boot is part of the
+    /// bootstrap: capabilities are discovered and `--auto-upgrade` applies, so a crash
+    /// during bootstrap cannot turn it into an ordinary restart.
+    #[serde(default)]
+    pub bootstrap_complete: bool,
 }
 
 impl Snapshot {
@@ -120,6 +131,7 @@ impl Snapshot {
             host_checkpoints: Vec::new(),
             previous: None,
             trial: None,
+            bootstrap_complete: false,
         }
     }
 

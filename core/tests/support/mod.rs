@@ -79,6 +79,8 @@ pub fn host_machine(running: Version) -> Config {
 pub fn snapshot(upgraded_to: Version) -> Snapshot {
     let mut snapshot = Snapshot::bootstrapped(&binary(upgraded_to));
     snapshot.upgraded_to_version = upgraded_to;
+    // An agent that is upgrading was bootstrapped long ago.
+    snapshot.bootstrap_complete = true;
     snapshot
 }
 
