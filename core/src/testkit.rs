@@ -98,10 +98,16 @@ pub struct Host {
     /// view it is given, even one the same drain replaces, so a breach is recorded the
     /// moment the view is published rather than read off the last view at the end.
     pub gate_breach: Option<Phase>,
+    /// The phase and progress the gate last published (for I9).
+    pub published: Option<(Phase, u32)>,
+    /// The first published output that broke I9, described.
+    pub publication_fault: Option<String>,
     /// The last non-empty status message the process published (`None` after a crash).
     /// Not part of the host's hash: it only repeats what the process's state holds (a held
     /// process's reason), and hashing every progress message would split equal states.
     pub status_message: Option<String>,
+    /// The phase that status message was marked with (not hashed, likewise).
+    pub status_phase: Option<Phase>,
 }
 
 impl std::hash::Hash for Host {
@@ -126,6 +132,8 @@ impl std::hash::Hash for Host {
         self.restarting.hash(hasher);
         self.origin.hash(hasher);
         self.gate_breach.hash(hasher);
+        self.published.hash(hasher);
+        self.publication_fault.hash(hasher);
     }
 }
 
@@ -198,6 +206,9 @@ pub enum Violation {
     /// I8: a controller serves (is Ready on) a binary older than a database step already
     /// applied to the shared store: a rollback onto migrated state.
     OldBinaryOnMigratedStore { host: usize, key: StepKey },
+    /// I9: published progress ran backwards within a phase, or a status was marked with
+    /// another phase than the gate's.
+    PublishedOutOfStep { host: usize, fault: String },
 }
 
 impl fmt::Display for Violation {
@@ -279,7 +290,10 @@ impl World {
                 gate_phase: Phase::Bootstrapping,
                 restarting: false,
                 gate_breach: None,
+                published: None,
+                publication_fault: None,
                 status_message: None,
+                status_phase: None,
             })
             .collect();
         World {
@@ -449,6 +463,8 @@ impl World {
         state.watching = false;
         state.gate_phase = Phase::Bootstrapping;
         state.status_message = None;
+        state.status_phase = None;
+        state.published = None;
     }
 
     /// Feeds an input to a host's process (dropped if it is down) and drains its outputs.
@@ -477,10 +493,29 @@ impl World {
                         state.gate_breach.get_or_insert(phase);
                     }
                     state.gate_phase = view.phase;
+                    let done = view.progress.done;
+                    if let Some((phase, before)) = state.published
+                        && phase == view.phase
+                        && done < before
+                    {
+                        state.publication_fault.get_or_insert(format!(
+                            "progress went back from {before} to {done} in {phase}"
+                        ));
+                    }
+                    state.published = Some((view.phase, done));
                 }
                 Output::Status(report) => {
+                    if let Some((phase, _)) = state.published
+                        && phase != report.phase
+                    {
+                        state.publication_fault.get_or_insert(format!(
+                            "status {:?} marked {} while the gate says {phase}",
+                            report.message, report.phase
+                        ));
+                    }
                     if !report.message.is_empty() {
                         state.status_message = Some(report.message);
+                        state.status_phase = Some(report.phase);
                     }
                 }
             }
@@ -720,6 +755,12 @@ impl World {
                 return Err(Violation::OldBinaryOnMigratedStore {
                     host: index,
                     key: *key,
+                });
+            }
+            if let Some(fault) = &host.publication_fault {
+                return Err(Violation::PublishedOutOfStep {
+                    host: index,
+                    fault: fault.clone(),
                 });
             }
             if let Some(phase) = host.gate_breach {

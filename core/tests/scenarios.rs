@@ -143,3 +143,52 @@ fn pinned_version_missing_from_catalogue_resets_agent_version() {
         "agent-version reset to the running version"
     );
 }
+
+#[test]
+fn a_held_agent_says_why_in_a_status_of_its_held_phase() {
+    use lockstep_core::lifecycle::{Input, Request, StepOutcome};
+    use lockstep_core::steps::StepKind;
+    // One controller whose host step keeps failing; everything else runs in order.
+    let mut world = world(controllers_upgrading(1, V42, V43, registry()));
+    let mut retries_seen = 0;
+    for _ in 0..10_000 {
+        let failing = world.hosts[0].in_flight.iter().position(|(_, request)| {
+            matches!(request, Request::RunStep { step, .. } if world.registry.step(*step).kind == StepKind::Host)
+        });
+        if let Some(index) = failing {
+            let (id, _) = world.hosts[0].in_flight.remove(index);
+            world.deliver(
+                0,
+                Input::StepFinished {
+                    id,
+                    outcome: StepOutcome::Failed("disk full".into()),
+                },
+            );
+            let message = world.hosts[0].status_message.clone().unwrap_or_default();
+            if message.contains("failed (will retry): disk full") {
+                assert_eq!(world.hosts[0].status_phase, Some(Phase::RunningSteps));
+                retries_seen += 1;
+            }
+            continue;
+        }
+        if world.run_in_order(1) == 0 {
+            break;
+        }
+    }
+    world.check().expect("no invariant broken");
+    assert_eq!(phases(&world), [Phase::StepsFailed]);
+    assert_eq!(
+        retries_seen, 4,
+        "5 attempts: 4 announced retries, then giving up"
+    );
+    let message = world.hosts[0].status_message.clone().unwrap();
+    assert!(
+        message.contains("upgrade to 2.9.43 failed (giving up): disk full"),
+        "{message}"
+    );
+    assert_eq!(
+        world.hosts[0].status_phase,
+        Some(Phase::StepsFailed),
+        "the reason is marked with the held phase"
+    );
+}

@@ -274,6 +274,7 @@ pub(crate) struct Machine {
     state(derive(Clone, PartialEq, Eq, Hash, Debug)),
     context_identifier = "io",
     before_dispatch = "Self::before_dispatch",
+    before_transition = "Self::before_transition",
     after_transition = "Self::after_transition"
 )]
 impl Machine {
@@ -700,12 +701,11 @@ impl Machine {
     // ---------------------------------------------------------------- StepsFailed
 
     #[action]
-    fn enter_steps_failed(&mut self, io: &mut Io, held: &mut Held) {
+    fn enter_steps_failed(&mut self) {
         // A held agent awaits nothing: whatever was in flight completes as stale, and the
-        // operator's retry or abort is taken at once.
+        // operator's retry or abort is taken at once. (Its reason went out with the phase
+        // change, from `before_transition`.)
         self.pending = None;
-        let message = held.reason.clone();
-        self.status_message(io, message);
     }
 
     #[state(entry_action = "enter_steps_failed")]
@@ -776,13 +776,7 @@ impl Machine {
 
     #[action]
     fn enter_upgrade_failed(&mut self, io: &mut Io, failure: &mut Failure) {
-        self.status_message(
-            io,
-            format!(
-                "upgrade failed, staying on {}: {}",
-                self.config.running.number, failure.reason
-            ),
-        );
+        // The reason went out with the phase change.
         self.advance_failure(io, failure);
     }
 
@@ -858,27 +852,36 @@ impl Machine {
         }
     }
 
-    fn after_transition(&mut self, source: &State, target: &State, io: &mut Io) {
+    /// Publishes the new phase's gate and status *before* its entry actions run, so every
+    /// request and status an entry makes is already marked with the phase it belongs to.
+    ///
+    /// statig 0.4.1 calls this hook with the target first and the source second (the
+    /// trait's parameter names say otherwise); the names here say what is passed.
+    fn before_transition(&mut self, target: &State, source: &State, io: &mut Io) {
         let (from, to) = (phase_of(source), phase_of(target));
         if from == to {
             return;
         }
-        tracing::info!(target: "lockstep::lifecycle", from = %from, to = %to, "phase changed");
-        let progress = if to == Phase::RunningSteps {
-            let plan = self.current_plan(false);
-            Progress {
+        let progress = match target {
+            State::RunningSteps { .. } => Progress {
                 done: 0,
-                total: plan.len() as u32,
+                total: self.current_plan(true).len() as u32,
                 target: Some(self.config.running.number),
-            }
-        } else if let State::Upgrading { upgrade } = target {
-            Progress {
+            },
+            State::Upgrading { upgrade } => Progress {
                 done: 0,
                 total: 1,
                 target: Some(upgrade.plan.binary.number),
-            }
-        } else {
-            Progress::default()
+            },
+            _ => Progress::default(),
+        };
+        let message = match target {
+            State::StepsFailed { held } => held.reason.clone(),
+            State::UpgradeFailed { failure } => format!(
+                "upgrade failed, staying on {}: {}",
+                self.config.running.number, failure.reason
+            ),
+            _ => String::new(),
         };
         self.gate = self.view(to);
         self.gate.progress = progress;
@@ -886,8 +889,16 @@ impl Machine {
         io.push(Output::Status(StatusReport {
             phase: to,
             progress,
-            message: String::new(),
+            message,
         }));
+    }
+
+    /// Traces every phase change once it is complete (statig passes source, then target).
+    fn after_transition(&mut self, source: &State, target: &State, _io: &mut Io) {
+        let (from, to) = (phase_of(source), phase_of(target));
+        if from != to {
+            tracing::info!(target: "lockstep::lifecycle", from = %from, to = %to, "phase changed");
+        }
     }
 
     // ---------------------------------------------------------------- requests and timers
@@ -1508,6 +1519,8 @@ impl Machine {
         record: Option<(UpgradeInfo, Revision)>,
     ) -> Option<State> {
         let plan = self.current_plan(false);
+        // Progress counts the upgrade's database steps too, whoever runs them.
+        let database_total = self.current_plan(true).database().len();
         let remaining: Vec<StepIndex> = plan
             .host()
             .iter()
@@ -1520,7 +1533,7 @@ impl Machine {
             })
             .collect();
         let done = plan.host().len() - remaining.len();
-        self.set_progress(io, (plan.database().len() + done) as u32);
+        self.set_progress(io, (database_total + done) as u32);
         let skip_last = self.mutations.upgraded_to_with_step_missing && remaining.len() == 1;
         if let (Some(&index), false) = (remaining.first(), skip_last) {
             let key = self.registry.key(index);
