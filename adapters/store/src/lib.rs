@@ -1,0 +1,1 @@
+//! Persistent state for controllers: the store trait, an in-memory model and embedded SQLite.

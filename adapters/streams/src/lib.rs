@@ -1,0 +1,1 @@
+//! Agent-binary catalogues from simplestreams metadata, verified downloads, and a mirror generator.
