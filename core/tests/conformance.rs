@@ -202,7 +202,12 @@ impl Driver {
             self.perturb(host);
             return true;
         }
-        let action = actions[(choice as usize) % actions.len()];
+        self.apply(actions[(choice as usize) % actions.len()]);
+        true
+    }
+
+    /// Applies a world action, observing it against the table when it feeds the core.
+    fn apply(&mut self, action: Action) {
         match action {
             Action::Boot { host } => {
                 self.observe(host, Phase::Bootstrapping, InputKind::Start, |world| {
@@ -220,7 +225,6 @@ impl Driver {
             }
             _ => self.world.apply(action),
         }
-        true
     }
 
     fn directed(&mut self, fail: Option<&'static str>, fire: Option<(Phase, Timer)>) -> bool {
@@ -256,21 +260,7 @@ impl Driver {
                 let kind = input.kind();
                 self.observe(host, before, kind, |world| world.deliver(host, input));
             }
-            Action::Boot { host } => {
-                self.observe(host, Phase::Bootstrapping, InputKind::Start, |world| {
-                    world.apply(action)
-                })
-            }
-            Action::Deliver { host } => {
-                let kind = self.world.hosts[host].completions[0].kind();
-                let before = self.phase(host).expect("running");
-                self.observe(host, before, kind, |world| world.apply(action));
-            }
-            Action::Fire { host, .. } => {
-                let before = self.phase(host).expect("running");
-                self.observe(host, before, InputKind::Timer, |world| world.apply(action));
-            }
-            _ => self.world.apply(action),
+            action => self.apply(action),
         }
         true
     }

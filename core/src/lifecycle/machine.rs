@@ -388,7 +388,7 @@ impl Machine {
             Event::Input(Input::StepFinished { id, outcome }) => {
                 self.step_finished(io, steps, *id, outcome)
             }
-            Event::Input(Input::Done { id }) => self.steps_done(io, steps, *id),
+            Event::Input(Input::Done { id }) => self.steps_done(io, *id),
             Event::Input(Input::Operator(OperatorAction::Abort)) => {
                 steps.abort = Some(AbortReason::Operator);
                 None
@@ -726,15 +726,7 @@ impl Machine {
                         status: UpgradeStatus::Aborted,
                         ..record
                     };
-                    self.request(
-                        io,
-                        Pending::RecordWrite,
-                        Request::UpdateRecord {
-                            expected: revision,
-                            record: aborted,
-                            fence: None,
-                        },
-                    );
+                    self.write_record(io, revision, aborted, None);
                     return Handled;
                 }
                 self.abort_held(io, held)
@@ -1233,7 +1225,7 @@ impl Machine {
         }
     }
 
-    fn steps_done(&mut self, io: &mut Io, steps: &mut Steps, id: RequestId) -> Option<State> {
+    fn steps_done(&mut self, io: &mut Io, id: RequestId) -> Option<State> {
         let (pending_id, kind) = self.pending?;
         if pending_id != id {
             return None;
@@ -1267,11 +1259,28 @@ impl Machine {
                 );
                 None
             }
-            _ => {
-                let _ = steps;
-                None
-            }
+            // Persisted checkpoints and markers: the reconcile that follows goes on.
+            _ => None,
         }
+    }
+
+    /// Compare-and-set of the upgrade-info record on `expected`, fenced when `fence` is set.
+    fn write_record(
+        &mut self,
+        io: &mut Io,
+        expected: Revision,
+        record: UpgradeInfo,
+        fence: Option<LeaseToken>,
+    ) {
+        self.request(
+            io,
+            Pending::RecordWrite,
+            Request::UpdateRecord {
+                expected,
+                record,
+                fence,
+            },
+        );
     }
 
     fn persist_host_checkpoint(&mut self, io: &mut Io, index: StepIndex) {
@@ -1359,20 +1368,12 @@ impl Machine {
                 record: steps.record,
             }));
         }
-        if let Some(_reason) = steps.abort {
+        if steps.abort.is_some() {
             let aborted = UpgradeInfo {
                 status: UpgradeStatus::Aborted,
                 ..record
             };
-            self.request(
-                io,
-                Pending::RecordWrite,
-                Request::UpdateRecord {
-                    expected: revision,
-                    record: aborted,
-                    fence: None,
-                },
-            );
+            self.write_record(io, revision, aborted, None);
             return None;
         }
         if !record.controllers_ready.contains(me) {
@@ -1380,15 +1381,7 @@ impl Machine {
                 controllers_ready: record.controllers_ready.with(me),
                 ..record
             };
-            self.request(
-                io,
-                Pending::RecordWrite,
-                Request::UpdateRecord {
-                    expected: revision,
-                    record: registered,
-                    fence: None,
-                },
-            );
+            self.write_record(io, revision, registered, None);
             return None;
         }
         if !self.all_ready(&steps.record) {
@@ -1447,15 +1440,7 @@ impl Machine {
                     status: UpgradeStatus::DbComplete,
                     ..record
                 };
-                self.request(
-                    io,
-                    Pending::RecordWrite,
-                    Request::UpdateRecord {
-                        expected: revision,
-                        record: complete,
-                        fence,
-                    },
-                );
+                self.write_record(io, revision, complete, fence);
                 None
             }
             UpgradeStatus::DbComplete => {
@@ -1466,15 +1451,7 @@ impl Machine {
                     status: UpgradeStatus::Running,
                     ..record
                 };
-                self.request(
-                    io,
-                    Pending::RecordWrite,
-                    Request::UpdateRecord {
-                        expected: revision,
-                        record: running,
-                        fence: None,
-                    },
-                );
+                self.write_record(io, revision, running, None);
                 None
             }
             UpgradeStatus::Running => {
@@ -1573,15 +1550,7 @@ impl Machine {
                     status,
                     ..record
                 };
-                self.request(
-                    io,
-                    Pending::RecordWrite,
-                    Request::UpdateRecord {
-                        expected: revision,
-                        record: next,
-                        fence: None,
-                    },
-                );
+                self.write_record(io, revision, next, None);
                 return None;
             }
         }
