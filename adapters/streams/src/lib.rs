@@ -1,1 +1,50 @@
-//! Agent-binary catalogues from simplestreams metadata, verified downloads, and a mirror generator.
+//! Agent-binary catalogues from simplestreams metadata, verified downloads, and a mirror
+//! generator: the stream-lookup adapter of lockstep.
+//!
+//! Simplestreams metadata comes from a mirror and is untrusted. This crate reads it
+//! exactly as Juju writes it, refuses what cannot be verified while keeping the rest usable,
+//! guards against rolled-back, frozen and mixed-up metadata the way a TUF client does, and
+//! installs a binary only after its size and sha256 matched. It reads no clock: `now` is a
+//! parameter everywhere.
+//!
+//! # Layout
+//!
+//! - [`metadata`]: parsing `streams/v1/index2.json`, the legacy `index.json`, products files
+//!   (`com.ubuntu.juju:<stream>:agents`, older `...:tools` with series-keyed product ids)
+//!   and `mirrors.json`; per-item verification and the conflict rule.
+//! - [`source`]: the [`Source`] trait (synchronous this session; the async trait and the
+//!   HTTP(S) source come next), the directory source for `file://` mirrors, the size cap
+//!   every fetch carries, and the path check that keeps fetches inside the mirror.
+//! - [`lookup`]: [`look_up`]: index, products, guards, catalogue; the high-water mark
+//!   advances only when everything passed.
+//! - [`state`]: the persisted [`HighWaterMark`](lockstep_core::policy::HighWaterMark)
+//!   file, written atomically.
+//! - [`download`](mod@download): [`download()`]: stream into a temporary file while hashing and counting,
+//!   rename only when size and digest match.
+//! - [`generate`]: [`generate_agent_binaries`], Juju's `juju metadata
+//!   generate-agent-binaries` (its module doc shows the mirror layout).
+//! - [`time`]: the RFC 1123 `updated` times and `YYYYMMDD` version keys.
+//! - [`error`]: every error names the file, the field and the offending value.
+//!
+//! **Architecture Invariant:** this crate decides nothing about which version to run; it
+//! hands a [`Catalogue`](lockstep_core::policy::Catalogue) to the core's
+//! [`select`](lockstep_core::policy::select). **Architecture Invariant:** nothing is
+//! written to a destination or to the high-water mark unless every check passed.
+
+pub mod download;
+pub mod error;
+pub mod generate;
+pub mod lookup;
+pub mod metadata;
+pub mod source;
+pub mod state;
+pub mod time;
+
+pub use download::{DownloadProgress, download};
+pub use error::{
+    DownloadError, GenerateError, LookupError, MetadataError, SourceError, StateError,
+};
+pub use generate::{GenerateOptions, Generated, generate_agent_binaries};
+pub use lookup::{Lookup, LookupConfig, look_up};
+pub use source::{DirectorySource, Source};
+pub use state::HighWaterMarkFile;

@@ -1,0 +1,128 @@
+//! The persisted [`HighWaterMark`]: the newest metadata `updated` time and the highest
+//! version accepted, remembered across restarts so that a mirror cannot roll them back.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use lockstep_core::policy::HighWaterMark;
+
+use crate::error::StateError;
+
+/// The most bytes a mark file may have; a real one is under 100 bytes.
+const MARK_SIZE_BYTES_MAX: u64 = 4096;
+
+/// A high-water mark kept in one JSON file (`{"updated_unix_seconds":…,"version":"…"}`),
+/// replaced atomically.
+#[derive(Clone, Debug)]
+pub struct HighWaterMarkFile {
+    path: PathBuf,
+}
+
+impl HighWaterMarkFile {
+    /// The mark stored at `path` (its directory must exist).
+    pub fn new(path: impl Into<PathBuf>) -> HighWaterMarkFile {
+        HighWaterMarkFile { path: path.into() }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the mark; an absent file is the empty mark (nothing accepted yet). A file
+    /// that exists but cannot be parsed is an error, never an empty mark: forgetting the
+    /// mark would re-open the door to a rollback.
+    pub fn load(&self) -> Result<HighWaterMark, StateError> {
+        let problem = |problem: String| StateError {
+            path: self.path.display().to_string(),
+            problem,
+        };
+        let bytes = match fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                return Ok(HighWaterMark::default());
+            }
+            Err(error) => return Err(problem(format!("cannot read: {error}"))),
+        };
+        if bytes.len() as u64 > MARK_SIZE_BYTES_MAX {
+            return Err(problem(format!(
+                "{} bytes, more than the {MARK_SIZE_BYTES_MAX} a mark has; restore it from \
+                 a backup or remove it deliberately to trust the next metadata seen",
+                bytes.len()
+            )));
+        }
+        serde_json::from_slice(&bytes).map_err(|error| {
+            problem(format!(
+                "corrupt ({error}); restore it from a backup or remove it deliberately to \
+                 trust the next metadata seen"
+            ))
+        })
+    }
+
+    /// Replaces the mark atomically: temporary file, fsync, rename, fsync of the directory.
+    pub fn store(&self, mark: &HighWaterMark) -> Result<(), StateError> {
+        let bytes = serde_json::to_vec(mark).expect("a high-water mark always serialises");
+        write_atomically(&self.path, &bytes).map_err(|error| StateError {
+            path: self.path.display().to_string(),
+            problem: format!("cannot write: {error}"),
+        })
+    }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old or the new content:
+/// a temporary file in the same directory, fsync, rename over `path`, fsync of the
+/// directory (CONTRACT.md, "Where state lives").
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let directory = parent_directory(path);
+    let mut temporary = tempfile::Builder::new()
+        .prefix(".lockstep-")
+        .suffix(".tmp")
+        .tempfile_in(directory)?;
+    temporary.write_all(bytes)?;
+    temporary.as_file().sync_all()?;
+    temporary.persist(path).map_err(|error| error.error)?;
+    sync_directory(directory)
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+pub(crate) fn parent_directory(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+/// Makes a rename in `directory` durable.
+pub(crate) fn sync_directory(directory: &Path) -> io::Result<()> {
+    File::open(directory)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use lockstep_core::Version;
+
+    use super::*;
+
+    #[test]
+    fn mark_round_trips_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HighWaterMarkFile::new(dir.path().join("mark.json"));
+        assert_eq!(file.load().unwrap(), HighWaterMark::default());
+        let mark = HighWaterMark {
+            updated_unix_seconds: Some(1_700_000_000),
+            version: Some(Version::parse("2.9.44").unwrap()),
+        };
+        file.store(&mark).unwrap();
+        assert_eq!(file.load().unwrap(), mark);
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec!["mark.json"]);
+        assert_eq!(
+            fs::read_to_string(file.path()).unwrap(),
+            "{\"updated_unix_seconds\":1700000000,\"version\":\"2.9.44\"}"
+        );
+    }
+}

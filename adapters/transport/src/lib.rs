@@ -1,0 +1,22 @@
+//! # lockstep-transport
+//!
+//! lockstep's API as existing Juju clients expect it: JSON-RPC over TLS websockets, with
+//! the core's gate asked on every call, so a client is told `upgrade in progress` (Juju's
+//! message and code, detail in `error-info`) until the agent is Ready, and a connection
+//! opened early becomes full the moment it is.
+//!
+//! ## Layout
+//!
+//! - [`wire`]: both generations of Juju's framing, as pure decode/encode functions.
+//! - [`tls`]: the controller's CA and server certificate; TLS 1.2 and 1.3 on ring.
+//! - [`server`]: the axum router (websocket endpoints, `/livez`, `/readyz`), the TLS accept
+//!   loop, per-connection concurrency, and the facades served so far.
+//!
+//! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
+//! [`lockstep_core::gate::admit`].
+//!
+//! [`GateView`]: lockstep_core::gate::GateView
+
+pub mod server;
+pub mod tls;
+pub mod wire;

@@ -1,0 +1,601 @@
+//! The API server: TLS, HTTP probes, and the JSON-RPC websocket on `/model/<uuid>/api`,
+//! `/api` and `/`.
+//!
+//! Every call asks the core's gate with the phase published at that moment, not at login,
+//! so a connection opened while the agent was limited becomes full the moment it is Ready.
+//! Requests on one connection are served concurrently (python-libjuju keeps a watcher's
+//! `Next` blocked while it pings) and each reply carries its request's id.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::{SinkExt, StreamExt};
+use lockstep_core::Phase;
+use lockstep_core::gate::{self, GateView, Login};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::wire::{self, FRAME_SIZE_BYTES_MAX, WireError};
+
+/// The Juju API level advertised in Login's `server-version`: python-libjuju accepts only
+/// major 3 (CONTRACT.md, "Versions"). The agent's own version is reported by status.
+pub const SERVER_VERSION: &str = "3.6.1";
+
+/// Requests one connection may have in flight; the next waits for one to finish.
+pub const REQUESTS_IN_FLIGHT_MAX: usize = 64;
+
+/// Replies queued for a connection that is slow to read them.
+pub const REPLIES_QUEUED_MAX: usize = 64;
+
+/// How long a failed login waits before it answers, whatever was wrong (a user that does
+/// not exist and a wrong password take the same time).
+pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(250);
+
+/// Longest a `Upgrade.WatchProgress` call waits for a change before it answers with the
+/// current view anyway (the client simply calls again).
+pub const WATCH_PROGRESS_WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// The facades and versions served, as advertised in Login's reply.
+pub const FACADES: &[(&str, &[u32])] = &[
+    ("Admin", &[3]),
+    ("Client", &[1, 8]),
+    ("ModelConfig", &[3]),
+    ("Pinger", &[1]),
+    ("Upgrade", &[1]),
+];
+
+/// What the API reads from the rest of the controller. The agent implements it over the
+/// store and the lifecycle; tests implement it in memory.
+pub trait Backend: Send + Sync + 'static {
+    /// `Client.FullStatus`: a correctly typed subset of Juju's reply (WIRE.md).
+    fn full_status(&self, gate: &GateView) -> Value;
+    /// `ModelConfig.ModelGet`: `{"config": {key: {"value": v, "source": s}}}`.
+    fn model_config(&self) -> Value;
+    /// `Client.AbortCurrentUpgrade`.
+    fn abort_current_upgrade(&self) -> Result<(), String>;
+    /// The agent's own version and the newest patch available, for `Upgrade.Status`.
+    fn agent_version(&self) -> String;
+    fn upgrade_available(&self) -> Option<String>;
+}
+
+/// The API's fixed configuration.
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    pub model_uuid: String,
+    pub controller_uuid: String,
+    /// `(user name, argon2 password hash in PHC form)`.
+    pub users: Vec<(String, String)>,
+}
+
+/// Everything a connection needs, shared.
+pub struct Api {
+    config: ApiConfig,
+    gate: watch::Receiver<GateView>,
+    backend: Arc<dyn Backend>,
+    address: Mutex<Option<SocketAddr>>,
+    metrics: Mutex<Metrics>,
+}
+
+/// Counters for `/metrics`. Keys are served facade names (or `other`), so the label
+/// cardinality is bounded by [`FACADES`].
+#[derive(Debug, Default)]
+struct Metrics {
+    calls: std::collections::BTreeMap<&'static str, u64>,
+    rejections: std::collections::BTreeMap<&'static str, u64>,
+}
+
+fn facade_label(facade: &str) -> &'static str {
+    FACADES
+        .iter()
+        .map(|(name, _)| *name)
+        .chain(
+            lockstep_core::gate::LIMITED_ALLOW_LIST
+                .iter()
+                .map(|(name, _)| *name),
+        )
+        .find(|name| *name == facade)
+        .unwrap_or("other")
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api")
+            .field("model_uuid", &self.config.model_uuid)
+            .field("gate", &*self.gate.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Api {
+    pub fn new(
+        config: ApiConfig,
+        gate: watch::Receiver<GateView>,
+        backend: Arc<dyn Backend>,
+    ) -> Arc<Api> {
+        Arc::new(Api {
+            config,
+            gate,
+            backend,
+            address: Mutex::new(None),
+            metrics: Mutex::new(Metrics::default()),
+        })
+    }
+
+    /// Calls the gate has turned away with `upgrade in progress` since start.
+    pub fn gate_rejections(&self) -> u64 {
+        self.metrics
+            .lock()
+            .expect("not poisoned")
+            .rejections
+            .values()
+            .sum()
+    }
+
+    /// The HTTP routes: the websocket endpoints and the probes.
+    pub fn router(self: &Arc<Api>) -> Router {
+        Router::new()
+            .route("/", get(websocket))
+            .route("/api", get(websocket))
+            .route("/model/{uuid}/api", get(websocket))
+            .route("/livez", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .with_state(Arc::clone(self))
+    }
+
+    /// Serves TLS connections from `listener` until the task is dropped. A failed handshake
+    /// or a broken connection ends that connection only.
+    pub async fn serve(self: Arc<Api>, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
+        let local = listener.local_addr().ok();
+        *self.address.lock().expect("not poisoned") = local;
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let router = self.router();
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: keep serving the others.
+                    tracing::warn!(target: "lockstep::api", %error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let acceptor = acceptor.clone();
+            let router = router.clone();
+            tokio::spawn(async move {
+                let stream = match acceptor.accept(tcp).await {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::debug!(target: "lockstep::api", %peer, %error, "TLS handshake failed");
+                        return;
+                    }
+                };
+                let service = hyper_util::service::TowerToHyperService::new(router);
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .with_upgrades();
+                if let Err(error) = connection.await {
+                    tracing::debug!(target: "lockstep::api", %peer, %error, "connection ended");
+                }
+            });
+        }
+    }
+}
+
+async fn readyz(State(api): State<Arc<Api>>) -> Response {
+    let view = *api.gate.borrow();
+    let body = json!({
+        "phase": view.phase.as_str(),
+        "step": view.progress.done,
+        "steps": view.progress.total,
+        "target-version": view.progress.target.map(|version| version.to_string()),
+    });
+    let status = if view.phase == Phase::Ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Prometheus text format: the phase as a labelled gauge, calls and gate rejections by
+/// facade.
+async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    use std::fmt::Write;
+    let view = *api.gate.borrow();
+    let mut text = String::new();
+    text.push_str("# HELP lockstep_phase The agent's lifecycle phase (1 for the current one).\n");
+    text.push_str("# TYPE lockstep_phase gauge\n");
+    for phase in Phase::ALL {
+        let value = u8::from(phase == view.phase);
+        let _ = writeln!(text, "lockstep_phase{{phase=\"{phase}\"}} {value}");
+    }
+    text.push_str("# HELP lockstep_upgrade_steps Steps of the current phase done and planned.\n");
+    text.push_str("# TYPE lockstep_upgrade_steps gauge\n");
+    let _ = writeln!(
+        text,
+        "lockstep_upgrade_steps{{state=\"done\"}} {}",
+        view.progress.done
+    );
+    let _ = writeln!(
+        text,
+        "lockstep_upgrade_steps{{state=\"planned\"}} {}",
+        view.progress.total
+    );
+    let metrics = api.metrics.lock().expect("not poisoned");
+    text.push_str("# HELP lockstep_api_calls_total API calls received, by facade.\n");
+    text.push_str("# TYPE lockstep_api_calls_total counter\n");
+    for (facade, count) in &metrics.calls {
+        let _ = writeln!(
+            text,
+            "lockstep_api_calls_total{{facade=\"{facade}\"}} {count}"
+        );
+    }
+    text.push_str("# HELP lockstep_gate_rejections_total Calls the gate turned away, by facade.\n");
+    text.push_str("# TYPE lockstep_gate_rejections_total counter\n");
+    for (facade, count) in &metrics.rejections {
+        let _ = writeln!(
+            text,
+            "lockstep_gate_rejections_total{{facade=\"{facade}\"}} {count}"
+        );
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn websocket(State(api): State<Arc<Api>>, upgrade: WebSocketUpgrade) -> Response {
+    upgrade
+        .max_message_size(FRAME_SIZE_BYTES_MAX)
+        .max_frame_size(FRAME_SIZE_BYTES_MAX)
+        .on_upgrade(move |socket| connection(api, socket))
+}
+
+/// One client connection: a reader that spawns a task per request (at most
+/// [`REQUESTS_IN_FLIGHT_MAX`] at once) and a writer that sends replies in completion order.
+async fn connection(api: Arc<Api>, socket: WebSocket) {
+    let (mut sink, mut stream) = socket.split();
+    let (replies, mut queued) = mpsc::channel::<Message>(REPLIES_QUEUED_MAX);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = queued.recv().await {
+            if sink.send(message).await.is_err() {
+                break;
+            }
+        }
+    });
+    let login = Arc::new(Mutex::new(Login::Anonymous));
+    let in_flight = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
+    while let Some(Ok(message)) = stream.next().await {
+        let text = match message {
+            Message::Text(text) => text,
+            Message::Binary(_) => {
+                // Juju's API is text frames only: close rather than guess.
+                let _ = replies
+                    .send(Message::Close(Some(axum::extract::ws::CloseFrame {
+                        code: 1003,
+                        reason: "binary frames are not part of the API".into(),
+                    })))
+                    .await;
+                break;
+            }
+            Message::Close(_) => break,
+            Message::Ping(_) | Message::Pong(_) => continue,
+        };
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            break;
+        };
+        let (api, login, replies) = (Arc::clone(&api), Arc::clone(&login), replies.clone());
+        tokio::spawn(async move {
+            let reply = answer(&api, &login, text.as_str()).await;
+            let _ = replies.send(Message::Text(reply.into())).await;
+            drop(permit);
+        });
+    }
+    drop(replies);
+    let _ = writer.await;
+}
+
+/// The reply to one frame.
+async fn answer(api: &Api, login: &Mutex<Login>, text: &str) -> String {
+    let request = match wire::decode(text) {
+        Ok(request) => request,
+        Err(error) => {
+            return wire::encode_error(
+                error.request_id.unwrap_or(0),
+                error.framing,
+                &WireError::new("bad request", error.message),
+            );
+        }
+    };
+    let (id, framing) = (request.request_id, request.framing);
+    match call(api, login, &request).await {
+        Ok(response) => wire::encode_response(id, framing, response),
+        Err(error) => wire::encode_error(id, framing, &error),
+    }
+}
+
+async fn call(
+    api: &Api,
+    login: &Mutex<Login>,
+    request: &wire::Request,
+) -> Result<Value, WireError> {
+    let (facade, method) = (request.facade.as_str(), request.method.as_str());
+    let who = *login.lock().expect("not poisoned");
+    let label = facade_label(facade);
+    *api.metrics
+        .lock()
+        .expect("not poisoned")
+        .calls
+        .entry(label)
+        .or_default() += 1;
+    // The gate reads the phase as it is now, for every call.
+    let view = *api.gate.borrow();
+    if who != Login::Anonymous {
+        served(facade, request.version, method)?;
+    }
+    if let Err(refused) = gate::admit(&view, who, facade, method) {
+        if refused.code == gate::UPGRADE_IN_PROGRESS {
+            *api.metrics
+                .lock()
+                .expect("not poisoned")
+                .rejections
+                .entry(label)
+                .or_default() += 1;
+        }
+        return Err(rejection(refused));
+    }
+    match (facade, method) {
+        ("Admin", "Login") => admin_login(api, login, request).await,
+        ("Admin", "RedirectInfo") => Err(WireError::new("", "not redirected")),
+        ("Pinger", "Ping") => Ok(json!({})),
+        ("Client", "FullStatus") => Ok(api.backend.full_status(&view)),
+        ("Client", "AbortCurrentUpgrade") => api
+            .backend
+            .abort_current_upgrade()
+            .map(|()| json!({}))
+            .map_err(|message| WireError::new("", message)),
+        // Juju 2.0's Client v1 still had ModelGet; python-jujuclient's get_env_config uses it.
+        ("ModelConfig" | "Client", "ModelGet") => Ok(api.backend.model_config()),
+        ("Upgrade", "WatchProgress") => Ok(watch_progress(api, &request.params).await),
+        ("Upgrade", "Status") => Ok(json!({
+            "phase": view.phase.as_str(),
+            "step": view.progress.done,
+            "steps": view.progress.total,
+            "target-version": view.progress.target.map(|version| version.to_string()),
+            "agent-version": api.backend.agent_version(),
+            "upgrade-available": api.backend.upgrade_available(),
+        })),
+        _ => Err(not_implemented(facade, request.version, method)),
+    }
+}
+
+/// The progress a client has seen, as it sends it back: phase and step.
+fn progress_of(view: &GateView) -> Value {
+    json!({
+        "phase": view.phase.as_str(),
+        "step": view.progress.done,
+        "steps": view.progress.total,
+        "target-version": view.progress.target.map(|version| version.to_string()),
+        "ready": view.phase == Phase::Ready,
+    })
+}
+
+/// `Upgrade.WatchProgress {"phase": p, "step": s}`: answers as soon as the phase or step
+/// differs from what the client last saw (at once when it saw nothing, or at most after
+/// [`WATCH_PROGRESS_WAIT_MAX`]), so a client waits for Ready by calling it in a loop with
+/// no polling delay of its own. It is a call, not a server push, so that it stays on the
+/// gate's allow-list in every phase.
+async fn watch_progress(api: &Api, params: &Value) -> Value {
+    let seen_phase = params
+        .get("phase")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let seen_step = params.get("step").and_then(Value::as_u64);
+    let differs = |view: &GateView| {
+        seen_phase.as_deref() != Some(view.phase.as_str())
+            || seen_step != Some(u64::from(view.progress.done))
+    };
+    let mut changes = api.gate.clone();
+    let deadline = tokio::time::Instant::now() + WATCH_PROGRESS_WAIT_MAX;
+    loop {
+        let view = *changes.borrow_and_update();
+        if differs(&view) {
+            return progress_of(&view);
+        }
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return progress_of(&view);
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => return progress_of(&view),
+        }
+    }
+}
+
+/// `not implemented` unless the facade, version and method are served (Juju's wording).
+fn served(facade: &str, version: u32, method: &str) -> Result<(), WireError> {
+    let Some((_, versions)) = FACADES.iter().find(|(name, _)| *name == facade) else {
+        return Err(WireError::new(
+            "not implemented",
+            format!("unknown object type {facade:?}"),
+        ));
+    };
+    if !versions.contains(&version) {
+        return Err(WireError::new(
+            "not implemented",
+            format!("unknown version ({version}) of interface {facade:?}"),
+        ));
+    }
+    let known = matches!(
+        (facade, method),
+        ("Admin", "Login" | "RedirectInfo")
+            | ("Pinger", "Ping")
+            | ("Client", "FullStatus" | "AbortCurrentUpgrade" | "ModelGet")
+            | ("ModelConfig", "ModelGet")
+            | ("Upgrade", "Status" | "WatchProgress")
+    );
+    if known {
+        Ok(())
+    } else {
+        Err(not_implemented(facade, version, method))
+    }
+}
+
+fn not_implemented(facade: &str, version: u32, method: &str) -> WireError {
+    WireError::new(
+        "not implemented",
+        format!("no such request - method {facade}({version}).{method} is not implemented"),
+    )
+}
+
+fn rejection(rejection: gate::Rejection) -> WireError {
+    WireError {
+        message: rejection.message.into_owned(),
+        code: rejection.code.to_owned(),
+        info: rejection
+            .detail
+            .map(|detail| serde_json::to_value(detail).expect("error-info serialises")),
+    }
+}
+
+async fn admin_login(
+    api: &Api,
+    login: &Mutex<Login>,
+    request: &wire::Request,
+) -> Result<Value, WireError> {
+    if request.version != 3 {
+        return Err(WireError::new(
+            "not implemented",
+            format!(
+                "unknown version ({}) of interface \"Admin\"",
+                request.version
+            ),
+        ));
+    }
+    let tag = request
+        .params
+        .get("auth-tag")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let password = request
+        .params
+        .get("credentials")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let user = tag.strip_prefix("user-").unwrap_or_default();
+    let verified = api
+        .config
+        .users
+        .iter()
+        .find(|(name, _)| name == user)
+        .is_some_and(|(_, hash)| verify_password(password, hash));
+    if !verified {
+        tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
+        return Err(WireError::new(
+            "unauthorized access",
+            "invalid entity name or password",
+        ));
+    }
+    *login.lock().expect("not poisoned") = Login::User;
+    let address = *api.address.lock().expect("not poisoned");
+    let servers: Vec<Value> = address
+        .map(|address| {
+            json!([{"value": address.ip().to_string(), "port": address.port(), "type": "ipv4", "scope": "local-machine"}])
+        })
+        .into_iter()
+        .collect();
+    Ok(json!({
+        "servers": servers,
+        "model-tag": format!("model-{}", api.config.model_uuid),
+        "controller-tag": format!("controller-{}", api.config.controller_uuid),
+        "user-info": {
+            "display-name": user,
+            "identity": tag,
+            "controller-access": "superuser",
+            "model-access": "admin",
+        },
+        "facades": FACADES
+            .iter()
+            .map(|(name, versions)| json!({"name": name, "versions": versions}))
+            .collect::<Vec<_>>(),
+        "server-version": SERVER_VERSION,
+    }))
+}
+
+/// Hashes a password for [`ApiConfig::users`] (argon2id, random salt, PHC string).
+pub fn hash_password(password: &str) -> String {
+    use argon2::password_hash::{PasswordHasher, SaltString, rand_core::OsRng};
+    let salt = SaltString::generate(&mut OsRng);
+    argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .expect("argon2 with default parameters hashes any password")
+        .to_string()
+}
+
+fn verify_password(password: &str, hash: &str) -> bool {
+    use argon2::password_hash::{PasswordHash, PasswordVerifier};
+    PasswordHash::new(hash).is_ok_and(|parsed| {
+        argon2::Argon2::default()
+            .verify_password(password.as_bytes(), &parsed)
+            .is_ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// spec/wire.md's table of served facades and the code's are the same.
+    #[test]
+    fn the_spec_lists_the_facades_served() {
+        let spec = include_str!("../../../spec/wire.md");
+        let start = spec
+            .find("| facade | versions | methods |")
+            .expect("facade table");
+        let mut rows: Vec<(String, Vec<u32>)> = spec[start..]
+            .lines()
+            .skip(2)
+            .take_while(|line| line.starts_with('|'))
+            .map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let versions = cells[2].split(", ").map(|v| v.parse().unwrap()).collect();
+                for method in cells[3].split(", ") {
+                    assert!(
+                        served(cells[1], versions_of(cells[1])[0], method).is_ok(),
+                        "spec lists {}.{method}, which is not served",
+                        cells[1]
+                    );
+                }
+                (cells[1].to_owned(), versions)
+            })
+            .collect();
+        let code: Vec<(String, Vec<u32>)> = FACADES
+            .iter()
+            .map(|(name, versions)| ((*name).to_owned(), versions.to_vec()))
+            .collect();
+        rows.sort();
+        assert_eq!(rows, code, "FACADES is sorted by name; compare as sets");
+    }
+
+    fn versions_of(facade: &str) -> &'static [u32] {
+        FACADES
+            .iter()
+            .find(|(name, _)| *name == facade)
+            .map(|(_, versions)| *versions)
+            .unwrap_or(&[0])
+    }
+}
