@@ -388,14 +388,15 @@ impl Baseline {
                 let plan = steps::plan(&self.registry, from, to, roles, true);
                 self.database = plan.database().to_vec();
                 self.host = plan.host().to_vec();
-                self.watching = true;
-                self.request_aside(Request::WatchRecord { after: Revision(0) });
+                // The lifecycle publishes a phase's gate before its entry makes requests.
                 let progress = Progress {
                     done: 0,
-                    total: self.host.len() as u32,
+                    total: (self.database.len() + self.host.len()) as u32,
                     target: Some(to),
                 };
                 self.enter(BasePhase::RunningSteps, Phase::RunningSteps, progress);
+                self.watching = true;
+                self.request_aside(Request::WatchRecord { after: Revision(0) });
             }
             (BasePhase::RunningSteps, Input::RecordChanged(view)) => {
                 if view.revision >= self.record.revision {
@@ -465,12 +466,12 @@ impl Baseline {
                     self.keepalive_at = None;
                     let stream = self.model.as_ref().and_then(|model| model.stream);
                     let streams = Stream::preferred(stream, &self.config.running.number);
-                    self.request(BasePending::Catalogue, Request::LookupCatalogue { streams });
                     self.enter(
                         BasePhase::CheckingAgentVersion,
                         Phase::CheckingAgentVersion,
                         Progress::default(),
                     );
+                    self.request(BasePending::Catalogue, Request::LookupCatalogue { streams });
                 }
             }
             (
@@ -593,7 +594,7 @@ impl Baseline {
                 self.update(revision, next, None);
             }
             UpgradeStatus::Running => {
-                self.set_progress(self.host_next as u32);
+                self.set_progress((self.database.len() + self.host_next) as u32);
                 if let Some(&index) = self.host.get(self.host_next) {
                     let key = self.registry.key(index);
                     let step = Request::RunStep {

@@ -333,7 +333,7 @@ pub enum Request {
     AcquireLease,
     /// Keep the lease alive. → `LeaseAnswered` (`None`: it was lost)
     KeepAliveLease(LeaseToken),
-    /// Give the lease up. → `Done`
+    /// Give the lease up. Not awaited: a lease that is not released expires by itself.
     ReleaseLease(LeaseToken),
     /// Run one step unless its checkpoint exists. A database step's changes and checkpoint
     /// commit in one transaction, fenced on the lease; a host step is run by the agent
