@@ -16,6 +16,9 @@
 //!
 //! - [`version`]: Juju's version grammar and ordering: `2.9.43`, `1.25-beta1`,
 //!   `2.9.43.1`, binaries `2.9.43-ubuntu-amd64`.
+//! - [`client`]: what an API client decides: retries with capped, jittered backoff until
+//!   a deadline, reconnects, where a watcher resumes, `operation-id`s. Driven by the tokio
+//!   client and by the simulator alike.
 //! - [`phase`]: the observable phases and progress.
 //! - [`role`]: machine roles (controller, host-machine).
 //! - [`policy`]: the upgrade policy (off, auto-patch at bootstrap, pinned, local binary),
@@ -32,6 +35,7 @@
 //!   and crashing hosts that drives real lifecycles; shared by the explorer, the property
 //!   tests, the benchmark and the example.
 
+pub mod client;
 pub mod gate;
 pub mod jobs;
 pub mod lifecycle;
