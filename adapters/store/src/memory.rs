@@ -20,6 +20,7 @@ use lockstep_core::{Millis, Timestamp};
 
 use crate::error::encode;
 use crate::lease::{self, Clock, Lease, SystemClock};
+use crate::watch::Notifier;
 use crate::{
     Abort, ChangeKind, Changes, Checkpoint, EntityKind, Event, Machine, Model, Store, StoreError,
     Tx, TxOutcome, finish_body,
@@ -94,6 +95,8 @@ impl Shared {
 pub struct MemoryStore {
     shared: Arc<Mutex<Shared>>,
     clock: Arc<dyn Clock>,
+    /// Wakes watchers on every handle after each commit.
+    notifier: Arc<Notifier>,
 }
 
 impl MemoryStore {
@@ -112,6 +115,7 @@ impl MemoryStore {
                 generation: 0,
             })),
             clock,
+            notifier: Arc::new(Notifier::new()),
         }
     }
 
@@ -135,6 +139,7 @@ impl MemoryStore {
         let mut shared = self.lock();
         shared.visible = shared.durable.clone();
         shared.generation += 1;
+        self.notifier.reset(Revision(shared.visible.revision));
     }
 }
 
@@ -178,6 +183,8 @@ impl Store for MemoryStore {
             let revision = Revision(state.revision);
             shared.visible = state;
             shared.acknowledge();
+            drop(shared);
+            self.notifier.announce(revision);
             return Ok(TxOutcome::Committed(revision));
         }
         Err(StoreError::Contention {
@@ -268,6 +275,10 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
+
+    fn wait_for_change(&self, after: Revision, timeout: std::time::Duration) -> bool {
+        self.notifier.wait_above(after, timeout)
+    }
 }
 
 struct MemoryTx<'a> {
@@ -356,6 +367,20 @@ impl Tx for MemoryTx<'_> {
         id: &str,
     ) -> Result<Option<serde_json::Value>, StoreError> {
         Ok(self.state.documents.get(&(kind, id.to_owned())).cloned())
+    }
+
+    fn documents(
+        &mut self,
+        kind: EntityKind,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        crate::sqlite::document_table(kind)?;
+        Ok(self
+            .state
+            .documents
+            .iter()
+            .filter(|((document_kind, _), _)| *document_kind == kind)
+            .map(|((_, id), document)| (id.clone(), document.clone()))
+            .collect())
     }
 
     fn put_document(

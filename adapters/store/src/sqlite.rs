@@ -8,10 +8,12 @@
 //! Writes take the database's write lock at `BEGIN IMMEDIATE`, so SQLite's single writer
 //! orders commits, and revisions (a counter in `meta`) follow commit order: `WHERE rev > ?
 //! ORDER BY rev` never skips. Two `SqliteStore`s on one file (two processes, or two
-//! handles in one) share the store as controllers would.
+//! handles in one) share the store as controllers would. Handles on one file in one process
+//! share a [`Notifier`]: a commit through any of them wakes the watchers of all of them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use lockstep_core::Timestamp;
 use lockstep_core::lifecycle::{ControllerId, LeaseToken, Revision, UpgradeInfo};
@@ -21,6 +23,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction,
 
 use crate::error::{decode, encode};
 use crate::lease::{self, Clock, Lease, SystemClock};
+use crate::watch::Notifier;
 use crate::{
     Abort, ChangeKind, Changes, Checkpoint, Discovery, EntityKind, Event, Life, Machine, Model,
     Store, StoreError, Tx, TxOutcome, finish_body,
@@ -115,6 +118,24 @@ pub struct SqliteStore {
     mode: OpenMode,
     conn: Mutex<Connection>,
     clock: Arc<dyn Clock>,
+    /// Shared by every handle on this file in this process: wakes their watchers after each
+    /// commit made through any of them.
+    notifier: Arc<Notifier>,
+}
+
+/// One [`Notifier`] per database file in this process.
+static NOTIFIERS: Mutex<BTreeMap<PathBuf, Weak<Notifier>>> = Mutex::new(BTreeMap::new());
+
+fn notifier_for(path: &Path) -> Arc<Notifier> {
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut notifiers = NOTIFIERS.lock().unwrap_or_else(|p| p.into_inner());
+    notifiers.retain(|_, notifier| notifier.strong_count() > 0);
+    if let Some(notifier) = notifiers.get(&key).and_then(Weak::upgrade) {
+        return notifier;
+    }
+    let notifier = Arc::new(Notifier::new());
+    notifiers.insert(key, Arc::downgrade(&notifier));
+    notifier
 }
 
 impl SqliteStore {
@@ -142,11 +163,13 @@ impl SqliteStore {
         };
         let conn =
             Connection::open_with_flags(&path, flags).map_err(|error| map_error(&path, error))?;
+        let notifier = notifier_for(&path);
         let store = SqliteStore {
             path,
             mode,
             conn: Mutex::new(conn),
             clock,
+            notifier,
         };
         store.prepare()?;
         Ok(store)
@@ -441,6 +464,8 @@ impl Store for SqliteStore {
         }
         let revision = meta(&tx, "revision").map_err(|error| self.error(error))?;
         tx.commit().map_err(|error| self.error(error))?;
+        drop(conn);
+        self.notifier.announce(Revision(revision));
         Ok(TxOutcome::Committed(Revision(revision)))
     }
 
@@ -579,6 +604,10 @@ impl Store for SqliteStore {
             }
             Ok(())
         })
+    }
+
+    fn wait_for_change(&self, after: Revision, timeout: std::time::Duration) -> bool {
+        self.notifier.wait_above(after, timeout)
     }
 }
 
@@ -866,6 +895,27 @@ impl Tx for SqliteTx<'_> {
         self.check(result)?
             .map(|text| decode(&format!("{kind} {id:?}"), &text))
             .transpose()
+    }
+
+    fn documents(
+        &mut self,
+        kind: EntityKind,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        let (table, key) = document_table(kind)?;
+        let rows = self
+            .tx
+            .prepare(&format!("SELECT {key}, doc FROM {table} ORDER BY {key}"))
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+            });
+        self.check(rows)?
+            .into_iter()
+            .map(|(id, text)| Ok((id.clone(), decode(&format!("{kind} {id:?}"), &text)?)))
+            .collect()
     }
 
     fn put_document(

@@ -1,7 +1,7 @@
 //! Verified download: stream a binary into a temporary file beside its destination while
 //! hashing and counting, and rename it into place only when size and sha256 match.
 
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use lockstep_core::policy::{CatalogueEntry, Sha256};
@@ -38,10 +38,6 @@ pub fn download(
     destination: &Path,
     progress: &mut dyn FnMut(DownloadProgress),
 ) -> Result<(), DownloadError> {
-    let destination_error = |error: std::io::Error| DownloadError::Destination {
-        path: destination.display().to_string(),
-        problem: error.to_string(),
-    };
     let expected_size_bytes = entry.size_bytes;
     let too_long = |actual_size_bytes_min| DownloadError::TooLong {
         path: quote(&entry.path),
@@ -60,69 +56,151 @@ pub fn download(
         }
         Err(error) => return Err(error.into()),
     };
-    let directory = parent_directory(destination);
-    // Deleted when dropped, on every early return below.
-    let mut temporary = tempfile::Builder::new()
-        .prefix(".download-")
-        .suffix(".partial")
-        .tempfile_in(directory)
-        .map_err(destination_error)?;
-    let mut hasher = sha2::Sha256::new();
+    let mut staged = Staged::new(entry, destination)?;
     let mut buffer = vec![0u8; CHUNK_BYTES];
-    let mut received_bytes: u64 = 0;
     loop {
         let count = match reader.read(&mut buffer) {
             Ok(0) => break,
             Ok(count) => count,
             Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(error) if is_too_large(&error) => return Err(too_long(received_bytes + 1)),
+            Err(error) if is_too_large(&error) => {
+                return Err(too_long(staged.received_bytes() + 1));
+            }
             Err(error) => {
                 return Err(io_error(&source.location(), &entry.path, &error).into());
             }
         };
-        hasher.update(&buffer[..count]);
-        temporary
+        staged.write(&buffer[..count])?;
+        progress(staged.progress());
+    }
+    staged.install()
+}
+
+/// A download in progress: a temporary file beside the destination, the running sha256 of
+/// what was written to it, and the byte count. Every source writes through it, so the
+/// checks before installing are the same whatever the transport.
+///
+/// The digest is updated with exactly the bytes written, in order, so a download resumed
+/// after an interruption (HTTP `Range`) continues the same digest: the prefix already
+/// written is hashed once, when it arrived, and never read back.
+#[derive(Debug)]
+pub(crate) struct Staged<'a> {
+    entry: &'a CatalogueEntry,
+    destination: &'a Path,
+    /// Deleted when dropped, on every early return.
+    temporary: tempfile::NamedTempFile,
+    hasher: sha2::Sha256,
+    received_bytes: u64,
+}
+
+impl<'a> Staged<'a> {
+    /// Creates the temporary file in `destination`'s directory.
+    pub(crate) fn new(
+        entry: &'a CatalogueEntry,
+        destination: &'a Path,
+    ) -> Result<Staged<'a>, DownloadError> {
+        let temporary = tempfile::Builder::new()
+            .prefix(".download-")
+            .suffix(".partial")
+            .tempfile_in(parent_directory(destination))
+            .map_err(|error| destination_error(destination, &error))?;
+        Ok(Staged {
+            entry,
+            destination,
+            temporary,
+            hasher: sha2::Sha256::new(),
+            received_bytes: 0,
+        })
+    }
+
+    /// Bytes written so far.
+    pub(crate) fn received_bytes(&self) -> u64 {
+        self.received_bytes
+    }
+
+    /// The progress to report now.
+    pub(crate) fn progress(&self) -> DownloadProgress {
+        DownloadProgress {
+            received_bytes: self.received_bytes,
+            total_bytes: self.entry.size_bytes,
+        }
+    }
+
+    /// Appends `bytes`, which must not take the total past the declared size (callers cap
+    /// their reads at it and report [`DownloadError::TooLong`] themselves).
+    pub(crate) fn write(&mut self, bytes: &[u8]) -> Result<(), DownloadError> {
+        assert!(self.received_bytes + bytes.len() as u64 <= self.entry.size_bytes);
+        self.temporary
             .as_file_mut()
-            .write_all(&buffer[..count])
-            .map_err(destination_error)?;
-        received_bytes += count as u64;
-        // The source is capped at the declared size.
-        assert!(received_bytes <= expected_size_bytes);
-        progress(DownloadProgress {
+            .write_all(bytes)
+            .map_err(|error| destination_error(self.destination, &error))?;
+        self.hasher.update(bytes);
+        self.received_bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Forgets everything written: the source cannot resume (it ignored a `Range`).
+    pub(crate) fn restart(&mut self) -> Result<(), DownloadError> {
+        let file = self.temporary.as_file_mut();
+        file.set_len(0)
+            .and_then(|()| file.seek(SeekFrom::Start(0)).map(drop))
+            .map_err(|error| destination_error(self.destination, &error))?;
+        self.hasher = sha2::Sha256::new();
+        self.received_bytes = 0;
+        Ok(())
+    }
+
+    /// Checks size and sha256 against the catalogue entry; only when both match, fsyncs
+    /// the file, renames it over the destination and fsyncs the directory. On failure the
+    /// temporary file is deleted and the error reports expected against actual.
+    pub(crate) fn install(self) -> Result<(), DownloadError> {
+        let Staged {
+            entry,
+            destination,
+            temporary,
+            hasher,
             received_bytes,
-            total_bytes: expected_size_bytes,
-        });
+        } = self;
+        let expected_size_bytes = entry.size_bytes;
+        if received_bytes < expected_size_bytes {
+            return Err(DownloadError::Truncated {
+                path: quote(&entry.path),
+                expected_size_bytes,
+                actual_size_bytes: received_bytes,
+            });
+        }
+        let actual_sha256 = Sha256(hasher.finalize().into());
+        if actual_sha256 != entry.sha256 {
+            return Err(DownloadError::HashMismatch {
+                path: quote(&entry.path),
+                expected_sha256: entry.sha256,
+                actual_sha256,
+            });
+        }
+        assert_eq!(received_bytes, expected_size_bytes);
+        let failed = |error: std::io::Error| destination_error(destination, &error);
+        temporary.as_file().sync_all().map_err(failed)?;
+        temporary
+            .persist(destination)
+            .map_err(|error| failed(error.error))?;
+        sync_directory(parent_directory(destination)).map_err(failed)?;
+        tracing::info!(
+            binary = %entry.binary,
+            stream = %entry.stream,
+            size_bytes = received_bytes,
+            sha256 = %actual_sha256,
+            destination = %destination.display(),
+            "downloaded and verified agent binary"
+        );
+        Ok(())
     }
-    if received_bytes < expected_size_bytes {
-        return Err(DownloadError::Truncated {
-            path: quote(&entry.path),
-            expected_size_bytes,
-            actual_size_bytes: received_bytes,
-        });
+}
+
+fn destination_error(destination: &Path, error: &std::io::Error) -> DownloadError {
+    DownloadError::Destination {
+        path: destination.display().to_string(),
+        problem: error.to_string(),
     }
-    let actual_sha256 = Sha256(hasher.finalize().into());
-    if actual_sha256 != entry.sha256 {
-        return Err(DownloadError::HashMismatch {
-            path: quote(&entry.path),
-            expected_sha256: entry.sha256,
-            actual_sha256,
-        });
-    }
-    assert_eq!(received_bytes, expected_size_bytes);
-    temporary.as_file().sync_all().map_err(destination_error)?;
-    temporary
-        .persist(destination)
-        .map_err(|error| destination_error(error.error))?;
-    sync_directory(directory).map_err(destination_error)?;
-    tracing::info!(
-        binary = %entry.binary,
-        stream = %entry.stream,
-        size_bytes = received_bytes,
-        sha256 = %actual_sha256,
-        destination = %destination.display(),
-        "downloaded and verified agent binary"
-    );
-    Ok(())
 }
 
 /// Size and sha256 of a reader's content, read in chunks.

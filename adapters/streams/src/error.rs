@@ -100,6 +100,50 @@ pub enum SourceError {
         /// The size the source announced, when it did (a file's length).
         announced_size_bytes: Option<u64>,
     },
+    /// The source sent less than the fetch's minimum throughput over one measuring
+    /// window: a stalled or deliberately slow mirror (TUF's slow-retrieval attack).
+    TooSlow {
+        /// The source.
+        location: String,
+        /// The path asked for.
+        path: String,
+        /// Bytes received in the window.
+        window_bytes: u64,
+        /// The window, in milliseconds.
+        window_milliseconds: u64,
+        /// The minimum throughput configured.
+        throughput_min_bytes_per_second: u64,
+    },
+    /// The fetch, all attempts included, did not finish before its deadline.
+    DeadlineExceeded {
+        /// The source.
+        location: String,
+        /// The path asked for.
+        path: String,
+        /// The deadline, in milliseconds from the start of the fetch.
+        deadline_milliseconds: u64,
+        /// Bytes received when it passed.
+        received_bytes: u64,
+    },
+    /// The server answered with an HTTP status that is not a success.
+    Status {
+        /// The source.
+        location: String,
+        /// The path asked for.
+        path: String,
+        /// The HTTP status code.
+        status: u16,
+    },
+    /// The server's answer breaks HTTP in a way that matters here (a `Content-Range` that
+    /// does not match the range asked for).
+    Protocol {
+        /// The source.
+        location: String,
+        /// The path asked for.
+        path: String,
+        /// What was wrong, with the offending value.
+        problem: String,
+    },
     /// Any other I/O failure.
     Io {
         /// The source.
@@ -147,6 +191,44 @@ impl fmt::Display for SourceError {
                     "; refused; check the mirror, or raise the limit if the file is genuine",
                 )
             }
+            SourceError::TooSlow {
+                location,
+                path,
+                window_bytes,
+                window_milliseconds,
+                throughput_min_bytes_per_second,
+            } => write!(
+                f,
+                "{path} from {location}: only {window_bytes} bytes in {window_milliseconds} ms, \
+                 below the minimum of {throughput_min_bytes_per_second} bytes/s; the mirror \
+                 stalls or is too slow (slow-retrieval attack?): use another mirror or lower \
+                 the minimum throughput"
+            ),
+            SourceError::DeadlineExceeded {
+                location,
+                path,
+                deadline_milliseconds,
+                received_bytes,
+            } => write!(
+                f,
+                "{path} from {location}: not done within the deadline of \
+                 {deadline_milliseconds} ms ({received_bytes} bytes received); use a faster \
+                 mirror or raise the deadline"
+            ),
+            SourceError::Status {
+                location,
+                path,
+                status,
+            } => write!(
+                f,
+                "{path} from {location}: the server answered HTTP {status}; check \
+                 agent-metadata-url and the mirror"
+            ),
+            SourceError::Protocol {
+                location,
+                path,
+                problem,
+            } => write!(f, "{path} from {location}: {problem}"),
             SourceError::Io {
                 location,
                 path,

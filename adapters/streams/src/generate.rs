@@ -10,6 +10,7 @@
 //!   streams/v1/index2.json                      written: every stream
 //!   streams/v1/index.json                       written: the released stream only (legacy)
 //!   streams/v1/com.ubuntu.juju-released-agents.json   written: one products file per stream
+//!   streams/v1/*.sjson                          with --sign-key: clear-signed copies
 //! ```
 //!
 //! File names are Juju's, `juju-<version>-<os>-<arch>.tgz`; lockstep's own binaries use the
@@ -30,6 +31,7 @@ use crate::metadata::{
     CONTENT_DOWNLOAD, FTYPE_TAR_GZ, INDEX_FORMAT, INDEX_PATH, LEGACY_INDEX_PATH, PRODUCTS_FORMAT,
     agents_content_id, agents_products_path,
 };
+use crate::signature::{SigningKey, signed_path};
 use crate::state::write_atomically;
 use crate::time::{format_rfc1123, format_yyyymmdd};
 
@@ -253,6 +255,52 @@ pub fn generate_agent_binaries(
         "generated agent-binary metadata"
     );
     Ok(generated)
+}
+
+/// Writes a clear-signed `.sjson` sibling of every metadata file `generated` wrote (the
+/// CLI's `--sign-key <file>`), each replaced atomically. A signed index names the signed
+/// products files (`....sjson`), so that a verified index leads only to verified
+/// documents. Returns the files written, relative to `<dir>/tools`.
+pub fn sign_generated_metadata(
+    dir: &Path,
+    generated: &Generated,
+    key: &SigningKey,
+) -> Result<Vec<String>, GenerateError> {
+    let tools = dir.join("tools");
+    let error = |path: &Path, problem: String| GenerateError {
+        path: path.display().to_string(),
+        problem,
+    };
+    let mut written = Vec::new();
+    for relative in &generated.files_written {
+        let Some(signed_relative) = signed_path(relative) else {
+            continue;
+        };
+        let path = tools.join(relative);
+        let bytes = fs::read(&path).map_err(|e| error(&path, format!("cannot read: {e}")))?;
+        let mut document: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| error(&path, format!("not the JSON just written: {e}")))?;
+        if (relative == INDEX_PATH || relative == LEGACY_INDEX_PATH)
+            && let Some(Value::Object(entries)) = document.get_mut("index")
+        {
+            for entry in entries.values_mut() {
+                if let Some(Value::String(products)) = entry.get_mut("path")
+                    && let Some(signed) = signed_path(products)
+                {
+                    *products = signed;
+                }
+            }
+        }
+        let text = String::from_utf8(pretty(&document)).expect("serde_json writes UTF-8");
+        let signed = key
+            .clear_sign(&text)
+            .map_err(|e| error(&path, format!("cannot sign: {e}")))?;
+        let signed_file = tools.join(&signed_relative);
+        write_atomically(&signed_file, signed.as_bytes())
+            .map_err(|e| error(&signed_file, format!("cannot write: {e}")))?;
+        written.push(signed_relative);
+    }
+    Ok(written)
 }
 
 fn pretty(document: &Value) -> Vec<u8> {

@@ -12,11 +12,19 @@
 //! - [`metadata`]: parsing `streams/v1/index2.json`, the legacy `index.json`, products files
 //!   (`com.ubuntu.juju:<stream>:agents`, older `...:tools` with series-keyed product ids)
 //!   and `mirrors.json`; per-item verification and the conflict rule.
-//! - [`source`]: the [`Source`] trait (synchronous this session; the async trait and the
-//!   HTTP(S) source come next), the directory source for `file://` mirrors, the size cap
-//!   every fetch carries, and the path check that keeps fetches inside the mirror.
+//! - [`source`]: the synchronous [`Source`] trait, the directory source for `file://`
+//!   mirrors, the size cap every fetch carries, and the path check that keeps fetches
+//!   inside the mirror.
+//! - [`fetch`]: the async [`AsyncSource`] trait the (tokio-based) agent drives, and
+//!   [`look_up_async`]; its module doc says why both a sync and an async trait exist.
+//! - [`http`]: [`HttpSource`], `http://` and `https://` mirrors with `reqwest` and rustls
+//!   (ring): a configured trust store, a size cap, a deadline and a minimum throughput on
+//!   every fetch, bounded retries with seeded jitter, and `Range` resume.
 //! - [`lookup`]: [`look_up`]: index, products, guards, catalogue; the high-water mark
 //!   advances only when everything passed.
+//! - [`signature`]: OpenPGP clear-signed `.sjson` metadata, verified with rPGP against a
+//!   [`Keyring`]; unsigned metadata only with `allow_unsigned`; [`SigningKey`] for the
+//!   generator.
 //! - [`state`]: the persisted [`HighWaterMark`](lockstep_core::policy::HighWaterMark)
 //!   file, written atomically.
 //! - [`download`](mod@download): [`download()`]: stream into a temporary file while hashing and counting,
@@ -33,9 +41,12 @@
 
 pub mod download;
 pub mod error;
+pub mod fetch;
 pub mod generate;
+pub mod http;
 pub mod lookup;
 pub mod metadata;
+pub mod signature;
 pub mod source;
 pub mod state;
 pub mod time;
@@ -44,7 +55,10 @@ pub use download::{DownloadProgress, download};
 pub use error::{
     DownloadError, GenerateError, LookupError, MetadataError, SourceError, StateError,
 };
-pub use generate::{GenerateOptions, Generated, generate_agent_binaries};
+pub use fetch::{AsyncSource, look_up_async};
+pub use generate::{GenerateOptions, Generated, generate_agent_binaries, sign_generated_metadata};
+pub use http::{HttpConfig, HttpSource, RetryPolicy};
 pub use lookup::{Lookup, LookupConfig, look_up};
+pub use signature::{Keyring, SigningKey};
 pub use source::{DirectorySource, Source};
 pub use state::HighWaterMarkFile;

@@ -4,11 +4,13 @@ use lockstep_core::policy::{Catalogue, SIZE_BYTES_MAX};
 
 use crate::error::{LookupError, MetadataError, SourceError};
 use crate::metadata::{INDEX_PATH, Index, LEGACY_INDEX_PATH, Products, build_catalogue};
+use crate::signature::{Keyring, SIGNED_SUFFIX, signed_path};
 use crate::source::{Source, read_document};
 use crate::state::HighWaterMarkFile;
+use pgp::composed::CleartextSignedMessage;
 
-/// Limits and guards of a lookup.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// Limits, guards and trust of a lookup.
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct LookupConfig {
     /// The largest metadata document fetched (index or products file). Juju's public
     /// products file for every agent ever released is a few MiB.
@@ -18,6 +20,14 @@ pub struct LookupConfig {
     /// Metadata whose `updated` is older than this (at `now`) is refused as frozen.
     /// Regenerate a private mirror's metadata at least this often.
     pub freeze_after_seconds: u64,
+    /// The OpenPGP keys that sign the mirror's metadata. When not empty, every document is
+    /// read from its clear-signed `.sjson` sibling and must verify against one of them.
+    pub keyring: Keyring,
+    /// Accept unsigned `.json` metadata (only where no `.sjson` exists when keys are
+    /// configured). Off by default: a private mirror either signs its metadata
+    /// (`--sign-key`) or is trusted explicitly with this flag, as Juju does for a
+    /// user-supplied `agent-metadata-url`.
+    pub allow_unsigned: bool,
 }
 
 impl LookupConfig {
@@ -34,7 +44,89 @@ impl Default for LookupConfig {
             metadata_size_bytes_max: LookupConfig::METADATA_SIZE_BYTES_MAX_DEFAULT,
             item_size_bytes_max: SIZE_BYTES_MAX,
             freeze_after_seconds: LookupConfig::FREEZE_AFTER_SECONDS_DEFAULT,
+            keyring: Keyring::empty(),
+            allow_unsigned: false,
         }
+    }
+}
+
+impl LookupConfig {
+    /// The defaults, accepting unsigned metadata: a mirror the operator trusts without
+    /// signatures (a local directory, a private network).
+    pub fn allowing_unsigned() -> LookupConfig {
+        LookupConfig {
+            allow_unsigned: true,
+            ..LookupConfig::default()
+        }
+    }
+
+    /// The defaults, requiring metadata signed by a key of `keyring`.
+    pub fn signed_by(keyring: Keyring) -> LookupConfig {
+        LookupConfig {
+            keyring,
+            ..LookupConfig::default()
+        }
+    }
+}
+
+/// Reads the metadata document `path` (an unsigned `.json` path as an index names it, or
+/// a `.sjson` path) under the signature rules of [`crate::signature`]; returns the path
+/// actually read and the JSON bytes.
+pub(crate) fn read_metadata(
+    source: &dyn Source,
+    path: &str,
+    config: &LookupConfig,
+) -> Result<(String, Vec<u8>), LookupError> {
+    let cap = config.metadata_size_bytes_max;
+    let unsigned_refused = |file: &str| MetadataError {
+        file: file.to_owned(),
+        field: "(signature)".to_owned(),
+        value: "(unsigned)".to_owned(),
+        problem: if config.keyring.is_empty() {
+            "unsigned metadata is refused and no signing key is configured: configure the \
+             mirror's public key, or allow unsigned metadata for a mirror you trust"
+                .to_owned()
+        } else {
+            "no clear-signed .sjson document, and unsigned metadata is refused: sign the \
+             mirror's metadata (--sign-key) or allow unsigned metadata"
+                .to_owned()
+        },
+    };
+    if !config.keyring.is_empty() {
+        let signed = signed_path(path).unwrap_or_else(|| path.to_owned());
+        match read_document(source, &signed, cap) {
+            Ok(bytes) => return Ok((signed.clone(), config.keyring.verify(&signed, &bytes)?)),
+            Err(SourceError::NotFound { .. }) if config.allow_unsigned && signed != path => {}
+            Err(SourceError::NotFound { .. }) if signed != path => {
+                return Err(unsigned_refused(path).into());
+            }
+            Err(error) => return Err(error.into()),
+        }
+    } else if !config.allow_unsigned {
+        return Err(unsigned_refused(path).into());
+    }
+    let bytes = read_document(source, path, cap)?;
+    if path.ends_with(SIGNED_SUFFIX) {
+        // Allowed unsigned and no key to check with: the signed document's text is used
+        // as if unsigned.
+        let (message, _) = CleartextSignedMessage::from_string(&String::from_utf8_lossy(&bytes))
+            .map_err(|error| MetadataError {
+                file: path.to_owned(),
+                field: "(signature)".to_owned(),
+                value: "(document)".to_owned(),
+                problem: format!("not an OpenPGP clear-signed message: {error}"),
+            })?;
+        return Ok((path.to_owned(), message.signed_text().into_bytes()));
+    }
+    Ok((path.to_owned(), bytes))
+}
+
+/// True when a failure to read an index means "try the legacy index".
+fn index_absent(error: &LookupError) -> bool {
+    match error {
+        LookupError::Source(SourceError::NotFound { .. }) => true,
+        LookupError::Metadata(error) => error.value == "(unsigned)",
+        _ => false,
     }
 }
 
@@ -66,15 +158,24 @@ pub fn look_up(
     now_unix_seconds: u64,
 ) -> Result<Lookup, LookupError> {
     let mark = mark_file.load()?;
-    let (index_file, index_bytes) =
-        match read_document(source, INDEX_PATH, config.metadata_size_bytes_max) {
-            Ok(bytes) => (INDEX_PATH, bytes),
-            Err(SourceError::NotFound { .. }) => (
-                LEGACY_INDEX_PATH,
-                read_document(source, LEGACY_INDEX_PATH, config.metadata_size_bytes_max)?,
-            ),
-            Err(error) => return Err(error.into()),
-        };
+    let (index_file, index_bytes) = match read_metadata(source, INDEX_PATH, config) {
+        Ok(read) => read,
+        Err(error) if index_absent(&error) => {
+            match read_metadata(source, LEGACY_INDEX_PATH, config) {
+                Ok(read) => read,
+                // Neither index: report the unsigned one refused, else the legacy one
+                // missing.
+                Err(legacy_error)
+                    if index_absent(&legacy_error) && matches!(error, LookupError::Metadata(_)) =>
+                {
+                    return Err(error);
+                }
+                Err(legacy_error) => return Err(legacy_error),
+            }
+        }
+        Err(error) => return Err(error),
+    };
+    let index_file = index_file.as_str();
     let index = Index::parse(index_file, &index_bytes)?;
     // The index plays TUF's timestamp metadata: the entry point whose `updated` vouches for
     // everything it names. `HighWaterMark::admit` applies both checks:
@@ -102,8 +203,8 @@ pub fn look_up(
     let mut listed = Vec::new();
     let mut rejected = Vec::new();
     for entry in &index.entries {
-        let bytes = read_document(source, &entry.path, config.metadata_size_bytes_max)?;
-        let products = Products::parse(&entry.path, &bytes)?;
+        let (products_file, bytes) = read_metadata(source, &entry.path, config)?;
+        let products = Products::parse(&products_file, &bytes)?;
         // Mix-and-match attack (TUF specification, goals: "An attacker presents clients
         // with a view of a repository that includes files that never existed together on
         // the repository at the same time."): the products file must be the one this index

@@ -1,7 +1,7 @@
 //! Where metadata and binaries come from: the [`Source`] trait and the directory source.
 //!
-//! This session's trait is synchronous; the HTTP(S) source and the async trait the agent
-//! drives arrive together next. Whatever the transport, a source resolves only safe
+//! This trait is synchronous; the agent drives the async [`crate::AsyncSource`] (see
+//! [`crate::fetch`] for why both exist). Whatever the transport, a source resolves only safe
 //! relative paths ([`check_relative_path`]) and never hands out more bytes than the cap the
 //! caller gives each fetch.
 
@@ -43,8 +43,8 @@ pub fn check_relative_path(path: &str) -> Result<(), &'static str> {
 
 /// Where simplestreams metadata and agent binaries are read from.
 ///
-/// Synchronous for now (this session); an async version for the HTTP source will replace
-/// it, keeping the same contract: paths are relative to the source root and checked with
+/// Synchronous; [`crate::AsyncSource`] is its async counterpart with the same contract:
+/// paths are relative to the source root and checked with
 /// [`check_relative_path`]; a fetch never yields more than `size_bytes_max` bytes, and
 /// reading past it fails with an error that [`is_too_large`] recognises.
 pub trait Source: fmt::Debug {

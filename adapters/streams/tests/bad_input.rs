@@ -8,7 +8,7 @@ use std::path::Path;
 use common::{DAY, DAY_0, generate, listing, put_tarball, read_json, write_json};
 use lockstep_core::policy::{CatalogueEntry, PolicyError, Stream};
 use lockstep_streams::{
-    DirectorySource, DownloadError, HighWaterMarkFile, LookupConfig, LookupError, Source,
+    DirectorySource, DownloadError, HighWaterMarkFile, Keyring, LookupConfig, LookupError, Source,
     SourceError, download, look_up,
 };
 
@@ -17,6 +17,8 @@ const CONFIG: LookupConfig = LookupConfig {
     metadata_size_bytes_max: 1 << 20,
     item_size_bytes_max: 1 << 30,
     freeze_after_seconds: 30 * DAY,
+    keyring: Keyring::empty(),
+    allow_unsigned: true,
 };
 
 /// A mirror with two released binaries, generated at `updated`, and an empty state dir.

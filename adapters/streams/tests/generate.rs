@@ -72,7 +72,13 @@ fn generated_mirror_round_trips_through_lookup_policy_and_download() {
     let mark = HighWaterMarkFile::new(state.path().join("mark.json"));
     let source =
         DirectorySource::from_url(&format!("file://{}", root.join("tools").display())).unwrap();
-    let lookup = look_up(&source, &mark, &LookupConfig::default(), DAY_0 + DAY).unwrap();
+    let lookup = look_up(
+        &source,
+        &mark,
+        &LookupConfig::allowing_unsigned(),
+        DAY_0 + DAY,
+    )
+    .unwrap();
     assert!(lookup.rejected.is_empty(), "{:?}", lookup.rejected);
     assert_eq!(lookup.catalogue.entries(), &generated.entries[..]);
     let releases: BTreeSet<&str> = lookup

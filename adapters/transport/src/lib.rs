@@ -9,6 +9,11 @@
 //!
 //! - [`wire`]: both generations of Juju's framing, as pure decode/encode functions.
 //! - [`tls`]: the controller's CA and server certificate; TLS 1.2 and 1.3 on ring.
+//! - [`client`]: lockstep's own client, which retries through upgrades, waits for Ready by
+//!   subscription, reconnects and resumes watchers; its decisions are
+//!   [`lockstep_core::client`]'s.
+//! - [`facades`]: the facades over the store adapter (status, model config, machines,
+//!   applications, units, relations, watcher deltas), each honouring `operation-id`.
 //! - [`server`]: the axum router (websocket endpoints, `/livez`, `/readyz`), the TLS accept
 //!   loop, per-connection concurrency, and the facades served so far.
 //!
@@ -17,6 +22,8 @@
 //!
 //! [`GateView`]: lockstep_core::gate::GateView
 
+pub mod client;
+pub mod facades;
 pub mod server;
 pub mod tls;
 pub mod wire;

@@ -8,78 +8,10 @@ use std::sync::atomic::Ordering;
 
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::Phase;
-use lockstep_transport::tls::client_config;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-
-type Socket = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
-
-async fn tls(
-    fixture: &Fixture,
-    versions: &[&'static rustls::SupportedProtocolVersion],
-) -> tokio_rustls::client::TlsStream<TcpStream> {
-    let connector =
-        tokio_rustls::TlsConnector::from(client_config(&fixture.ca_pem, versions).unwrap());
-    let tcp = TcpStream::connect(("127.0.0.1", fixture.port))
-        .await
-        .unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    connector.connect(name, tcp).await.unwrap()
-}
-
-async fn connect(fixture: &Fixture, path: &str) -> Socket {
-    let stream = tls(fixture, &[&rustls::version::TLS13, &rustls::version::TLS12]).await;
-    let url = format!("wss://localhost:{}{path}", fixture.port);
-    tokio_tungstenite::client_async(url, stream)
-        .await
-        .unwrap()
-        .0
-}
-
-async fn send(socket: &mut Socket, request: Value) {
-    socket
-        .send(Message::Text(request.to_string().into()))
-        .await
-        .unwrap();
-}
-
-async fn receive(socket: &mut Socket) -> Value {
-    loop {
-        match socket.next().await.expect("a reply").unwrap() {
-            Message::Text(text) => return serde_json::from_str(&text).unwrap(),
-            Message::Ping(_) | Message::Pong(_) => continue,
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-}
-
-async fn call(
-    socket: &mut Socket,
-    id: u64,
-    facade: &str,
-    version: u32,
-    method: &str,
-    params: Value,
-) -> Value {
-    send(socket, json!({"request-id": id, "type": facade, "version": version, "request": method, "params": params})).await;
-    let reply = receive(socket).await;
-    assert_eq!(reply["request-id"], id, "{reply}");
-    reply
-}
-
-async fn login(socket: &mut Socket) -> Value {
-    call(
-        socket,
-        1,
-        "Admin",
-        3,
-        "Login",
-        json!({"auth-tag": "user-admin", "credentials": "s3cret", "client-version": "3.6.1"}),
-    )
-    .await
-}
 
 #[tokio::test]
 async fn the_gate_is_asked_on_every_call_and_a_limited_connection_becomes_full() {

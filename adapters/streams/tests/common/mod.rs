@@ -5,6 +5,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+pub mod server;
+
 use lockstep_core::policy::Stream;
 use lockstep_streams::{GenerateOptions, Generated, generate_agent_binaries};
 

@@ -1,0 +1,130 @@
+//! Durable step-checkpoint commits per second (SQLite WAL + `synchronous=FULL`, and the
+//! in-memory engine with full durability), and watch replay throughput (`changes_since`
+//! paging through 100k events). Plain `std::time`; medians over several rounds.
+//!
+//! Run: `cargo bench -p lockstep-store --bench store`. Disk-bound figures swing 2-5× while
+//! something else writes to the same disk (`STORES.md`): compare within one run.
+
+#![allow(clippy::print_stdout)]
+
+use std::time::Instant;
+
+use lockstep_core::Version;
+use lockstep_core::lifecycle::{Revision, StepOutcome};
+use lockstep_core::steps::{StepId, StepKey};
+use lockstep_store::{
+    Application, Changes, Durability, Life, MemoryStore, OpenMode, SqliteStore, Store, Tx,
+};
+
+const ROUNDS: usize = 7;
+const SQLITE_COMMITS: usize = 400;
+const MEMORY_COMMITS: usize = 2_000;
+const EVENTS: usize = 100_000;
+const PAGE: usize = 1000;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Step ids `s0`..: checkpoints of distinct steps for one target version.
+fn key(round: usize, index: usize) -> StepKey {
+    StepKey {
+        id: StepId::parse(&format!("step-{round}-{index}")).expect("a step id"),
+        target_version: Version::new(0, 1, 0),
+    }
+}
+
+/// Commits per second of `count` database steps, each its own durable transaction (one
+/// small write and its checkpoint).
+fn step_commits(store: &dyn Store, round: usize, count: usize) -> f64 {
+    let started = Instant::now();
+    for index in 0..count {
+        let outcome = store
+            .run_database_step(key(round, index), None, &mut |tx| {
+                tx.put_application(&Application {
+                    name: format!("app-{round}-{index}"),
+                    charm: "ch:amd64/jammy/mysql-1".to_owned(),
+                    life: Life::Alive,
+                })?;
+                Ok(())
+            })
+            .expect("step");
+        assert_eq!(outcome, StepOutcome::Applied);
+    }
+    count as f64 / started.elapsed().as_secs_f64()
+}
+
+fn fill(store: &dyn Store, events: usize) {
+    for batch in 0..events / 1000 {
+        store
+            .transaction(None, &mut |tx| {
+                for index in 0..1000 {
+                    (tx as &mut dyn Tx).put_application(&Application {
+                        name: format!("fill-{batch}-{index}"),
+                        charm: "ch:amd64/jammy/wordpress-7".to_owned(),
+                        life: Life::Alive,
+                    })?;
+                }
+                Ok(())
+            })
+            .expect("fill");
+    }
+}
+
+/// Events per second replayed from revision 0, `PAGE` at a time.
+fn replay(store: &dyn Store) -> f64 {
+    let started = Instant::now();
+    let mut after = Revision(0);
+    let mut seen = 0;
+    loop {
+        match store.changes_since(after, PAGE).expect("changes") {
+            Changes::Events { events, .. } => {
+                let Some(last) = events.last() else { break };
+                after = last.revision;
+                seen += events.len();
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(seen >= EVENTS, "{seen}");
+    seen as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let sqlite = SqliteStore::open(dir.path().join("bench.db"), OpenMode::ReadWrite).expect("open");
+    let mut sqlite_rates = Vec::new();
+    let mut memory_rates = Vec::new();
+    for round in 0..ROUNDS {
+        sqlite_rates.push(step_commits(&sqlite, round, SQLITE_COMMITS));
+        // A fresh store each round: a full-durability commit copies the whole state.
+        let memory = MemoryStore::new(Durability::Full);
+        memory_rates.push(step_commits(&memory, round, MEMORY_COMMITS));
+    }
+    println!(
+        "step checkpoints, durable commits/s (median of {ROUNDS} rounds): sqlite WAL+FULL {:.0} \
+         ({SQLITE_COMMITS} per round), memory Full {:.0} ({MEMORY_COMMITS} per round, fresh store)",
+        median(sqlite_rates.clone()),
+        median(memory_rates.clone())
+    );
+    println!("  sqlite rounds: {sqlite_rates:.0?}");
+    println!("  memory rounds: {memory_rates:.0?}");
+
+    let replay_dir = tempfile::tempdir().expect("a temp dir");
+    let sqlite =
+        SqliteStore::open(replay_dir.path().join("replay.db"), OpenMode::ReadWrite).expect("open");
+    let memory = MemoryStore::new(Durability::Full);
+    fill(&sqlite, EVENTS);
+    fill(&memory, EVENTS);
+    let sqlite_replays: Vec<f64> = (0..ROUNDS).map(|_| replay(&sqlite)).collect();
+    let memory_replays: Vec<f64> = (0..ROUNDS).map(|_| replay(&memory)).collect();
+    println!(
+        "watch replay of {EVENTS} events, pages of {PAGE}, events/s (median of {ROUNDS}): \
+         sqlite {:.0}, memory {:.0}",
+        median(sqlite_replays.clone()),
+        median(memory_replays.clone())
+    );
+    println!("  sqlite rounds: {sqlite_replays:.0?}");
+    println!("  memory rounds: {memory_replays:.0?}");
+}

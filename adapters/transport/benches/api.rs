@@ -1,0 +1,161 @@
+//! API throughput and latency over TLS websockets on 127.0.0.1, and the gate's share of it.
+//!
+//! Run: `cargo bench -p lockstep-transport --bench api`. Starts the server in-process on a
+//! free port, opens `CONNECTIONS` clients that each make `CALLS` sequential `Pinger.Ping`
+//! calls (every one asks the gate), and prints calls per second and the p50/p99 round
+//! trip; then times `gate::admit` alone, in the same process, and prints its median cost
+//! as a fraction of the median round trip.
+#![allow(clippy::print_stdout)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use lockstep_core::gate::{self, GateView, Login};
+use lockstep_core::{Millis, Phase, Progress};
+use lockstep_store::{Durability, MemoryStore, Store};
+use lockstep_transport::server::{Api, ApiConfig, Backend, hash_password};
+use lockstep_transport::tls::{Credentials, client_config};
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::Message;
+
+const CONNECTIONS: usize = 4;
+const CALLS: usize = 2_000;
+const ROUNDS: usize = 3;
+
+struct Idle;
+
+impl Backend for Idle {
+    fn abort_current_upgrade(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn agent_version(&self) -> String {
+        "0.1.0".into()
+    }
+    fn upgrade_available(&self) -> Option<String> {
+        None
+    }
+}
+
+fn ready() -> GateView {
+    GateView {
+        phase: Phase::Ready,
+        progress: Progress::default(),
+        retry_after: Millis(1000),
+    }
+}
+
+async fn client(port: u16, ca: &str) -> Vec<Duration> {
+    let connector =
+        tokio_rustls::TlsConnector::from(client_config(ca, &[&rustls::version::TLS13]).unwrap());
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    let url = format!("wss://localhost:{port}/api");
+    let (mut socket, _) = tokio_tungstenite::client_async(url, stream).await.unwrap();
+    let login = json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
+                       "params": {"auth-tag": "user-admin", "credentials": "bench"}});
+    socket
+        .send(Message::Text(login.to_string().into()))
+        .await
+        .unwrap();
+    socket.next().await.unwrap().unwrap();
+    let mut durations = Vec::with_capacity(CALLS);
+    for id in 0..CALLS {
+        let ping = json!({"request-id": id + 2, "type": "Pinger", "version": 1, "request": "Ping"});
+        let started = Instant::now();
+        socket
+            .send(Message::Text(ping.to_string().into()))
+            .await
+            .unwrap();
+        loop {
+            if let Message::Text(_) = socket.next().await.unwrap().unwrap() {
+                break;
+            }
+        }
+        durations.push(started.elapsed());
+    }
+    durations
+}
+
+fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let credentials = Credentials::generate("bench", &[]).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (_gate, gate_view) = tokio::sync::watch::channel(ready());
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
+    let api = Api::new(
+        ApiConfig {
+            model_uuid: "bench".into(),
+            controller_uuid: "bench".into(),
+            users: vec![("admin".into(), hash_password("bench"))],
+        },
+        gate_view,
+        store,
+        Arc::new(Idle),
+    );
+    let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
+
+    println!(
+        "lockstep-transport API bench: {CONNECTIONS} connections x {CALLS} sequential Pinger.Ping over TLS 1.3, {ROUNDS} rounds"
+    );
+    println!("round   calls/s      p50 µs    p99 µs");
+    let mut medians = Vec::new();
+    for round in 1..=ROUNDS {
+        let started = Instant::now();
+        let clients: Vec<_> = (0..CONNECTIONS)
+            .map(|_| {
+                let ca = credentials.ca_pem.clone();
+                tokio::spawn(async move { client(port, &ca).await })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for handle in clients {
+            all.extend(handle.await.unwrap());
+        }
+        let elapsed = started.elapsed();
+        all.sort();
+        let (p50, p99) = (percentile(&all, 0.5), percentile(&all, 0.99));
+        medians.push(p50);
+        println!(
+            "{round:>5} {:>9.0} {:>11.1} {:>9.1}",
+            all.len() as f64 / elapsed.as_secs_f64(),
+            p50.as_secs_f64() * 1e6,
+            p99.as_secs_f64() * 1e6
+        );
+    }
+    server.abort();
+
+    // The gate alone, as each call asks it (Ready, a logged-in user, an admitted call).
+    let view = ready();
+    let mut samples = Vec::new();
+    for _ in 0..31 {
+        let started = Instant::now();
+        for _ in 0..100_000 {
+            let admitted = gate::admit(
+                std::hint::black_box(&view),
+                Login::User,
+                std::hint::black_box("Pinger"),
+                "Ping",
+            );
+            assert!(admitted.is_ok());
+        }
+        samples.push(started.elapsed().as_secs_f64() * 1e9 / 100_000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+    let gate_ns = samples[samples.len() / 2];
+    medians.sort();
+    let round_trip_ns = medians[medians.len() / 2].as_secs_f64() * 1e9;
+    println!(
+        "gate::admit median {gate_ns:.1} ns per call = {:.4} % of the median round trip ({:.1} µs)",
+        gate_ns / round_trip_ns * 100.0,
+        round_trip_ns / 1e3
+    );
+}

@@ -1,0 +1,204 @@
+//! Time from Ready to a waiting client's first successful call: lockstep's client (waiting
+//! by `Upgrade.WatchProgress`) side by side with python-jujuclient's algorithm (resend the
+//! same call every 1.0 s while it says `upgrade in progress`), in the same run, against the
+//! same server.
+//!
+//! Run: `cargo bench -p lockstep-transport --bench ready`. Each trial limits the gate,
+//! starts both waiters, opens the gate after a delay that varies from trial to trial (so
+//! the 1 s loop is caught at every point of its period), and records, for each, the time
+//! from the gate opening to its first successful `ModelConfig.ModelGet`.
+#![allow(clippy::print_stdout)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use lockstep_core::client::RetryPolicy;
+use lockstep_core::gate::GateView;
+use lockstep_core::{Millis, Phase, Progress};
+use lockstep_store::{Durability, MemoryStore, Store};
+use lockstep_transport::client::{Client, ClientConfig};
+use lockstep_transport::server::{Api, ApiConfig, Backend, hash_password};
+use lockstep_transport::tls::{Credentials, client_config};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+
+const TRIALS: u64 = 20;
+
+struct Idle;
+
+impl Backend for Idle {
+    fn abort_current_upgrade(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn agent_version(&self) -> String {
+        "0.1.0".into()
+    }
+    fn upgrade_available(&self) -> Option<String> {
+        None
+    }
+}
+
+fn view(phase: Phase) -> GateView {
+    GateView {
+        phase,
+        progress: Progress::default(),
+        retry_after: Millis(1000),
+    }
+}
+
+/// python-jujuclient's loop (`_rpc_retry_if_upgrading`): the same frame every 1.0 s.
+async fn jujuclient_style(
+    port: u16,
+    ca: String,
+    ready_at: Arc<tokio::sync::OnceCell<Instant>>,
+) -> Duration {
+    let connector =
+        tokio_rustls::TlsConnector::from(client_config(&ca, &[&rustls::version::TLS12]).unwrap());
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let stream = connector
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let (mut socket, _) =
+        tokio_tungstenite::client_async(format!("wss://localhost:{port}/api"), stream)
+            .await
+            .unwrap();
+    let mut exchange = async |frame: Value| -> Value {
+        socket
+            .send(Message::Text(frame.to_string().into()))
+            .await
+            .unwrap();
+        loop {
+            if let Message::Text(text) = socket.next().await.unwrap().unwrap() {
+                return serde_json::from_str(&text).unwrap();
+            }
+        }
+    };
+    exchange(
+        json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
+                    "params": {"auth-tag": "user-admin", "credentials": "bench"}}),
+    )
+    .await;
+    let frame = json!({"request-id": 2, "type": "ModelConfig", "version": 3, "request": "ModelGet", "params": {}});
+    loop {
+        let reply = exchange(frame.clone()).await;
+        if !reply["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("upgrade in progress")
+        {
+            return ready_at.get().expect("answered only after Ready").elapsed();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn lockstep_client(
+    port: u16,
+    ca: String,
+    ready_at: Arc<tokio::sync::OnceCell<Instant>>,
+) -> Duration {
+    let client = Client::new(ClientConfig {
+        address: format!("127.0.0.1:{port}"),
+        ca_pem: ca,
+        model_uuid: None,
+        user: "admin".into(),
+        password: "bench".into(),
+        retry: RetryPolicy::default(),
+        client_id: "bench".into(),
+    });
+    client.wait_ready(Duration::from_secs(60)).await.unwrap();
+    client
+        .call(
+            "ModelConfig",
+            3,
+            "ModelGet",
+            json!({}),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    ready_at.get().expect("answered only after Ready").elapsed()
+}
+
+fn median(values: &mut [Duration]) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let credentials = Credentials::generate("bench", &[]).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (gate, gate_view) = watch::channel(view(Phase::RunningSteps));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
+    store
+        .create_model(&lockstep_store::Model {
+            uuid: "bench".into(),
+            name: "bench".into(),
+            agent_version: lockstep_core::Version::new(0, 1, 0),
+            agent_stream: None,
+            agent_metadata_url: None,
+            policy: lockstep_core::policy::UpgradePolicy::Off,
+            controllers: lockstep_core::lifecycle::ControllerSet::first(1),
+            capabilities: lockstep_core::jobs::Capabilities::new(),
+            capabilities_discovered: None,
+            upgrade_available: None,
+        })
+        .unwrap();
+    let api = Api::new(
+        ApiConfig {
+            model_uuid: "bench".into(),
+            controller_uuid: "bench".into(),
+            users: vec![("admin".into(), hash_password("bench"))],
+        },
+        gate_view,
+        store,
+        Arc::new(Idle),
+    );
+    let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
+
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for trial in 0..TRIALS {
+        gate.send(view(Phase::RunningSteps)).unwrap();
+        let ready_at = Arc::new(tokio::sync::OnceCell::new());
+        let lockstep = tokio::spawn(lockstep_client(
+            port,
+            credentials.ca_pem.clone(),
+            Arc::clone(&ready_at),
+        ));
+        let jujuclient = tokio::spawn(jujuclient_style(
+            port,
+            credentials.ca_pem.clone(),
+            Arc::clone(&ready_at),
+        ));
+        // Open the gate at a point that moves through the 1 s retry period.
+        tokio::time::sleep(Duration::from_millis(500 + trial * 1000 / TRIALS)).await;
+        ready_at.set(Instant::now()).unwrap();
+        gate.send(view(Phase::Ready)).unwrap();
+        ours.push(lockstep.await.unwrap());
+        theirs.push(jujuclient.await.unwrap());
+    }
+    server.abort();
+    let (ours, theirs) = (median(&mut ours), median(&mut theirs));
+    println!("time from Ready to the first successful call, median of {TRIALS} trials:");
+    println!(
+        "  lockstep client (Upgrade.WatchProgress)   {:>9.2} ms",
+        ours.as_secs_f64() * 1e3
+    );
+    println!(
+        "  jujuclient's loop (retry every 1.0 s)     {:>9.2} ms",
+        theirs.as_secs_f64() * 1e3
+    );
+    println!(
+        "  ratio jujuclient / lockstep               {:>9.1}x",
+        theirs.as_secs_f64() / ours.as_secs_f64()
+    );
+}

@@ -1,0 +1,226 @@
+//! lockstep's client against a real server on 127.0.0.1: it waits for Ready by
+//! subscription, retries through an upgrade, names the phase when a deadline expires, and
+//! across a restart of the server (same port, same SQLite file) it applies a deploy once
+//! and its watcher delivers every change exactly once, in order.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockstep_core::Phase;
+use lockstep_core::client::RetryPolicy;
+use lockstep_core::lifecycle::Revision;
+use lockstep_core::{Millis, Version};
+use lockstep_store::{OpenMode, SqliteStore, Store};
+use lockstep_transport::client::{Client, ClientConfig, ClientError};
+use lockstep_transport::tls::Credentials;
+use serde_json::json;
+use support::*;
+
+fn client(fixture: &Fixture) -> Client {
+    Client::new(ClientConfig {
+        address: format!("127.0.0.1:{}", fixture.port),
+        ca_pem: fixture.ca_pem.clone(),
+        model_uuid: Some(MODEL_UUID.into()),
+        user: "admin".into(),
+        password: PASSWORD.into(),
+        retry: RetryPolicy {
+            initial: Millis(20),
+            maximum: Millis(200),
+            attempts_max: 1_000,
+        },
+        client_id: "test-client".into(),
+    })
+}
+
+fn deploy(name: &str) -> serde_json::Value {
+    json!({"applications": [{"application": name, "charm-url": format!("ch:{name}"), "num-units": 1}]})
+}
+
+fn collect(
+    batch: Vec<lockstep_transport::client::Delta>,
+    delivered: &mut Vec<Revision>,
+    names: &mut Vec<String>,
+) {
+    for delta in batch {
+        delivered.push(delta.revision);
+        let entity = &delta.delta[2];
+        let name = entity.get("name").or_else(|| entity.get("id")).unwrap();
+        names.push(format!(
+            "{}:{}",
+            delta.delta[0].as_str().unwrap(),
+            name.as_str().unwrap()
+        ));
+    }
+}
+
+const LONG: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn wait_ready_follows_the_phases_by_subscription() {
+    let fixture = start(Phase::RunningSteps).await;
+    let client = Arc::new(client(&fixture));
+    let waiting = tokio::spawn({
+        let client = Arc::clone(&client);
+        async move { client.wait_ready(LONG).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    fixture
+        .gate
+        .send(view(Phase::CheckingAgentVersion))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    fixture.gate.send(view(Phase::Ready)).unwrap();
+    let phases = waiting.await.unwrap().unwrap();
+    assert_eq!(
+        phases,
+        [
+            Phase::RunningSteps,
+            Phase::CheckingAgentVersion,
+            Phase::Ready
+        ]
+    );
+    assert_eq!(
+        fixture.api.gate_rejections(),
+        0,
+        "waiting used the allowed subscription, not refused calls"
+    );
+}
+
+#[tokio::test]
+async fn a_deploy_rides_through_an_upgrade_and_a_deadline_names_the_phase() {
+    let fixture = start(Phase::Upgrading).await;
+    let client = Arc::new(client(&fixture));
+    let error = client
+        .call(
+            "ModelConfig",
+            3,
+            "ModelGet",
+            json!({}),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap_err();
+    let ClientError::GaveUp(give_up) = &error else {
+        panic!("{error:?}")
+    };
+    assert_eq!(give_up.phase, Some(Phase::Upgrading));
+    assert!(
+        error.to_string().contains("still in phase upgrading"),
+        "{error}"
+    );
+
+    let deploying = tokio::spawn({
+        let client = Arc::clone(&client);
+        async move {
+            client
+                .mutate("Application", 20, "Deploy", deploy("wordpress"), LONG)
+                .await
+        }
+    });
+    while fixture.api.gate_rejections() < 5 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fixture.gate.send(view(Phase::Ready)).unwrap();
+    assert_eq!(deploying.await.unwrap().unwrap(), json!({"results": [{}]}));
+    let status = client
+        .call("Client", 8, "FullStatus", json!({}), LONG)
+        .await
+        .unwrap();
+    assert_eq!(status["applications"].as_object().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn across_a_restart_a_deploy_is_applied_once_and_the_watcher_loses_nothing() {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("client-restart-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let open =
+        || -> Arc<dyn Store> { Arc::new(SqliteStore::open(&path, OpenMode::ReadWrite).unwrap()) };
+    let credentials = Credentials::generate("test", &[]).unwrap();
+    let first = start_with(Phase::Ready, open(), 0, credentials.clone()).await;
+    let port = first.port;
+    let client = Arc::new(client(&first));
+
+    let mut watcher = client.watch();
+    let snapshot = watcher.next(LONG).await.unwrap();
+    assert_eq!(snapshot.len(), 1, "the whole state: the model");
+    client
+        .mutate("Application", 20, "Deploy", deploy("a"), LONG)
+        .await
+        .unwrap();
+    let mut delivered: Vec<Revision> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    collect(
+        watcher.next(LONG).await.unwrap(),
+        &mut delivered,
+        &mut names,
+    );
+
+    // The agent dies: its server and every connection end.
+    first.server.abort();
+    drop(first);
+    // A deploy issued while it is down retries until it is back.
+    let deploying = tokio::spawn({
+        let client = Arc::clone(&client);
+        async move {
+            client
+                .mutate("Application", 20, "Deploy", deploy("b"), LONG)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = start_with(Phase::Ready, open(), port, credentials).await;
+    assert_eq!(deploying.await.unwrap().unwrap(), json!({"results": [{}]}));
+    client
+        .mutate("Application", 20, "Deploy", deploy("c"), LONG)
+        .await
+        .unwrap();
+
+    while names
+        .iter()
+        .filter(|name| name.starts_with("application:"))
+        .count()
+        < 3
+    {
+        collect(
+            watcher.next(LONG).await.unwrap(),
+            &mut delivered,
+            &mut names,
+        );
+    }
+    assert!(
+        delivered.windows(2).all(|pair| pair[0] < pair[1]),
+        "in order, none twice: {delivered:?}"
+    );
+    assert_eq!(
+        names,
+        [
+            "application:a",
+            "machine:0",
+            "unit:a/0",
+            "application:b",
+            "machine:1",
+            "unit:b/0",
+            "application:c",
+            "machine:2",
+            "unit:c/0"
+        ]
+    );
+    let status = client
+        .call("Client", 8, "FullStatus", json!({}), LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        status["applications"].as_object().unwrap().len(),
+        3,
+        "each deploy applied once"
+    );
+    assert_eq!(
+        second.store.load_model().unwrap().unwrap().agent_version,
+        Version::new(2, 9, 43)
+    );
+    drop(second);
+    let _ = std::fs::remove_file(&path);
+}
