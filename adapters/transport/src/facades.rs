@@ -545,71 +545,55 @@ pub fn delta(
     Some(json!([kind, change, value]))
 }
 
-/// The whole state as `change` deltas: a watcher's first answer.
+/// The whole state as `change` deltas, in Juju's order (model, machines, applications,
+/// units, relations): a watcher's first answer.
 pub fn snapshot_deltas(state: &State, model_uuid: &str, table: &JobTable) -> Vec<Value> {
-    let mut deltas = Vec::new();
-    let event = |kind, entity: Value| Event {
-        revision: state.revision,
-        kind,
-        id: String::new(),
-        change: ChangeKind::Change,
-        entity,
-    };
-    let to_value = |value: &dyn erased::Serialize| value.to_json();
-    if let Some(model) = &state.model {
-        deltas.extend(delta(
-            &event(EntityKind::Model, to_value(model)),
-            model_uuid,
-            table,
-            state.model.as_ref(),
-        ));
+    fn entity<T: serde::Serialize>(kind: EntityKind, value: &T) -> (EntityKind, Value) {
+        (
+            kind,
+            serde_json::to_value(value).expect("store entities serialise"),
+        )
     }
-    for machine in &state.machines {
-        deltas.extend(delta(
-            &event(EntityKind::Machine, to_value(machine)),
-            model_uuid,
-            table,
-            state.model.as_ref(),
-        ));
-    }
-    for application in &state.applications {
-        deltas.extend(delta(
-            &event(EntityKind::Application, to_value(application)),
-            model_uuid,
-            table,
-            state.model.as_ref(),
-        ));
-    }
-    for unit in &state.units {
-        deltas.extend(delta(
-            &event(EntityKind::Unit, to_value(unit)),
-            model_uuid,
-            table,
-            state.model.as_ref(),
-        ));
-    }
-    for relation in &state.relations {
-        deltas.extend(delta(
-            &event(EntityKind::Relation, to_value(relation)),
-            model_uuid,
-            table,
-            state.model.as_ref(),
-        ));
-    }
-    deltas
-}
-
-mod erased {
-    /// Serialises any of the store's entity types to JSON through one signature.
-    pub trait Serialize {
-        fn to_json(&self) -> serde_json::Value;
-    }
-
-    impl<T: serde::Serialize> Serialize for T {
-        fn to_json(&self) -> serde_json::Value {
-            serde_json::to_value(self).expect("store entities serialise")
-        }
-    }
+    let entities = state
+        .model
+        .iter()
+        .map(|model| entity(EntityKind::Model, model))
+        .chain(
+            state
+                .machines
+                .iter()
+                .map(|machine| entity(EntityKind::Machine, machine)),
+        )
+        .chain(
+            state
+                .applications
+                .iter()
+                .map(|application| entity(EntityKind::Application, application)),
+        )
+        .chain(
+            state
+                .units
+                .iter()
+                .map(|unit| entity(EntityKind::Unit, unit)),
+        )
+        .chain(
+            state
+                .relations
+                .iter()
+                .map(|relation| entity(EntityKind::Relation, relation)),
+        );
+    entities
+        .filter_map(|(kind, entity)| {
+            let event = Event {
+                revision: state.revision,
+                kind,
+                id: String::new(),
+                change: ChangeKind::Change,
+                entity,
+            };
+            delta(&event, model_uuid, table, state.model.as_ref())
+        })
+        .collect()
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for a UNIX time (civil-from-days, proleptic Gregorian).
