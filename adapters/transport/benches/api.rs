@@ -7,14 +7,16 @@
 //! as a fraction of the median round trip.
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use lockstep_core::gate::{self, GateView, Login};
-use lockstep_core::{Millis, Phase, Progress};
+use lockstep_core::Phase;
+use lockstep_core::gate::{self, Login};
 use lockstep_store::{Durability, MemoryStore, Store};
-use lockstep_transport::server::{Api, ApiConfig, Backend, hash_password};
+use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::{Credentials, client_config};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
@@ -23,28 +25,6 @@ use tokio_tungstenite::tungstenite::Message;
 const CONNECTIONS: usize = 4;
 const CALLS: usize = 2_000;
 const ROUNDS: usize = 3;
-
-struct Idle;
-
-impl Backend for Idle {
-    fn abort_current_upgrade(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn agent_version(&self) -> String {
-        "0.1.0".into()
-    }
-    fn upgrade_available(&self) -> Option<String> {
-        None
-    }
-}
-
-fn ready() -> GateView {
-    GateView {
-        phase: Phase::Ready,
-        progress: Progress::default(),
-        retry_after: Millis(1000),
-    }
-}
 
 async fn client(port: u16, ca: &str) -> Vec<Duration> {
     let connector =
@@ -89,7 +69,7 @@ async fn main() {
     let credentials = Credentials::generate("bench", &[]).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let (_gate, gate_view) = tokio::sync::watch::channel(ready());
+    let (_gate, gate_view) = tokio::sync::watch::channel(common::view(Phase::Ready));
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
     let api = Api::new(
         ApiConfig {
@@ -99,7 +79,7 @@ async fn main() {
         },
         gate_view,
         store,
-        Arc::new(Idle),
+        Arc::new(common::Idle),
     );
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
 
@@ -134,7 +114,7 @@ async fn main() {
     server.abort();
 
     // The gate alone, as each call asks it (Ready, a logged-in user, an admitted call).
-    let view = ready();
+    let view = common::view(Phase::Ready);
     let mut samples = Vec::new();
     for _ in 0..31 {
         let started = Instant::now();

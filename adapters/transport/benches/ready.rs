@@ -9,16 +9,17 @@
 //! from the gate opening to its first successful `ModelConfig.ModelGet`.
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use lockstep_core::Phase;
 use lockstep_core::client::RetryPolicy;
-use lockstep_core::gate::GateView;
-use lockstep_core::{Millis, Phase, Progress};
 use lockstep_store::{Durability, MemoryStore, Store};
 use lockstep_transport::client::{Client, ClientConfig};
-use lockstep_transport::server::{Api, ApiConfig, Backend, hash_password};
+use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::{Credentials, client_config};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,28 +27,6 @@ use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
 const TRIALS: u64 = 20;
-
-struct Idle;
-
-impl Backend for Idle {
-    fn abort_current_upgrade(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn agent_version(&self) -> String {
-        "0.1.0".into()
-    }
-    fn upgrade_available(&self) -> Option<String> {
-        None
-    }
-}
-
-fn view(phase: Phase) -> GateView {
-    GateView {
-        phase,
-        progress: Progress::default(),
-        retry_after: Millis(1000),
-    }
-}
 
 /// python-jujuclient's loop (`_rpc_retry_if_upgrading`): the same frame every 1.0 s.
 async fn jujuclient_style(
@@ -137,7 +116,7 @@ async fn main() {
     let credentials = Credentials::generate("bench", &[]).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let (gate, gate_view) = watch::channel(view(Phase::RunningSteps));
+    let (gate, gate_view) = watch::channel(common::view(Phase::RunningSteps));
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
     store
         .create_model(&lockstep_store::Model {
@@ -161,13 +140,13 @@ async fn main() {
         },
         gate_view,
         store,
-        Arc::new(Idle),
+        Arc::new(common::Idle),
     );
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
 
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for trial in 0..TRIALS {
-        gate.send(view(Phase::RunningSteps)).unwrap();
+        gate.send(common::view(Phase::RunningSteps)).unwrap();
         let ready_at = Arc::new(tokio::sync::OnceCell::new());
         let lockstep = tokio::spawn(lockstep_client(
             port,
@@ -182,7 +161,7 @@ async fn main() {
         // Open the gate at a point that moves through the 1 s retry period.
         tokio::time::sleep(Duration::from_millis(500 + trial * 1000 / TRIALS)).await;
         ready_at.set(Instant::now()).unwrap();
-        gate.send(view(Phase::Ready)).unwrap();
+        gate.send(common::view(Phase::Ready)).unwrap();
         ours.push(lockstep.await.unwrap());
         theirs.push(jujuclient.await.unwrap());
     }

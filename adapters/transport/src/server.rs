@@ -424,7 +424,6 @@ async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<V
         }
         return Err(rejection(refused));
     }
-    let params = request.params.clone();
     match (facade, method) {
         ("Admin", "Login") => admin_login(api, &session.login, request).await,
         ("Admin", "RedirectInfo") => Err(WireError::new("", "not redirected")),
@@ -455,28 +454,11 @@ async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<V
             })
             .await
         }
-        ("Client", "AddMachines") => {
-            blocking(api, true, move |store, _| {
-                facades::add_machines(store, &params)
-            })
-            .await
-        }
-        ("Application", "Deploy") => {
-            blocking(api, true, move |store, _| facades::deploy(store, &params)).await
-        }
-        ("Application", "AddUnits") => {
-            blocking(api, true, move |store, _| {
-                facades::add_units(store, &params)
-            })
-            .await
-        }
-        ("Application", "AddRelation") => {
-            blocking(api, true, move |store, _| {
-                facades::add_relation(store, &params)
-            })
-            .await
-        }
-        ("Client", "WatchAll") => watch_all(session, &params),
+        ("Client", "AddMachines") => mutation(api, request, facades::add_machines).await,
+        ("Application", "Deploy") => mutation(api, request, facades::deploy).await,
+        ("Application", "AddUnits") => mutation(api, request, facades::add_units).await,
+        ("Application", "AddRelation") => mutation(api, request, facades::add_relation).await,
+        ("Client", "WatchAll") => watch_all(session, &request.params),
         ("AllWatcher", "Next") => all_watcher_next(api, session, &request.id).await,
         ("AllWatcher", "Stop") => all_watcher_stop(session, &request.id),
         ("Upgrade", "WatchProgress") => Ok(watch_progress(api, &request.params).await),
@@ -498,6 +480,16 @@ fn lifecycle_status(api: &Api, gate: GateView) -> LifecycleStatus {
         agent_version: api.backend.agent_version(),
         upgrade_available: api.backend.upgrade_available(),
     }
+}
+
+/// A mutating facade: its params go to the blocking pool (only these calls copy them).
+async fn mutation(
+    api: &Api,
+    request: &wire::Request,
+    facade: fn(&dyn Store, &Value) -> Result<Value, WireError>,
+) -> Result<Value, WireError> {
+    let params = request.params.clone();
+    blocking(api, true, move |store, _| facade(store, &params)).await
 }
 
 /// Runs a store-backed facade on the blocking pool; a write wakes blocked watchers.
