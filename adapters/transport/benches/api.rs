@@ -76,6 +76,7 @@ async fn main() {
             model_uuid: "bench".into(),
             controller_uuid: "bench".into(),
             users: vec![("admin".into(), hash_password("bench"))],
+            ..ApiConfig::default()
         },
         gate_view,
         store,

@@ -204,6 +204,23 @@ pub struct Client {
     request_ids: AtomicU64,
     operations: Mutex<OperationIds>,
     jitter: Mutex<u64>,
+    stats: ClientStatsCounters,
+}
+
+/// What a client went through: attempts the gate turned away and attempts that found the
+/// connection gone, each retried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Attempts answered `upgrade in progress`, then retried.
+    pub upgrade_in_progress: u64,
+    /// Attempts that found the connection closed (or could not connect), then retried.
+    pub disconnected: u64,
+}
+
+#[derive(Debug, Default)]
+struct ClientStatsCounters {
+    upgrade_in_progress: AtomicU64,
+    disconnected: AtomicU64,
 }
 
 impl fmt::Debug for Client {
@@ -236,6 +253,7 @@ impl Client {
             generations: AtomicU64::new(1),
             request_ids: AtomicU64::new(1),
             jitter: Mutex::new(seed | 1),
+            stats: ClientStatsCounters::default(),
         }
     }
 
@@ -394,11 +412,24 @@ impl Client {
                     return Ok((reply["response"].clone(), generation));
                 }
                 Decision::Retry { wait } | Decision::Reconnect { wait } => {
+                    let counter = match attempt {
+                        Attempt::UpgradeInProgress { .. } => &self.stats.upgrade_in_progress,
+                        _ => &self.stats.disconnected,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(target: "lockstep::client", facade, method, wait_ms = wait.0, "retrying");
                     tokio::time::sleep(Duration::from_millis(wait.0)).await;
                 }
                 Decision::GiveUp(give_up) => return Err(ClientError::GaveUp(give_up)),
             }
+        }
+    }
+
+    /// Retries so far, by cause.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            upgrade_in_progress: self.stats.upgrade_in_progress.load(Ordering::Relaxed),
+            disconnected: self.stats.disconnected.load(Ordering::Relaxed),
         }
     }
 

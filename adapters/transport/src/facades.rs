@@ -9,6 +9,9 @@
 
 use lockstep_core::gate::GateView;
 use lockstep_core::jobs::{Job, JobTable};
+use lockstep_core::lifecycle::UpgradeInfo;
+use lockstep_core::policy::Stream;
+use lockstep_core::{Binary, Role, Version};
 use lockstep_store::{
     Abort, Application, ChangeKind, EntityKind, Event, Life, Machine, Model, OperationOutcome,
     Relation, Store, StoreError, Tx, Unit,
@@ -22,6 +25,17 @@ pub const UNITS_PER_CALL_MAX: u64 = 100;
 
 /// Machines one `AddMachines` may add.
 pub const MACHINES_PER_CALL_MAX: usize = 100;
+
+/// The key of an application's store document that holds its exposure (`true` once
+/// `Application.Expose` ran). The store's `Application` type has no such field: the flag
+/// lives beside it in the same document, so the application's own event carries it to
+/// watchers, and readers of the typed `Application` ignore it.
+pub const EXPOSED_KEY: &str = "exposed";
+
+/// True when an application document was exposed.
+pub fn is_exposed(document: &Value) -> bool {
+    document.get(EXPOSED_KEY).and_then(Value::as_bool) == Some(true)
+}
 
 /// The lifecycle's side of status: what the store does not hold.
 #[derive(Clone, Debug)]
@@ -73,7 +87,8 @@ pub fn full_status(
         }
         applications.insert(
             application.name.clone(),
-            json!({"charm": application.charm, "life": life(application.life), "exposed": false,
+            json!({"charm": application.charm, "life": life(application.life),
+                   "exposed": state.exposed.contains(&application.name),
                    "units": units, "status": {"status": "unknown"}}),
         );
     }
@@ -145,6 +160,8 @@ pub struct State {
     pub model: Option<Model>,
     pub machines: Vec<Machine>,
     pub applications: Vec<Application>,
+    /// The applications `Application.Expose` exposed, by name.
+    pub exposed: std::collections::BTreeSet<String>,
     pub units: Vec<Unit>,
     pub relations: Vec<Relation>,
 }
@@ -157,6 +174,12 @@ pub fn read_state(store: &dyn Store) -> Result<State, WireError> {
             let revision = tx.revision()?;
             let model = tx.model()?;
             let machines = tx.machines()?;
+            let exposed = tx
+                .documents(EntityKind::Application)?
+                .into_iter()
+                .filter(|(_, document)| is_exposed(document))
+                .map(|(name, _)| name)
+                .collect();
             let applications = documents::<Application>(tx, EntityKind::Application)?;
             let units = documents::<Unit>(tx, EntityKind::Unit)?;
             let relations = documents::<Relation>(tx, EntityKind::Relation)?;
@@ -165,6 +188,7 @@ pub fn read_state(store: &dyn Store) -> Result<State, WireError> {
                 model,
                 machines,
                 applications,
+                exposed,
                 units,
                 relations,
             });
@@ -187,6 +211,27 @@ fn documents<T: serde::de::DeserializeOwned>(
             })
         })
         .collect()
+}
+
+/// One machine, by id.
+pub fn machine(store: &dyn Store, id: &str) -> Result<Option<Machine>, WireError> {
+    let mut machine = None;
+    store
+        .snapshot(&mut |tx| {
+            machine = tx.machine(id)?;
+            Ok(())
+        })
+        .map_err(store_error)?;
+    Ok(machine)
+}
+
+/// The model's `agent-stream` (`None`: the default, also before bootstrap created the
+/// model).
+pub fn model_stream(store: &dyn Store) -> Result<Option<Stream>, WireError> {
+    Ok(store
+        .load_model()
+        .map_err(store_error)?
+        .and_then(|model| model.agent_stream))
 }
 
 /// `ModelConfig.ModelGet` (and Juju 2.0's `Client.ModelGet`).
@@ -487,6 +532,33 @@ pub fn add_relation(store: &dyn Store, params: &Value) -> Result<Value, WireErro
     })
 }
 
+/// `Application.Expose {"application": name}` (Juju's params; `exposed-endpoints` of newer
+/// facade versions is accepted and ignored: every endpoint is exposed). Exposing an exposed
+/// application changes nothing.
+pub fn expose(store: &dyn Store, params: &Value) -> Result<Value, WireError> {
+    let application = text(params, "application")?.to_owned();
+    mutate(store, params, &mut |tx| {
+        let Some(mut document) = tx.document(EntityKind::Application, &application)? else {
+            return Err(failed(WireError::new(
+                "not found",
+                format!("application {application:?} not found"),
+            )));
+        };
+        if is_exposed(&document) {
+            return Ok(json!({}));
+        }
+        let Some(fields) = document.as_object_mut() else {
+            return Err(Abort::Store(StoreError::Decode {
+                what: format!("application {application:?}"),
+                detail: "the document is not a JSON object".to_owned(),
+            }));
+        };
+        fields.insert(EXPOSED_KEY.to_owned(), Value::Bool(true));
+        tx.put_document(EntityKind::Application, &application, &document)?;
+        Ok(json!({}))
+    })
+}
+
 /// One AllWatcher delta, `[kind, "change"|"remove", entity]`, for an event of the log;
 /// `None` for kinds clients do not watch (the upgrade-info record, step checkpoints).
 pub fn delta(
@@ -516,7 +588,7 @@ pub fn delta(
             let application: Application = serde_json::from_value(entity.clone()).ok()?;
             (
                 "application",
-                json!({"model-uuid": model_uuid, "name": application.name, "charm-url": application.charm, "life": life(application.life), "exposed": false}),
+                json!({"model-uuid": model_uuid, "name": application.name, "charm-url": application.charm, "life": life(application.life), "exposed": is_exposed(entity)}),
             )
         }
         EntityKind::Unit => {
@@ -564,12 +636,13 @@ pub fn snapshot_deltas(state: &State, model_uuid: &str, table: &JobTable) -> Vec
                 .iter()
                 .map(|machine| entity(EntityKind::Machine, machine)),
         )
-        .chain(
-            state
-                .applications
-                .iter()
-                .map(|application| entity(EntityKind::Application, application)),
-        )
+        .chain(state.applications.iter().map(|application| {
+            let (kind, mut document) = entity(EntityKind::Application, application);
+            if state.exposed.contains(&application.name) {
+                document[EXPOSED_KEY] = Value::Bool(true);
+            }
+            (kind, document)
+        }))
         .chain(
             state
                 .units
@@ -631,5 +704,275 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_793_730_125), "2026-11-03T18:22:05Z");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Agents: the Upgrader facade and the agent-version
+// ---------------------------------------------------------------------------------------
+
+/// Entities one `Upgrader` call may name.
+pub const ENTITIES_PER_CALL_MAX: usize = 100;
+
+/// Juju's `state.UpgradeInProgressError`, the refusal of an agent-version change while an
+/// upgrade-info record is current.
+pub const AGENT_VERSION_UPGRADE_IN_PROGRESS: &str =
+    "an upgrade is already in progress or the last upgrade did not complete";
+
+/// The refusal of an agent-version change while `record` is current: Juju's message and
+/// code (`upgrade in progress`, as Juju's `ServerError` maps it), with the record in
+/// `error-info` (`previous-version`, `target-version`, `status`).
+pub fn agent_version_refused(record: &UpgradeInfo) -> WireError {
+    WireError {
+        message: AGENT_VERSION_UPGRADE_IN_PROGRESS.to_owned(),
+        code: lockstep_core::gate::UPGRADE_IN_PROGRESS.to_owned(),
+        info: Some(json!({
+            "previous-version": record.previous_version.to_string(),
+            "target-version": record.target_version.to_string(),
+            "status": record.status.to_string(),
+        })),
+    }
+}
+
+/// The machine id an agent tag names: `machine-1` → `1`, `machine-0-lxd-1` → `0/lxd/1`
+/// (Juju's tag grammar); `None` for anything else.
+pub fn machine_id(tag: &str) -> Option<String> {
+    let id = tag.strip_prefix("machine-")?;
+    let valid = !id.is_empty()
+        && id
+            .split('-')
+            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric()));
+    valid.then(|| id.replace('-', "/"))
+}
+
+/// True for a controller machine: its roles say so, or, for a legacy machine, its jobs
+/// (`JobManageModel` and its older names) do.
+pub fn is_controller(machine: &Machine) -> bool {
+    let roles = if machine.roles.is_empty() {
+        lockstep_core::jobs::roles_for_legacy_jobs(&machine.legacy_jobs)
+    } else {
+        machine.roles
+    };
+    roles.contains(Role::Controller)
+}
+
+/// The agent-version an agent should run, Juju's controllers-first rule
+/// (`apiserver/facades/agent/upgrader`, `DesiredVersion`): a controller is told the model's
+/// agent-version; any other agent only once every controller runs it (this API server,
+/// `server_version`, and every controller machine by the binary it last reported), and
+/// until then the version it runs itself (this server's when it has not reported one), so
+/// it stays where it is while the controllers go first.
+pub fn desired_version(
+    model: &Model,
+    machines: &[Machine],
+    machine: &Machine,
+    server_version: Version,
+) -> Version {
+    let wanted = model.agent_version;
+    if is_controller(machine) {
+        return wanted;
+    }
+    let controllers_run_it = server_version >= wanted
+        && machines
+            .iter()
+            .filter(|other| is_controller(other))
+            .all(|controller| {
+                controller
+                    .agent_binary
+                    .as_ref()
+                    .is_some_and(|binary| binary.number >= wanted)
+            });
+    if controllers_run_it {
+        wanted
+    } else {
+        machine
+            .agent_binary
+            .as_ref()
+            .map_or(server_version, |binary| binary.number)
+    }
+}
+
+/// One entity of an `Upgrader.DesiredVersion` or `Upgrader.Tools` call, as the store
+/// answers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentView {
+    /// The version the agent should run ([`desired_version`]).
+    pub desired: Version,
+    /// The binary the agent last reported running (`Upgrader.SetTools`), if any.
+    pub running: Option<Binary>,
+}
+
+/// What the Upgrader facade reads for a call: the model's `agent-stream` and, per entity in
+/// the order asked, its view or the error Juju answers for it.
+#[derive(Clone, Debug)]
+pub struct AgentViews {
+    pub model_stream: Option<Stream>,
+    pub entities: Vec<Result<AgentView, WireError>>,
+}
+
+/// Juju's `ErrPerm`: an agent asking about an entity other than itself.
+pub fn permission_denied() -> WireError {
+    WireError::new("unauthorized access", "permission denied")
+}
+
+/// A per-entity error as Juju's result lists carry it: `{"message", "code"}`.
+pub fn error_json(error: &WireError) -> Value {
+    if error.code.is_empty() {
+        json!({"message": error.message})
+    } else {
+        json!({"message": error.message, "code": error.code})
+    }
+}
+
+fn entity_tags(params: &Value, key: &str, field: &str) -> Result<Vec<String>, WireError> {
+    let entities = list(params, key)?;
+    if entities.len() > ENTITIES_PER_CALL_MAX {
+        return Err(WireError::new(
+            "bad request",
+            format!(
+                "{} entities asked for; at most {ENTITIES_PER_CALL_MAX} per call",
+                entities.len()
+            ),
+        ));
+    }
+    Ok(entities
+        .iter()
+        .map(|entity| {
+            entity
+                .get(field)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect())
+}
+
+/// The machine of `tag` if `owner` (the logged-in agent's tag) may ask about it.
+fn owned_machine(machines: &[Machine], owner: &str, tag: &str) -> Result<Machine, WireError> {
+    if tag != owner {
+        return Err(permission_denied());
+    }
+    let id = machine_id(tag).ok_or_else(permission_denied)?;
+    machines
+        .iter()
+        .find(|machine| machine.id == id)
+        .cloned()
+        .ok_or_else(|| WireError::new("not found", format!("machine {id} not found")))
+}
+
+/// `Upgrader.DesiredVersion` and `Upgrader.Tools` params `{"entities": [{"tag"}]}`: each
+/// entity's desired version and running binary, read in one snapshot. An agent may ask
+/// about itself only (`owner` is its tag); others get `permission denied`.
+pub fn agent_views(
+    store: &dyn Store,
+    owner: &str,
+    server_version: Version,
+    params: &Value,
+) -> Result<AgentViews, WireError> {
+    let tags = entity_tags(params, "entities", "tag")?;
+    let mut read = None;
+    store
+        .snapshot(&mut |tx| {
+            read = Some((tx.model()?, tx.machines()?));
+            Ok(())
+        })
+        .map_err(store_error)?;
+    let (model, machines) = read.expect("the snapshot body ran");
+    let model =
+        model.ok_or_else(|| WireError::new("not found", "the controller has no model yet"))?;
+    let entities = tags
+        .iter()
+        .map(|tag| {
+            let machine = owned_machine(&machines, owner, tag)?;
+            Ok(AgentView {
+                desired: desired_version(&model, &machines, &machine, server_version),
+                running: machine.agent_binary.clone(),
+            })
+        })
+        .collect();
+    Ok(AgentViews {
+        model_stream: model.agent_stream,
+        entities,
+    })
+}
+
+/// `Upgrader.SetTools` (Juju's wire name; its Go client calls it `SetVersion`) params
+/// `{"agent-tools": [{"tag", "tools": {"version": "2.9.44-ubuntu-amd64"}}]}`: records the
+/// binary each agent runs on its machine. An agent may set its own only. Answers
+/// `{"results": [{} | {"error"}]}`; honours `operation-id`.
+pub fn set_tools(store: &dyn Store, owner: &str, params: &Value) -> Result<Value, WireError> {
+    let tags = entity_tags(params, "agent-tools", "tag")?;
+    let binaries: Vec<Result<Binary, WireError>> = list(params, "agent-tools")?
+        .iter()
+        .map(|entry| {
+            let text = entry
+                .get("tools")
+                .and_then(|tools| tools.get("version"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            Binary::parse(text)
+                .map_err(|error| WireError::new("bad request", format!("tools.version: {error}")))
+        })
+        .collect();
+    mutate(store, params, &mut |tx| {
+        let machines = tx.machines()?;
+        let mut results = Vec::new();
+        for (tag, binary) in tags.iter().zip(&binaries) {
+            let outcome = owned_machine(&machines, owner, tag)
+                .and_then(|machine| Ok((machine, binary.clone()?)));
+            match outcome {
+                Ok((mut machine, binary)) => {
+                    if machine.agent_binary.as_ref() != Some(&binary) {
+                        machine.agent_binary = Some(binary);
+                        tx.put_machine(&machine)?;
+                    }
+                    results.push(json!({}));
+                }
+                Err(error) => results.push(json!({"error": error_json(&error)})),
+            }
+        }
+        Ok(json!({"results": results}))
+    })
+}
+
+/// The agent-version a `ModelConfig.ModelSet` may move to, checked against the store
+/// before the catalogue is asked: `Ok(None)` when it is the current one already (nothing
+/// to do, as Juju accepts the current value back), `Ok(Some(stream))` with the model's
+/// `agent-stream` when it may change, refused while an upgrade-info record is current
+/// (Juju's rule) and for a lower version.
+pub fn agent_version_change(
+    store: &dyn Store,
+    version: Version,
+) -> Result<Option<Option<Stream>>, WireError> {
+    let current_model = model(store)?;
+    let current = current_model.agent_version;
+    if version == current {
+        return Ok(None);
+    }
+    if let Some((record, _)) = store.record_view().map_err(store_error)?.current {
+        return Err(agent_version_refused(&record));
+    }
+    if version < current {
+        return Err(WireError::new(
+            "not supported",
+            format!(
+                "cannot change agent-version from {current} to the lower version {version}: \
+                 downgrades are not supported"
+            ),
+        ));
+    }
+    Ok(Some(current_model.agent_stream))
+}
+
+/// Writes the model's agent-version (the store refuses it while an upgrade-info record is
+/// current, atomically with the write).
+pub fn set_agent_version(store: &dyn Store, version: Version) -> Result<(), WireError> {
+    match store.set_agent_version(version) {
+        Ok(model) => {
+            assert_eq!(model.agent_version, version);
+            Ok(())
+        }
+        Err(StoreError::UpgradeInProgress { current }) => Err(agent_version_refused(&current)),
+        Err(error) => Err(store_error(error)),
     }
 }

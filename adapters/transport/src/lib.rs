@@ -14,8 +14,11 @@
 //!   [`lockstep_core::client`]'s.
 //! - [`facades`]: the facades over the store adapter (status, model config, machines,
 //!   applications, units, relations, watcher deltas), each honouring `operation-id`.
-//! - [`server`]: the axum router (websocket endpoints, `/livez`, `/readyz`), the TLS accept
-//!   loop, per-connection concurrency, and the facades served so far.
+//! - [`tools`]: agent binaries: `Client.FindTools`'s search of the catalogue and the tools
+//!   endpoint's cache, which fetches each binary once however many agents ask at once.
+//! - [`server`]: the axum router (websocket endpoints, `/livez`, `/readyz`, `/metrics`, the
+//!   tools endpoint), the TLS accept loop, per-connection concurrency, agent logins, and the
+//!   facades served.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
@@ -26,4 +29,5 @@ pub mod client;
 pub mod facades;
 pub mod server;
 pub mod tls;
+pub mod tools;
 pub mod wire;

@@ -1,12 +1,19 @@
-//! The API server: TLS, HTTP probes, and the JSON-RPC websocket on `/model/<uuid>/api`,
-//! `/api` and `/`.
+//! The API server: TLS, HTTP probes, the tools endpoint (`/model/<uuid>/tools/<binary>`,
+//! see [`crate::tools`]), and the JSON-RPC websocket on `/model/<uuid>/api`, `/api` and `/`.
+//!
+//! Users and machine agents log in ([`ApiConfig::users`], [`ApiConfig::agents`]); the
+//! core's gate decides about every call and every agent login, and each login may call its
+//! own facades only (users every facade but `Upgrader`, agents [`AGENT_FACADES`]).
 //!
 //! Every call asks the core's gate with the phase published at that moment, not at login,
 //! so a connection opened while the agent was limited becomes full the moment it is Ready.
 //! Requests on one connection are served concurrently (python-libjuju keeps a watcher's
 //! `Next` blocked while it pings) and each reply carries its request's id.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,15 +24,17 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures_util::{SinkExt, StreamExt};
-use lockstep_core::Phase;
 use lockstep_core::gate::{self, GateView, Login};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::facades::{self, LifecycleStatus};
+use crate::tools;
 use crate::wire::{self, FRAME_SIZE_BYTES_MAX, WireError};
 use lockstep_core::jobs::JobTable;
+use lockstep_core::policy::{Catalogue, CatalogueEntry};
+use lockstep_core::{Phase, Version};
 use lockstep_store::{Changes, Store};
 
 /// The Juju API level advertised in Login's `server-version`: python-libjuju accepts only
@@ -54,24 +63,35 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
     (
         "Application",
         &[1, 20],
-        &["Deploy", "AddUnits", "AddRelation"],
+        &["Deploy", "AddUnits", "AddRelation", "Expose"],
     ),
     (
         "Client",
         &[1, 8],
         &[
             "FullStatus",
+            "FindTools",
             "AbortCurrentUpgrade",
             "ModelGet",
             "AddMachines",
             "WatchAll",
         ],
     ),
-    ("ModelConfig", &[3], &["ModelGet"]),
+    ("ModelConfig", &[3], &["ModelGet", "ModelSet"]),
     ("ModelManager", &[9, 10], &["ModelInfo"]),
     ("Pinger", &[1], &["Ping"]),
     ("Upgrade", &[1], &["Status", "WatchProgress"]),
+    (
+        "Upgrader",
+        &[1],
+        &["SetTools", "SetVersion", "DesiredVersion", "Tools"],
+    ),
 ];
+
+/// The facades an agent login may call; a user may call every facade but `Upgrader`
+/// (Juju's agent and client facades are apart in the same way). Anything else is
+/// `permission denied`, code `unauthorized access` (Juju's `ErrPerm`).
+pub const AGENT_FACADES: &[&str] = &["Admin", "Pinger", "Upgrade", "Upgrader"];
 
 /// AllWatchers one connection may hold at once.
 pub const WATCHERS_PER_CONNECTION_MAX: usize = 16;
@@ -83,6 +103,10 @@ pub const DELTAS_PER_NEXT_MAX: usize = 1000;
 /// made through this API wake it at once).
 pub const WATCH_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+/// A boxed future a [`Backend`] returns: `Send`, borrowing the backend (object-safe, so the
+/// server holds an `Arc<dyn Backend>`).
+pub type BackendFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// The lifecycle's side of the API: what the store does not hold. The agent implements it
 /// over the core; tests implement it in memory.
 pub trait Backend: Send + Sync + 'static {
@@ -92,15 +116,39 @@ pub trait Backend: Send + Sync + 'static {
     fn agent_version(&self) -> String;
     /// The newest patch available (`upgrade-available`), if any.
     fn upgrade_available(&self) -> Option<String>;
+    /// `ModelConfig.ModelSet` changed the model's agent-version (already written to the
+    /// store).
+    fn agent_version_changed(&self, version: Version);
+    /// The agent binaries the controller knows of (for `Client.FindTools`, `ModelSet`'s
+    /// check, `Upgrader.Tools` and the tools endpoint); `Err` names why none could be read.
+    /// Asked on every such call and download, so it should answer from what the agent
+    /// already holds rather than go to the streams each time.
+    fn catalogue(&self) -> BackendFuture<'_, Result<Catalogue, String>>;
+    /// Fetches one binary of the catalogue into `destination` (verified: size and sha256),
+    /// for the tools endpoint. The server hands a temporary path in its cache directory and
+    /// renames it into place only after `Ok`; it asks at most once at a time per binary.
+    fn fetch_binary(
+        &self,
+        entry: CatalogueEntry,
+        destination: PathBuf,
+    ) -> BackendFuture<'_, Result<(), String>>;
 }
 
-/// The API's fixed configuration.
-#[derive(Clone, Debug)]
+/// The API's fixed configuration. `ApiConfig { model_uuid, controller_uuid, users,
+/// ..ApiConfig::default() }` leaves agents out and the tools endpoint off.
+#[derive(Clone, Debug, Default)]
 pub struct ApiConfig {
     pub model_uuid: String,
     pub controller_uuid: String,
     /// `(user name, argon2 password hash in PHC form)`.
     pub users: Vec<(String, String)>,
+    /// Machine agents that may log in: `(tag, argon2 password hash in PHC form)`, the tag
+    /// as the agent sends it in `auth-tag` (`machine-1`). The machine must also exist in
+    /// the store; whether it is a controller agent is read from its roles there.
+    pub agents: Vec<(String, String)>,
+    /// Where `GET /model/<uuid>/tools/<binary>` keeps the binaries it fetched
+    /// (`<binary>.tgz`); `None` turns the endpoint off (404).
+    pub tools_cache: Option<PathBuf>,
 }
 
 /// Everything a connection needs, shared.
@@ -114,7 +162,14 @@ pub struct Api {
     changed: tokio::sync::Notify,
     address: Mutex<Option<SocketAddr>>,
     metrics: Mutex<Metrics>,
+    /// The tools endpoint's fetches in flight.
+    fetches: tools::Fetches,
 }
+
+/// The address a connection reached this server on: where the URLs of agent binaries
+/// handed to that client point.
+#[derive(Clone, Copy, Debug)]
+struct ServerAddress(SocketAddr);
 
 /// Counters for `/metrics`. Keys are served facade names (or `other`), so the label
 /// cardinality is bounded by [`FACADES`].
@@ -163,6 +218,7 @@ impl Api {
             changed: tokio::sync::Notify::new(),
             address: Mutex::new(None),
             metrics: Mutex::new(Metrics::default()),
+            fetches: tools::Fetches::default(),
         })
     }
 
@@ -182,6 +238,7 @@ impl Api {
             .route("/", get(websocket))
             .route("/api", get(websocket))
             .route("/model/{uuid}/api", get(websocket))
+            .route("/model/{uuid}/tools/{binary}", get(tools_endpoint))
             .route("/livez", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
@@ -209,7 +266,12 @@ impl Api {
                 }
             };
             let acceptor = acceptor.clone();
-            let router = router.clone();
+            let router = match tcp.local_addr() {
+                Ok(address) => router
+                    .clone()
+                    .layer(axum::Extension(ServerAddress(address))),
+                Err(_) => router.clone(),
+            };
             connections.spawn(async move {
                 let stream = match acceptor.accept(tcp).await {
                     Ok(stream) => stream,
@@ -297,16 +359,21 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
         .into_response()
 }
 
-async fn websocket(State(api): State<Arc<Api>>, upgrade: WebSocketUpgrade) -> Response {
+async fn websocket(
+    State(api): State<Arc<Api>>,
+    reached: Option<axum::Extension<ServerAddress>>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let reached = reached.map(|axum::Extension(ServerAddress(address))| address);
     upgrade
         .max_message_size(FRAME_SIZE_BYTES_MAX)
         .max_frame_size(FRAME_SIZE_BYTES_MAX)
-        .on_upgrade(move |socket| connection(api, socket))
+        .on_upgrade(move |socket| connection(api, socket, reached))
 }
 
 /// One client connection: a reader that spawns a task per request (at most
 /// [`REQUESTS_IN_FLIGHT_MAX`] at once) and a writer that sends replies in completion order.
-async fn connection(api: Arc<Api>, socket: WebSocket) {
+async fn connection(api: Arc<Api>, socket: WebSocket, reached: Option<SocketAddr>) {
     let (mut sink, mut stream) = socket.split();
     let (replies, mut queued) = mpsc::channel::<Message>(REPLIES_QUEUED_MAX);
     let writer = tokio::spawn(async move {
@@ -316,7 +383,7 @@ async fn connection(api: Arc<Api>, socket: WebSocket) {
             }
         }
     });
-    let login = Arc::new(Session::default());
+    let login = Arc::new(Session::new(reached));
     let in_flight = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
     // Requests in flight belong to the connection: they end with it (a long-poll must not
     // keep a closed connection's socket open), and with the server.
@@ -355,21 +422,30 @@ async fn connection(api: Arc<Api>, socket: WebSocket) {
     let _ = writer.await;
 }
 
-/// The reply to one frame.
 /// One connection's state: who logged in, and its watchers (which belong to it, as in Juju).
 struct Session {
     login: Mutex<Login>,
+    /// The agent's tag (`machine-1`) once an agent logged in; empty for users.
+    agent: Mutex<String>,
+    /// The address the client reached this server on.
+    reached: Option<SocketAddr>,
     watchers: Mutex<std::collections::BTreeMap<u64, Arc<AllWatcher>>>,
     next_watcher: std::sync::atomic::AtomicU64,
 }
 
-impl Default for Session {
-    fn default() -> Session {
+impl Session {
+    fn new(reached: Option<SocketAddr>) -> Session {
         Session {
             login: Mutex::new(Login::Anonymous),
+            agent: Mutex::new(String::new()),
+            reached,
             watchers: Mutex::new(std::collections::BTreeMap::new()),
             next_watcher: std::sync::atomic::AtomicU64::new(1),
         }
+    }
+
+    fn agent(&self) -> String {
+        self.agent.lock().expect("not poisoned").clone()
     }
 }
 
@@ -380,6 +456,7 @@ struct AllWatcher {
     stopped: tokio::sync::watch::Sender<bool>,
 }
 
+/// The reply to one frame.
 async fn answer(api: &Api, login: &Session, text: &str) -> String {
     let request = match wire::decode(text) {
         Ok(request) => request,
@@ -424,8 +501,11 @@ async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<V
         }
         return Err(rejection(refused));
     }
+    if !permitted(who, facade) {
+        return Err(facades::permission_denied());
+    }
     match (facade, method) {
-        ("Admin", "Login") => admin_login(api, &session.login, request).await,
+        ("Admin", "Login") => admin_login(api, session, request).await,
         ("Admin", "RedirectInfo") => Err(WireError::new("", "not redirected")),
         ("Pinger", "Ping") => Ok(json!({})),
         ("Client", "FullStatus") => {
@@ -458,6 +538,29 @@ async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<V
         ("Application", "Deploy") => mutation(api, request, facades::deploy).await,
         ("Application", "AddUnits") => mutation(api, request, facades::add_units).await,
         ("Application", "AddRelation") => mutation(api, request, facades::add_relation).await,
+        ("Application", "Expose") => mutation(api, request, facades::expose).await,
+        ("Client", "FindTools") => find_tools(api, session, &request.params).await,
+        ("ModelConfig", "ModelSet") => model_set(api, &request.params).await,
+        ("Upgrader", "SetTools" | "SetVersion") => {
+            let (owner, params) = (session.agent(), request.params.clone());
+            blocking(api, true, move |store, _| {
+                facades::set_tools(store, &owner, &params)
+            })
+            .await
+        }
+        ("Upgrader", "DesiredVersion") => {
+            let views = agent_views(api, session, &request.params).await?;
+            let results: Vec<Value> = views
+                .entities
+                .iter()
+                .map(|entity| match entity {
+                    Ok(view) => json!({"version": view.desired.to_string()}),
+                    Err(error) => json!({"error": facades::error_json(error)}),
+                })
+                .collect();
+            Ok(json!({"results": results}))
+        }
+        ("Upgrader", "Tools") => upgrader_tools(api, session, &request.params).await,
         ("Client", "WatchAll") => watch_all(session, &request.params),
         ("AllWatcher", "Next") => all_watcher_next(api, session, &request.id).await,
         ("AllWatcher", "Stop") => all_watcher_stop(session, &request.id),
@@ -493,11 +596,11 @@ async fn mutation(
 }
 
 /// Runs a store-backed facade on the blocking pool; a write wakes blocked watchers.
-async fn blocking(
+async fn blocking<T: Send + 'static>(
     api: &Api,
     writes: bool,
-    work: impl FnOnce(&dyn Store, &JobTable) -> Result<Value, WireError> + Send + 'static,
-) -> Result<Value, WireError> {
+    work: impl FnOnce(&dyn Store, &JobTable) -> Result<T, WireError> + Send + 'static,
+) -> Result<T, WireError> {
     let (store, jobs) = (Arc::clone(&api.store), api.jobs.clone());
     let result = tokio::task::spawn_blocking(move || work(store.as_ref(), &jobs))
         .await
@@ -726,9 +829,68 @@ fn rejection(rejection: gate::Rejection) -> WireError {
     }
 }
 
+/// Who `auth-tag` and `credentials` authenticate, if anyone: a user of
+/// [`ApiConfig::users`], or an agent of [`ApiConfig::agents`] whose machine exists in the
+/// store (a controller agent when the machine is a controller). Runs on the blocking pool:
+/// a password hash costs milliseconds of CPU.
+async fn authenticate(api: &Api, tag: &str, password: &str) -> Option<Login> {
+    let (tag, password) = (tag.to_owned(), password.to_owned());
+    let user = tag.strip_prefix("user-").map(str::to_owned);
+    let hash = match &user {
+        Some(user) => api.config.users.iter().find(|(name, _)| name == user),
+        None => api.config.agents.iter().find(|(agent, _)| *agent == tag),
+    }
+    .map(|(_, hash)| hash.clone());
+    let Some(hash) = hash else {
+        // Someone unknown costs a hash too, so the time taken does not tell.
+        let _ = blocking(api, false, move |_, _| {
+            Ok(verify_password(&password, unknown_entity_hash()))
+        })
+        .await;
+        return None;
+    };
+    if user.is_some() {
+        let verified = blocking(api, false, move |_, _| {
+            Ok(verify_password(&password, &hash))
+        });
+        return verified.await.ok()?.then_some(Login::User);
+    }
+    let id = facades::machine_id(&tag)?;
+    blocking(api, false, move |store, _| {
+        if !verify_password(&password, &hash) {
+            return Ok(None);
+        }
+        Ok(facades::machine(store, &id)?.map(|machine| {
+            if facades::is_controller(&machine) {
+                Login::ControllerAgent
+            } else {
+                Login::MachineAgent
+            }
+        }))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// True when `login` may call `facade` at all (the gate decides about the phase): users
+/// every facade but `Upgrader`, agents [`AGENT_FACADES`]. Before login the gate admits
+/// `Admin` only.
+fn permitted(login: Login, facade: &str) -> bool {
+    match login {
+        Login::Anonymous => true,
+        Login::User => facade != "Upgrader",
+        Login::ControllerAgent | Login::MachineAgent => AGENT_FACADES.contains(&facade),
+    }
+}
+
+/// `Admin.Login` v3: a user (`user-admin`, `credentials` its password) or a machine agent
+/// (`machine-1`, `credentials` its password; Juju's `nonce` is accepted and not checked).
+/// Every failure answers the same after the same delay. An authenticated agent other than
+/// a controller's is then refused while the agent is not Ready, as Juju refuses it.
 async fn admin_login(
     api: &Api,
-    login: &Mutex<Login>,
+    session: &Session,
     request: &wire::Request,
 ) -> Result<Value, WireError> {
     if request.version != 3 {
@@ -750,44 +912,291 @@ async fn admin_login(
         .get("credentials")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let user = tag.strip_prefix("user-").unwrap_or_default();
-    let verified = api
-        .config
-        .users
-        .iter()
-        .find(|(name, _)| name == user)
-        .is_some_and(|(_, hash)| verify_password(password, hash));
-    if !verified {
+    let Some(who) = authenticate(api, tag, password).await else {
         tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
         return Err(WireError::new(
             "unauthorized access",
             "invalid entity name or password",
         ));
-    }
-    *login.lock().expect("not poisoned") = Login::User;
+    };
+    // Juju's rule: agents other than controllers' wait until the upgrade is over.
+    let view = *api.gate.borrow();
+    gate::admit_login(&view, who, tag).map_err(rejection)?;
+    *session.login.lock().expect("not poisoned") = who;
+    *session.agent.lock().expect("not poisoned") = match who {
+        Login::ControllerAgent | Login::MachineAgent => tag.to_owned(),
+        Login::Anonymous | Login::User => String::new(),
+    };
     let address = *api.address.lock().expect("not poisoned");
-    let servers: Vec<Value> = address
+    let servers: Vec<Value> = session
+        .reached
+        .or(address)
         .map(|address| {
             json!([{"value": address.ip().to_string(), "port": address.port(), "type": "ipv4", "scope": "local-machine"}])
         })
         .into_iter()
         .collect();
-    Ok(json!({
+    let facades: Vec<Value> = FACADES
+        .iter()
+        .filter(|(name, _, _)| permitted(who, name))
+        .map(|(name, versions, _)| json!({"name": name, "versions": versions}))
+        .collect();
+    let mut reply = json!({
         "servers": servers,
         "model-tag": format!("model-{}", api.config.model_uuid),
         "controller-tag": format!("controller-{}", api.config.controller_uuid),
-        "user-info": {
+        "facades": facades,
+        "server-version": SERVER_VERSION,
+    });
+    if who == Login::User {
+        let user = tag.strip_prefix("user-").unwrap_or_default();
+        reply["user-info"] = json!({
             "display-name": user,
             "identity": tag,
             "controller-access": "superuser",
             "model-access": "admin",
-        },
-        "facades": FACADES
-            .iter()
-            .map(|(name, versions, _)| json!({"name": name, "versions": versions}))
-            .collect::<Vec<_>>(),
-        "server-version": SERVER_VERSION,
-    }))
+        });
+    }
+    Ok(reply)
+}
+
+/// `https://<address>/model/<uuid>`: where the URLs of agent binaries handed to this
+/// connection's client point (the address it reached this server on).
+fn model_root(api: &Api, session: &Session) -> String {
+    let address = session
+        .reached
+        .or(*api.address.lock().expect("not poisoned"))
+        .map_or_else(
+            || "localhost:17070".to_owned(),
+            |address| address.to_string(),
+        );
+    format!("https://{address}/model/{}", api.config.model_uuid)
+}
+
+fn catalogue_unreadable(reason: &str) -> String {
+    format!("cannot read the agent-binary catalogue: {reason}")
+}
+
+/// `Client.FindTools`: the catalogue's binaries that match (see [`tools::FindTools`]), as
+/// `{"list": [{"version", "url", "size", "sha256"}]}` with URLs on the tools endpoint. As in
+/// Juju, finding nothing is `{"list": [], "error": {"message": "no matching agent binaries
+/// available", "code": "not found"}}`, and an unreadable catalogue an `error` too.
+async fn find_tools(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
+    let search = tools::FindTools::parse(params)?;
+    let model_stream = blocking(api, false, |store, _| facades::model_stream(store)).await?;
+    let root = model_root(api, session);
+    Ok(match api.backend.catalogue().await {
+        Err(reason) => json!({"list": [], "error": {"message": catalogue_unreadable(&reason)}}),
+        Ok(catalogue) => {
+            let found = search.search(&catalogue, model_stream);
+            if found.is_empty() {
+                json!({"list": [], "error": {"message": tools::NO_MATCHES, "code": "not found"}})
+            } else {
+                let list: Vec<Value> = found
+                    .iter()
+                    .map(|entry| tools::tools_json(entry, &root))
+                    .collect();
+                json!({"list": list})
+            }
+        }
+    })
+}
+
+/// `ModelConfig.ModelSet {"config": {"agent-version": "2.9.44"}}`: the only key lockstep
+/// sets this way. Refused for any other key (naming it), while an upgrade-info record is
+/// current (Juju's message), for a lower version, and for a version the catalogue has no
+/// binary of in the model's streams (Juju's `no agent binaries found for version`). The
+/// current version back is accepted and changes nothing. On success the store holds the
+/// new version and the backend is told ([`Backend::agent_version_changed`]).
+async fn model_set(api: &Api, params: &Value) -> Result<Value, WireError> {
+    let config = params
+        .get("config")
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            WireError::new(
+                "bad request",
+                "params.config must be an object of model config keys",
+            )
+        })?;
+    let mut version = None;
+    for (key, value) in config {
+        if key != "agent-version" {
+            return Err(WireError::new(
+                "not supported",
+                format!(
+                    "model config key {key:?} cannot be set: lockstep's ModelConfig.ModelSet \
+                     sets agent-version only"
+                ),
+            ));
+        }
+        let text = value.as_str().ok_or_else(|| {
+            WireError::new(
+                "bad request",
+                format!("agent-version must be a string, got {value}"),
+            )
+        })?;
+        version = Some(
+            Version::parse(text)
+                .map_err(|error| WireError::new("bad request", error.to_string()))?,
+        );
+    }
+    let Some(version) = version else {
+        return Ok(json!({}));
+    };
+    let Some(model_stream) = blocking(api, false, move |store, _| {
+        facades::agent_version_change(store, version)
+    })
+    .await?
+    else {
+        return Ok(json!({}));
+    };
+    let catalogue = api.backend.catalogue().await.map_err(|reason| {
+        WireError::new(
+            "",
+            format!(
+                "cannot check for agent binaries of version {version}: {}",
+                catalogue_unreadable(&reason)
+            ),
+        )
+    })?;
+    let search = tools::FindTools {
+        number: Some(version),
+        ..tools::FindTools::default()
+    };
+    if search.search(&catalogue, model_stream).is_empty() {
+        return Err(WireError::new(
+            "not found",
+            format!("no agent binaries found for version {version}"),
+        ));
+    }
+    blocking(api, true, move |store, _| {
+        facades::set_agent_version(store, version)
+    })
+    .await?;
+    tracing::info!(target: "lockstep::api", %version, "agent-version changed by ModelConfig.ModelSet");
+    api.backend.agent_version_changed(version);
+    Ok(json!({}))
+}
+
+/// The Upgrader facade's view of the entities a call names (see
+/// [`facades::agent_views`]).
+async fn agent_views(
+    api: &Api,
+    session: &Session,
+    params: &Value,
+) -> Result<facades::AgentViews, WireError> {
+    let own = api.backend.agent_version();
+    let server_version = Version::parse(&own).map_err(|error| {
+        WireError::new(
+            "",
+            format!("this controller's own version is unreadable: {error}"),
+        )
+    })?;
+    let (owner, params) = (session.agent(), params.clone());
+    blocking(api, false, move |store, _| {
+        facades::agent_views(store, &owner, server_version, &params)
+    })
+    .await
+}
+
+/// `Upgrader.Tools {"entities": [{"tag"}]}`: for each, the catalogue's binary of its
+/// desired version for the release and architecture it runs, with a URL on the tools
+/// endpoint: `{"results": [{"tools": [{"version", "url", "size", "sha256"}],
+/// "disable-ssl-hostname-verification": false} | {"error"}]}`.
+async fn upgrader_tools(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
+    let views = agent_views(api, session, params).await?;
+    let catalogue = api.backend.catalogue().await;
+    let root = model_root(api, session);
+    let results: Vec<Value> = views
+        .entities
+        .iter()
+        .map(|entity| {
+            let found = entity.clone().and_then(|view| {
+                let running = view.running.ok_or_else(|| {
+                    WireError::new(
+                        "not found",
+                        "the agent has not reported the binary it runs (Upgrader.SetTools)",
+                    )
+                })?;
+                let catalogue = catalogue
+                    .as_ref()
+                    .map_err(|reason| WireError::new("", catalogue_unreadable(reason)))?;
+                let wanted = lockstep_core::Binary {
+                    number: view.desired,
+                    ..running
+                };
+                tools::entry_for(catalogue, &wanted, views.model_stream)
+                    .map(|entry| tools::tools_json(entry, &root))
+                    .ok_or_else(|| {
+                        WireError::new("not found", format!("{} for {wanted}", tools::NO_MATCHES))
+                    })
+            });
+            match found {
+                Ok(tools) => {
+                    json!({"tools": [tools], "disable-ssl-hostname-verification": false})
+                }
+                Err(error) => json!({"error": facades::error_json(&error)}),
+            }
+        })
+        .collect();
+    Ok(json!({"results": results}))
+}
+
+/// `GET /model/<uuid>/tools/<version>-<os>-<arch>`: the binary's tarball from the cache,
+/// fetched through the backend first if the cache lacks it (once, whoever else asks at
+/// the same moment). Errors are JSON, `{"error": {"message", "code"}}`: 404 for another
+/// model, no cache configured, or a binary the catalogue lacks; 400 for a malformed name;
+/// 502 when the fetch failed (the next request tries again); 503 when the catalogue
+/// cannot be read. Served in every phase, without login, as Juju serves it.
+async fn tools_endpoint(
+    State(api): State<Arc<Api>>,
+    axum::extract::Path((uuid, binary)): axum::extract::Path<(String, String)>,
+) -> Response {
+    if uuid != api.config.model_uuid {
+        return tools::http_error(
+            StatusCode::NOT_FOUND,
+            "not found",
+            format!("unknown model {uuid:?}"),
+        );
+    }
+    let Some(cache) = api.config.tools_cache.clone() else {
+        return tools::http_error(
+            StatusCode::NOT_FOUND,
+            "not found",
+            "this controller serves no agent binaries: it has no tools cache configured",
+        );
+    };
+    let binary = match lockstep_core::Binary::parse(&binary) {
+        Ok(binary) => binary,
+        Err(error) => {
+            return tools::http_error(StatusCode::BAD_REQUEST, "bad request", error.to_string());
+        }
+    };
+    let catalogue = match api.backend.catalogue().await {
+        Ok(catalogue) => catalogue,
+        Err(reason) => {
+            return tools::http_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "",
+                catalogue_unreadable(&reason),
+            );
+        }
+    };
+    let model_stream = blocking(&api, false, |store, _| facades::model_stream(store))
+        .await
+        .ok()
+        .flatten();
+    let Some(entry) = tools::entry_for(&catalogue, &binary, model_stream).cloned() else {
+        return tools::http_error(
+            StatusCode::NOT_FOUND,
+            "not found",
+            format!("no agent binaries found for {binary}"),
+        );
+    };
+    match api.fetches.ensure(&api.backend, &cache, &entry).await {
+        Ok(path) => tools::serve_file(&path).await,
+        Err((status, message)) => tools::http_error(status, "", message),
+    }
 }
 
 /// Hashes a password for [`ApiConfig::users`] (argon2id, random salt, PHC string).
@@ -798,6 +1207,12 @@ pub fn hash_password(password: &str) -> String {
         .hash_password(password.as_bytes(), &salt)
         .expect("argon2 with default parameters hashes any password")
         .to_string()
+}
+
+/// A hash no password is known for, verified against when a login names no one known.
+fn unknown_entity_hash() -> &'static str {
+    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HASH.get_or_init(|| hash_password("no one logs in with this"))
 }
 
 fn verify_password(password: &str, hash: &str) -> bool {

@@ -423,3 +423,111 @@ async fn writes_and_watchers_wait_for_ready() {
     .await;
     assert_eq!(reply["response"], json!({"results": [{}, {}]}));
 }
+
+#[tokio::test]
+async fn expose_is_applied_once_and_shows_in_status_and_in_every_watcher() {
+    let fixture = start(Phase::Ready).await;
+    let mut socket = logged_in(&fixture).await;
+    let deployed = call(
+        &mut socket,
+        2,
+        "Application",
+        20,
+        "Deploy",
+        deploy_params(None),
+    )
+    .await;
+    assert_eq!(
+        deployed["response"],
+        json!({"results": [{}, {}]}),
+        "{deployed}"
+    );
+
+    // A watcher that already sent the whole state, waiting for the next change.
+    let watcher = call(&mut socket, 3, "Client", 8, "WatchAll", json!({})).await;
+    let id = watcher["response"]["watcher-id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let first = next(&mut socket, 4, &id).await;
+    let application = |reply: &Value, name: &str| -> Value {
+        reply["response"]["deltas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|delta| delta[0] == "application" && delta[2]["name"] == name)
+            .map(|delta| delta[2].clone())
+            .unwrap_or_else(|| panic!("no application {name} in {reply}"))
+    };
+    assert_eq!(application(&first, "wordpress")["exposed"], false);
+
+    let params = json!({"application": "wordpress", "operation-id": "expose-1"});
+    let exposed = call(&mut socket, 5, "Application", 20, "Expose", params.clone()).await;
+    assert_eq!(exposed, json!({"request-id": 5, "response": {}}));
+    let changed = next(&mut socket, 6, &id).await;
+    assert_eq!(
+        delta_names(&changed),
+        ["application:change:wordpress"],
+        "{changed}"
+    );
+    assert_eq!(application(&changed, "wordpress")["exposed"], true);
+    assert_eq!(
+        application(&changed, "wordpress")["charm-url"],
+        "ch:amd64/jammy/wordpress-7"
+    );
+
+    // A repeat with the same operation-id, and an Expose of an exposed application, write
+    // nothing: no event, the store's revision stays.
+    let revision = fixture.store.revision().unwrap();
+    let again = call(&mut socket, 7, "Application", 20, "Expose", params).await;
+    assert_eq!(again["response"], json!({}), "{again}");
+    let plain = call(
+        &mut socket,
+        8,
+        "Application",
+        1,
+        "Expose",
+        json!({"application": "wordpress"}),
+    )
+    .await;
+    assert_eq!(plain["response"], json!({}), "{plain}");
+    assert_eq!(fixture.store.revision().unwrap(), revision);
+
+    // FullStatus and a new watcher's whole state carry the flag; the typed application
+    // stored beside it still reads.
+    let status = call(
+        &mut socket,
+        9,
+        "Client",
+        8,
+        "FullStatus",
+        json!({"patterns": []}),
+    )
+    .await;
+    let applications = &status["response"]["applications"];
+    assert_eq!(applications["wordpress"]["exposed"], true, "{status}");
+    assert_eq!(applications["mysql"]["exposed"], false, "{status}");
+    let fresh = call(&mut socket, 10, "Client", 8, "WatchAll", json!({})).await;
+    let fresh_id = fresh["response"]["watcher-id"].as_str().unwrap().to_owned();
+    let whole = next(&mut socket, 11, &fresh_id).await;
+    assert_eq!(application(&whole, "wordpress")["exposed"], true);
+    assert_eq!(application(&whole, "mysql")["exposed"], false);
+
+    // An unknown application, and missing params.
+    let missing = call(
+        &mut socket,
+        12,
+        "Application",
+        20,
+        "Expose",
+        json!({"application": "nope"}),
+    )
+    .await;
+    assert_eq!(
+        missing["error"], "application \"nope\" not found",
+        "{missing}"
+    );
+    let bad = call(&mut socket, 13, "Application", 20, "Expose", json!({})).await;
+    assert_eq!(bad["error-code"], "bad request", "{bad}");
+    assert_eq!(fixture.store.revision().unwrap(), revision);
+}

@@ -1,8 +1,10 @@
 //! What the transport benches share: a backend with no lifecycle behind it, and a gate view.
 
+use lockstep_core::Version;
 use lockstep_core::gate::GateView;
+use lockstep_core::policy::{Catalogue, CatalogueEntry};
 use lockstep_core::{Millis, Phase, Progress};
-use lockstep_transport::server::Backend;
+use lockstep_transport::server::{Backend, BackendFuture};
 
 /// A backend whose lifecycle never upgrades.
 pub struct Idle;
@@ -16,6 +18,17 @@ impl Backend for Idle {
     }
     fn upgrade_available(&self) -> Option<String> {
         None
+    }
+    fn agent_version_changed(&self, _version: Version) {}
+    fn catalogue(&self) -> BackendFuture<'_, Result<Catalogue, String>> {
+        Box::pin(async { Ok(Catalogue::default()) })
+    }
+    fn fetch_binary(
+        &self,
+        entry: CatalogueEntry,
+        _destination: std::path::PathBuf,
+    ) -> BackendFuture<'_, Result<(), String>> {
+        Box::pin(async move { Err(format!("the bench backend has no {}", entry.binary)) })
     }
 }
 

@@ -2,14 +2,17 @@
 //! backend. Stopped when the fixture is dropped.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::gate::GateView;
-use lockstep_core::{Millis, Phase, Progress, Version};
+use lockstep_core::policy::{Catalogue, CatalogueEntry, Sha256, Stream};
+use lockstep_core::{Binary, Millis, Phase, Progress, Version};
 use lockstep_store::{Durability, MemoryStore, Model, Store};
-use lockstep_transport::server::{Api, ApiConfig, Backend, hash_password};
+use lockstep_transport::server::{Api, ApiConfig, Backend, BackendFuture, hash_password};
 use lockstep_transport::tls::Credentials;
 use lockstep_transport::tls::client_config;
 use serde_json::{Value, json};
@@ -23,6 +26,39 @@ pub const PASSWORD: &str = "s3cret";
 
 pub struct TestBackend {
     pub aborts: AtomicUsize,
+    /// What `agent_version()` answers: the controller's own version.
+    pub own_version: Mutex<String>,
+    /// What `catalogue()` answers.
+    pub catalogue: Mutex<Result<Catalogue, String>>,
+    /// Every version `agent_version_changed` was told of, in order.
+    pub versions_changed: Mutex<Vec<Version>>,
+    /// `fetch_binary` calls so far.
+    pub fetches: AtomicUsize,
+    /// How long each `fetch_binary` takes.
+    pub fetch_delay: Mutex<Duration>,
+    /// The next this many `fetch_binary` calls fail.
+    pub fetch_failures: AtomicUsize,
+    /// `catalogue` calls so far (every tools download asks it first).
+    pub catalogue_calls: AtomicUsize,
+    /// A fetch starts only once `catalogue` was called this often (at most 10 s), so a
+    /// test knows every download it started is waiting for the fetch; 0: at once.
+    pub fetch_after_catalogue_calls: AtomicUsize,
+}
+
+impl Default for TestBackend {
+    fn default() -> TestBackend {
+        TestBackend {
+            aborts: AtomicUsize::new(0),
+            own_version: Mutex::new("2.9.43".into()),
+            catalogue: Mutex::new(Ok(catalogue())),
+            versions_changed: Mutex::new(Vec::new()),
+            fetches: AtomicUsize::new(0),
+            fetch_delay: Mutex::new(Duration::ZERO),
+            fetch_failures: AtomicUsize::new(0),
+            catalogue_calls: AtomicUsize::new(0),
+            fetch_after_catalogue_calls: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl Backend for TestBackend {
@@ -31,12 +67,89 @@ impl Backend for TestBackend {
         Ok(())
     }
     fn agent_version(&self) -> String {
-        "2.9.43".into()
+        self.own_version.lock().unwrap().clone()
     }
     fn upgrade_available(&self) -> Option<String> {
         Some("2.9.44".into())
     }
+    fn agent_version_changed(&self, version: Version) {
+        self.versions_changed.lock().unwrap().push(version);
+    }
+    fn catalogue(&self) -> BackendFuture<'_, Result<Catalogue, String>> {
+        self.catalogue_calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { self.catalogue.lock().unwrap().clone() })
+    }
+    fn fetch_binary(
+        &self,
+        entry: CatalogueEntry,
+        destination: PathBuf,
+    ) -> BackendFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.fetches.fetch_add(1, Ordering::SeqCst);
+            let wanted = self.fetch_after_catalogue_calls.load(Ordering::SeqCst);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while self.catalogue_calls.load(Ordering::SeqCst) < wanted
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let delay = *self.fetch_delay.lock().unwrap();
+            tokio::time::sleep(delay).await;
+            let failing = self
+                .fetch_failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok();
+            if failing {
+                return Err(format!("the mirror is down for {}", entry.binary));
+            }
+            std::fs::write(&destination, tarball(&entry)).map_err(|error| error.to_string())
+        })
+    }
 }
+
+/// A catalogue entry of the test catalogue.
+pub fn entry(binary: &str, stream: Stream) -> CatalogueEntry {
+    let binary = Binary::parse(binary).unwrap();
+    CatalogueEntry {
+        path: format!("agent/{}/juju-{binary}.tgz", binary.number),
+        size_bytes: 1000 + u64::from(binary.number.patch),
+        sha256: Sha256([binary.number.patch as u8; 32]),
+        binary,
+        stream,
+    }
+}
+
+/// 2.9.43 and 2.9.44 for ubuntu/amd64, 2.9.44 for ubuntu/arm64 (released), 2.9.45 for
+/// ubuntu/amd64 (proposed only).
+pub fn catalogue() -> Catalogue {
+    Catalogue::new(vec![
+        entry("2.9.43-ubuntu-amd64", Stream::Released),
+        entry("2.9.44-ubuntu-amd64", Stream::Released),
+        entry("2.9.44-ubuntu-arm64", Stream::Released),
+        entry("2.9.45-ubuntu-amd64", Stream::Proposed),
+    ])
+    .unwrap()
+}
+
+/// The bytes the test backend "fetches" for an entry: its name, repeated to its size.
+pub fn tarball(entry: &CatalogueEntry) -> Vec<u8> {
+    entry
+        .binary
+        .to_string()
+        .into_bytes()
+        .into_iter()
+        .cycle()
+        .take(entry.size_bytes as usize)
+        .collect()
+}
+
+/// The password of every agent in [`AGENTS`].
+pub const AGENT_PASSWORD: &str = "agent-s3cret";
+
+/// The agents the fixture's config lets log in.
+pub const AGENTS: [&str; 3] = ["machine-0", "machine-1", "machine-2"];
 
 pub struct Fixture {
     pub port: u16,
@@ -46,11 +159,16 @@ pub struct Fixture {
     pub api: Arc<Api>,
     pub store: Arc<dyn Store>,
     pub server: tokio::task::JoinHandle<()>,
+    /// The tools endpoint's cache directory, removed with the fixture.
+    pub tools_cache: Option<PathBuf>,
 }
 
 impl Drop for Fixture {
     fn drop(&mut self) {
         self.server.abort();
+        if let Some(cache) = &self.tools_cache {
+            let _ = std::fs::remove_dir_all(cache);
+        }
     }
 }
 
@@ -96,23 +214,40 @@ pub async fn start_with(
     port: u16,
     credentials: Credentials,
 ) -> Fixture {
+    start_configured(phase, store, port, credentials, |_| {}).await
+}
+
+/// [`start_with`], with the test's own changes to the config (which has one user `admin`,
+/// the agents of [`AGENTS`], and a fresh tools cache under the target directory).
+pub async fn start_configured(
+    phase: Phase,
+    store: Arc<dyn Store>,
+    port: u16,
+    credentials: Credentials,
+    configure: impl FnOnce(&mut ApiConfig),
+) -> Fixture {
     let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (gate, gate_view) = watch::channel(view(phase));
     store.create_model(&model()).unwrap();
-    let backend = Arc::new(TestBackend {
-        aborts: AtomicUsize::new(0),
-    });
-    let api = Api::new(
-        ApiConfig {
-            model_uuid: MODEL_UUID.into(),
-            controller_uuid: "deadbeef-0000-4000-8000-000000000002".into(),
-            users: vec![("admin".into(), hash_password(PASSWORD))],
-        },
-        gate_view,
-        Arc::clone(&store),
-        backend.clone(),
-    );
+    let backend = Arc::new(TestBackend::default());
+    let tools_cache =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tools-cache-{port}"));
+    let _ = std::fs::remove_dir_all(&tools_cache);
+    let agent_hash = hash_password(AGENT_PASSWORD);
+    let mut config = ApiConfig {
+        model_uuid: MODEL_UUID.into(),
+        controller_uuid: "deadbeef-0000-4000-8000-000000000002".into(),
+        users: vec![("admin".into(), hash_password(PASSWORD))],
+        agents: AGENTS
+            .iter()
+            .map(|tag| ((*tag).to_owned(), agent_hash.clone()))
+            .collect(),
+        tools_cache: Some(tools_cache),
+    };
+    configure(&mut config);
+    let tools_cache = config.tools_cache.clone();
+    let api = Api::new(config, gate_view, Arc::clone(&store), backend.clone());
     let server =
         tokio::spawn(Arc::clone(&api).serve(listener, credentials.server_config().unwrap()));
     Fixture {
@@ -123,6 +258,7 @@ pub async fn start_with(
         api,
         store,
         server,
+        tools_cache,
     }
 }
 

@@ -1,0 +1,560 @@
+//! Agent binaries on the API: `Client.FindTools`'s search of the catalogue, the tool entries
+//! `FindTools` and `Upgrader.Tools` answer with, and the HTTP endpoint
+//! `GET /model/<uuid>/tools/<version>-<os>-<arch>` that serves the tarballs from the
+//! controller's cache.
+//!
+//! The endpoint fetches a binary the cache lacks through [`Backend::fetch_binary`] at most
+//! once at a time per binary, however many agents ask at the same moment (a thundering herd
+//! of agents each downloading from upstream was a real Juju outage): the first request
+//! starts the fetch, later ones wait for the same fetch, and every waiter gets its outcome.
+//! A failed fetch is forgotten once reported, so the next request tries again.
+//!
+//! [`Backend::fetch_binary`]: crate::server::Backend::fetch_binary
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
+use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
+use lockstep_core::{Binary, Version};
+use serde_json::{Value, json};
+
+use crate::server::Backend;
+use crate::wire::WireError;
+
+/// Juju's `coretools.ErrNoMatches`, the answer when no binary matches a search.
+pub const NO_MATCHES: &str = "no matching agent binaries available";
+
+/// Bytes read from the cache per chunk of a download.
+pub const CHUNK_SIZE_BYTES: usize = 64 * 1024;
+
+/// Binaries being fetched at once at most (each distinct binary is fetched once at a time;
+/// this bounds the distinct ones). A request beyond it is answered 503.
+pub const FETCHES_IN_FLIGHT_MAX: usize = 16;
+
+/// What `Client.FindTools` asks for, Juju's `params.FindToolsParams` in both generations
+/// (2.9's `series` and `minor`, 3.x's `os-type`), plus `os`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FindTools {
+    /// An exact version; `None` for any (Juju's zero version).
+    pub number: Option<Version>,
+    /// A major version; `None` (absent, zero or negative) for any.
+    pub major: Option<u32>,
+    /// A minor version within `major`; only with `major` and without `number`.
+    pub minor: Option<u32>,
+    /// An architecture (`amd64`); `None` for any.
+    pub arch: Option<String>,
+    /// A release, OS or series (`ubuntu`, `jammy`); `None` for any.
+    pub release: Option<String>,
+    /// The stream to search first, with its fallbacks; `None`: the model's `agent-stream`.
+    pub stream: Option<Stream>,
+}
+
+impl FindTools {
+    /// Reads Juju's params. `number` is a version string (`"2.9.44"`, as Juju sends it) or a
+    /// `{"Major", "Minor", "Patch", "Tag", "Build"}` object (python-libjuju's schema), the
+    /// zero version meaning any; `os-type`, `os` and `series` all name the release.
+    pub fn parse(params: &Value) -> Result<FindTools, WireError> {
+        let bad = |message: String| WireError::new("bad request", message);
+        let number = match params.get("number") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(text)) if text.is_empty() => None,
+            Some(Value::String(text)) => {
+                Some(Version::parse(text).map_err(|error| bad(format!("params.number: {error}")))?)
+            }
+            Some(Value::Object(fields)) => {
+                let field = |name: &str| {
+                    fields
+                        .iter()
+                        .find(|(key, _)| key.eq_ignore_ascii_case(name))
+                        .map(|(_, value)| value)
+                };
+                let part = |name: &str| -> Result<u32, WireError> {
+                    match field(name) {
+                        None | Some(Value::Null) => Ok(0),
+                        Some(value) => value
+                            .as_u64()
+                            .and_then(|number| u32::try_from(number).ok())
+                            .ok_or_else(|| {
+                                bad(format!(
+                                    "params.number.{name}: {value} is not a version part"
+                                ))
+                            }),
+                    }
+                };
+                let tag = field("tag").and_then(Value::as_str).unwrap_or_default();
+                let (major, minor, patch, build) = (
+                    part("major")?,
+                    part("minor")?,
+                    part("patch")?,
+                    part("build")?,
+                );
+                let mut text = if tag.is_empty() {
+                    format!("{major}.{minor}.{patch}")
+                } else {
+                    format!("{major}.{minor}-{tag}{patch}")
+                };
+                if build > 0 {
+                    text.push_str(&format!(".{build}"));
+                }
+                Some(
+                    Version::parse(&text)
+                        .map_err(|error| bad(format!("params.number: {error}")))?,
+                )
+            }
+            Some(other) => return Err(bad(format!("params.number: {other} is not a version"))),
+        }
+        .filter(|number| *number != Version::ZERO);
+        let count = |name: &str| -> Result<Option<u32>, WireError> {
+            match params.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(value) => match value.as_i64() {
+                    Some(number) if number < 0 => Ok(None),
+                    Some(number) => u32::try_from(number)
+                        .map(Some)
+                        .map_err(|_| bad(format!("params.{name}: {number} is too large"))),
+                    None => Err(bad(format!("params.{name}: {value} is not an integer"))),
+                },
+            }
+        };
+        let major = count("major")?.filter(|major| *major > 0);
+        let minor = count("minor")?.filter(|_| major.is_some() && number.is_none());
+        let name = |keys: &[&str]| {
+            keys.iter()
+                .find_map(|key| params.get(*key).and_then(Value::as_str))
+                .filter(|text| !text.is_empty())
+                .map(str::to_owned)
+        };
+        let stream = name(&["agentstream"])
+            .map(|text| {
+                Stream::parse(&text).map_err(|error| bad(format!("params.agentstream: {error}")))
+            })
+            .transpose()?;
+        Ok(FindTools {
+            number,
+            major,
+            minor,
+            arch: name(&["arch"]),
+            release: name(&["os-type", "os", "series"]),
+            stream,
+        })
+    }
+
+    /// The matching binaries, one entry per binary taken from the first stream of the
+    /// search order that lists it (Juju's `PreferredStreams` for `number`, with the explicit
+    /// stream, else `model_stream`), sorted by binary.
+    pub fn search<'a>(
+        &self,
+        catalogue: &'a Catalogue,
+        model_stream: Option<Stream>,
+    ) -> Vec<&'a CatalogueEntry> {
+        let streams = Stream::preferred(
+            self.stream.or(model_stream),
+            &self.number.unwrap_or(Version::ZERO),
+        );
+        catalogue
+            .entries()
+            .chunk_by(|a, b| a.binary == b.binary)
+            .filter_map(|group| {
+                streams
+                    .iter()
+                    .find_map(|stream| group.iter().find(|entry| entry.stream == *stream))
+            })
+            .filter(|entry| self.matches(&entry.binary))
+            .collect()
+    }
+
+    fn matches(&self, binary: &Binary) -> bool {
+        let number = binary.number;
+        self.number.is_none_or(|wanted| number == wanted)
+            && self.major.is_none_or(|major| number.major == major)
+            && self.minor.is_none_or(|minor| number.minor == minor)
+            && self.arch.as_deref().is_none_or(|arch| binary.arch == arch)
+            && self
+                .release
+                .as_deref()
+                .is_none_or(|release| binary.release == release)
+    }
+}
+
+/// The catalogue's entry for exactly `binary`: from the first stream of the search order
+/// for its version (`model_stream` first when set) that lists it, else from any stream.
+pub fn entry_for<'a>(
+    catalogue: &'a Catalogue,
+    binary: &Binary,
+    model_stream: Option<Stream>,
+) -> Option<&'a CatalogueEntry> {
+    let listed: Vec<&CatalogueEntry> = catalogue
+        .entries()
+        .iter()
+        .filter(|entry| entry.binary == *binary)
+        .collect();
+    Stream::preferred(model_stream, &binary.number)
+        .iter()
+        .find_map(|stream| listed.iter().find(|entry| entry.stream == *stream))
+        .or(listed.first())
+        .copied()
+}
+
+/// Juju's `tools.Tools` for an entry: `{"version", "url", "size", "sha256"}`, the URL on
+/// the tools endpoint under `model_root` (`https://<address>/model/<uuid>`).
+pub fn tools_json(entry: &CatalogueEntry, model_root: &str) -> Value {
+    json!({
+        "version": entry.binary.to_string(),
+        "url": format!("{model_root}/tools/{}", entry.binary),
+        "size": entry.size_bytes,
+        "sha256": entry.sha256.to_string(),
+    })
+}
+
+/// An error body as Juju's HTTP endpoints send it: `{"error": {"message", "code"}}`.
+pub fn http_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let message = message.into();
+    let body = if code.is_empty() {
+        json!({"error": {"message": message}})
+    } else {
+        json!({"error": {"message": message, "code": code}})
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// A fetch in flight, shared by every request waiting for that binary.
+type Fetch = Shared<BoxFuture<'static, Result<(), String>>>;
+
+/// The fetches in flight, by binary.
+#[derive(Default)]
+pub(crate) struct Fetches {
+    in_flight: Arc<Mutex<HashMap<Binary, Fetch>>>,
+}
+
+impl std::fmt::Debug for Fetches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = self.in_flight.lock().expect("not poisoned").len();
+        f.debug_struct("Fetches")
+            .field("in_flight", &count)
+            .finish()
+    }
+}
+
+/// The cached tarball of `binary` in `cache`. A binary's text has no `/` (its release and
+/// arch are ASCII letters, digits, `.` and `_`), so this is one file inside `cache`.
+fn cached_path(cache: &Path, binary: &Binary) -> PathBuf {
+    let name = format!("{binary}.tgz");
+    assert!(!name.contains('/') && !name.contains('\\'), "{name:?}");
+    cache.join(name)
+}
+
+impl Fetches {
+    /// Makes sure `entry`'s tarball is in `cache`, fetching it if it is not: at most one
+    /// fetch per binary at a time, whose outcome every concurrent caller shares.
+    pub(crate) async fn ensure(
+        &self,
+        backend: &Arc<dyn Backend>,
+        cache: &Path,
+        entry: &CatalogueEntry,
+    ) -> Result<PathBuf, (StatusCode, String)> {
+        let path = cached_path(cache, &entry.binary);
+        let fetch = {
+            let mut in_flight = self.in_flight.lock().expect("not poisoned");
+            match in_flight.get(&entry.binary) {
+                Some(fetch) => fetch.clone(),
+                // Looked at under the lock: a fetch renames its file into place before it
+                // leaves the map, so a binary is never fetched twice in a row.
+                None if path.is_file() => return Ok(path),
+                None if in_flight.len() >= FETCHES_IN_FLIGHT_MAX => {
+                    return Err((
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "{FETCHES_IN_FLIGHT_MAX} agent binaries are being fetched already; \
+                             retry {} later",
+                            entry.binary
+                        ),
+                    ));
+                }
+                None => {
+                    let fetch = self.start(Arc::clone(backend), cache, entry.clone());
+                    in_flight.insert(entry.binary.clone(), fetch.clone());
+                    fetch
+                }
+            }
+        };
+        fetch.await.map(|()| path).map_err(|reason| {
+            (
+                StatusCode::BAD_GATEWAY,
+                format!("cannot fetch agent binary {}: {reason}", entry.binary),
+            )
+        })
+    }
+
+    /// The fetch of one binary: into a temporary file of the cache, checked for its size,
+    /// renamed into place; it leaves the map of fetches in flight when done, after the
+    /// rename, so the next request finds the file or, after a failure, fetches again.
+    fn start(&self, backend: Arc<dyn Backend>, cache: &Path, entry: CatalogueEntry) -> Fetch {
+        // Weak: the map holds this future, which must not keep the map alive once the
+        // server is gone.
+        let in_flight = Arc::downgrade(&self.in_flight);
+        let cache = cache.to_owned();
+        async move {
+            let path = cached_path(&cache, &entry.binary);
+            let partial = cache.join(format!(".{}.tgz.partial", entry.binary));
+            let outcome = fetch_into(&*backend, &cache, &entry, &partial, &path).await;
+            if outcome.is_err() {
+                let _ = tokio::fs::remove_file(&partial).await;
+            }
+            match &outcome {
+                Ok(()) => {
+                    tracing::info!(target: "lockstep::api", binary = %entry.binary, "agent binary cached")
+                }
+                Err(reason) => {
+                    tracing::warn!(target: "lockstep::api", binary = %entry.binary, %reason, "agent binary fetch failed")
+                }
+            }
+            if let Some(in_flight) = in_flight.upgrade() {
+                in_flight
+                    .lock()
+                    .expect("not poisoned")
+                    .remove(&entry.binary);
+            }
+            outcome
+        }
+        .boxed()
+        .shared()
+    }
+}
+
+async fn fetch_into(
+    backend: &dyn Backend,
+    cache: &Path,
+    entry: &CatalogueEntry,
+    partial: &Path,
+    path: &Path,
+) -> Result<(), String> {
+    tokio::fs::create_dir_all(cache)
+        .await
+        .map_err(|error| format!("cannot create the tools cache {}: {error}", cache.display()))?;
+    // A fetch cut short by a stopped server may have left its file behind.
+    let _ = tokio::fs::remove_file(partial).await;
+    backend
+        .fetch_binary(entry.clone(), partial.to_owned())
+        .await?;
+    let size_bytes = tokio::fs::metadata(partial)
+        .await
+        .map_err(|error| format!("the fetched file {} is missing: {error}", partial.display()))?
+        .len();
+    if size_bytes != entry.size_bytes {
+        return Err(format!(
+            "the fetched file has {size_bytes} bytes, the catalogue says {}",
+            entry.size_bytes
+        ));
+    }
+    tokio::fs::rename(partial, path).await.map_err(|error| {
+        format!(
+            "cannot move the fetched file into {}: {error}",
+            path.display()
+        )
+    })
+}
+
+/// The tarball at `path` as a streamed `application/x-tar-gz` body.
+pub(crate) async fn serve_file(path: &Path) -> Response {
+    let file = match tokio::fs::File::open(path).await {
+        Ok(file) => file,
+        Err(error) => {
+            return http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "",
+                format!(
+                    "cannot open the cached agent binary {}: {error}",
+                    path.display()
+                ),
+            );
+        }
+    };
+    let size_bytes = match file.metadata().await {
+        Ok(metadata) => metadata.len(),
+        Err(error) => {
+            return http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "",
+                format!(
+                    "cannot read the cached agent binary {}: {error}",
+                    path.display()
+                ),
+            );
+        }
+    };
+    let chunks = futures_util::stream::unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buffer = vec![0u8; CHUNK_SIZE_BYTES];
+        match file.read(&mut buffer).await {
+            Ok(0) => None,
+            Ok(read) => {
+                buffer.truncate(read);
+                Some((
+                    Ok::<_, std::io::Error>(axum::body::Bytes::from(buffer)),
+                    file,
+                ))
+            }
+            Err(error) => Some((Err(error), file)),
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/x-tar-gz".to_owned()),
+            (header::CONTENT_LENGTH, size_bytes.to_string()),
+        ],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_core::policy::Sha256;
+
+    fn entry(binary: &str, stream: Stream) -> CatalogueEntry {
+        CatalogueEntry {
+            binary: Binary::parse(binary).unwrap(),
+            stream,
+            size_bytes: 10,
+            sha256: Sha256([1; 32]),
+            path: format!("agent/{binary}.tgz"),
+        }
+    }
+
+    fn catalogue() -> Catalogue {
+        Catalogue::new(vec![
+            entry("2.9.43-ubuntu-amd64", Stream::Released),
+            entry("2.9.44-ubuntu-amd64", Stream::Released),
+            entry("2.9.44-ubuntu-arm64", Stream::Released),
+            entry("2.9.45-ubuntu-amd64", Stream::Proposed),
+            entry("3.0.0-ubuntu-amd64", Stream::Released),
+            entry("2.9.44-centos-amd64", Stream::Released),
+        ])
+        .unwrap()
+    }
+
+    fn found(params: Value, model_stream: Option<Stream>) -> Vec<String> {
+        let catalogue = catalogue();
+        FindTools::parse(&params)
+            .unwrap()
+            .search(&catalogue, model_stream)
+            .iter()
+            .map(|entry| entry.binary.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn find_tools_filters_as_juju_does() {
+        let released = [
+            "2.9.43-ubuntu-amd64",
+            "2.9.44-centos-amd64",
+            "2.9.44-ubuntu-amd64",
+            "2.9.44-ubuntu-arm64",
+            "3.0.0-ubuntu-amd64",
+        ];
+        assert_eq!(found(json!({}), None), released);
+        // Juju 2.9's "nothing asked" form: zero number, -1 major and minor.
+        assert_eq!(
+            found(json!({"number": "0.0.0", "major": -1, "minor": -1}), None),
+            released
+        );
+        assert_eq!(
+            found(
+                json!({"number": "2.9.44", "arch": "amd64", "os-type": "ubuntu"}),
+                None
+            ),
+            ["2.9.44-ubuntu-amd64"]
+        );
+        assert_eq!(
+            found(
+                json!({"number": {"Major": 2, "Minor": 9, "Patch": 44}, "os": "centos"}),
+                None
+            ),
+            ["2.9.44-centos-amd64"]
+        );
+        assert_eq!(found(json!({"major": 3}), None), ["3.0.0-ubuntu-amd64"]);
+        assert_eq!(
+            found(
+                json!({"major": 2, "minor": 9, "arch": "arm64", "series": "ubuntu"}),
+                None
+            ),
+            ["2.9.44-ubuntu-arm64"]
+        );
+        // Proposed binaries only when a stream that falls back through proposed is asked
+        // for, explicitly or by the model.
+        assert!(found(json!({"number": "2.9.45"}), None).is_empty());
+        assert_eq!(
+            found(json!({"number": "2.9.45", "agentstream": "proposed"}), None),
+            ["2.9.45-ubuntu-amd64"]
+        );
+        assert_eq!(
+            found(json!({"number": "2.9.45"}), Some(Stream::Devel)),
+            ["2.9.45-ubuntu-amd64"]
+        );
+    }
+
+    #[test]
+    fn find_tools_names_what_is_wrong_with_its_params() {
+        for (params, expected) in [
+            (json!({"number": "2.9"}), "params.number"),
+            (json!({"number": 7}), "params.number: 7 is not a version"),
+            (
+                json!({"major": "two"}),
+                "params.major: \"two\" is not an integer",
+            ),
+            (json!({"agentstream": "nightly"}), "params.agentstream"),
+        ] {
+            let error = FindTools::parse(&params).unwrap_err();
+            assert_eq!(error.code, "bad request");
+            assert!(
+                error.message.contains(expected),
+                "{params}: {}",
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn an_exact_binary_is_found_in_the_model_stream_first() {
+        let catalogue = Catalogue::new(vec![
+            entry("2.9.45-ubuntu-amd64", Stream::Proposed),
+            CatalogueEntry {
+                size_bytes: 20,
+                ..entry("2.9.45-ubuntu-amd64", Stream::Devel)
+            },
+        ])
+        .unwrap();
+        let binary = Binary::parse("2.9.45-ubuntu-amd64").unwrap();
+        assert_eq!(
+            entry_for(&catalogue, &binary, Some(Stream::Devel)).map(|entry| entry.stream),
+            Some(Stream::Devel)
+        );
+        assert_eq!(
+            entry_for(&catalogue, &binary, None).map(|entry| entry.stream),
+            Some(Stream::Proposed),
+            "not in the released stream: any stream that lists it"
+        );
+        let other = Binary::parse("2.9.46-ubuntu-amd64").unwrap();
+        assert!(entry_for(&catalogue, &other, None).is_none());
+    }
+
+    #[test]
+    fn tools_entries_point_at_the_tools_endpoint() {
+        let entry = entry("2.9.44-ubuntu-amd64", Stream::Released);
+        assert_eq!(
+            tools_json(&entry, "https://127.0.0.1:17070/model/u"),
+            json!({
+                "version": "2.9.44-ubuntu-amd64",
+                "url": "https://127.0.0.1:17070/model/u/tools/2.9.44-ubuntu-amd64",
+                "size": 10,
+                "sha256": "0101010101010101010101010101010101010101010101010101010101010101",
+            })
+        );
+    }
+}

@@ -1,0 +1,446 @@
+//! Agent binaries and the agent-version on the API: `Client.FindTools` over the backend's
+//! catalogue (in every phase), `ModelConfig.ModelSet` of `agent-version` with Juju's
+//! refusals, and the tools endpoint, which fetches each binary once however many agents ask
+//! at the same moment.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use lockstep_core::lifecycle::{ControllerSet, UpgradeInfo, UpgradeStatus};
+use lockstep_core::policy::Stream;
+use lockstep_core::{Phase, Version};
+use lockstep_store::{Durability, MemoryStore, Store};
+use lockstep_transport::tls::Credentials;
+use serde_json::{Value, json};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn logged_in(fixture: &Fixture) -> Socket {
+    let mut socket = connect(fixture, "/api").await;
+    login(&mut socket).await;
+    socket
+}
+
+fn tools_url(fixture: &Fixture, binary: &str) -> String {
+    format!(
+        "https://127.0.0.1:{}/model/{MODEL_UUID}/tools/{binary}",
+        fixture.port
+    )
+}
+
+/// `GET path` over TLS: status, content type and body.
+async fn get(fixture: &Fixture, path: &str) -> (u16, String, Vec<u8>) {
+    let mut stream = tls(fixture, &[&rustls::version::TLS13]).await;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    let split = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .expect("a complete head");
+    let head = String::from_utf8(response[..split].to_vec()).unwrap();
+    let body = response[split + 4..].to_vec();
+    let status = head[9..12].parse().unwrap();
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    (status, content_type, body)
+}
+
+fn json_body(body: &[u8]) -> Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|error| panic!("{error}: {:?}", String::from_utf8_lossy(body)))
+}
+
+#[tokio::test]
+async fn find_tools_lists_the_catalogue_in_every_phase_with_urls_on_the_tools_endpoint() {
+    let fixture = start(Phase::RunningSteps).await;
+    let mut socket = logged_in(&fixture).await;
+    let all = call(&mut socket, 2, "Client", 1, "FindTools", json!({})).await;
+    let versions: Vec<&str> = all["response"]["list"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{all}"))
+        .iter()
+        .map(|tools| tools["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            "2.9.43-ubuntu-amd64",
+            "2.9.44-ubuntu-amd64",
+            "2.9.44-ubuntu-arm64"
+        ],
+        "released only (the model has no agent-stream): {all}"
+    );
+
+    let exact = call(
+        &mut socket,
+        3,
+        "Client",
+        8,
+        "FindTools",
+        json!({"number": "2.9.44", "major": 0, "minor": 0, "arch": "amd64", "os-type": "ubuntu", "agentstream": ""}),
+    )
+    .await;
+    let entry = entry("2.9.44-ubuntu-amd64", Stream::Released);
+    assert_eq!(
+        exact["response"],
+        json!({"list": [{
+            "version": "2.9.44-ubuntu-amd64",
+            "url": tools_url(&fixture, "2.9.44-ubuntu-amd64"),
+            "size": entry.size_bytes,
+            "sha256": entry.sha256.to_string(),
+        }]}),
+        "{exact}"
+    );
+
+    let proposed = call(
+        &mut socket,
+        4,
+        "Client",
+        8,
+        "FindTools",
+        json!({"major": 2, "minor": 9, "agentstream": "proposed", "arch": "amd64"}),
+    )
+    .await;
+    let versions: Vec<&str> = proposed["response"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tools| tools["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            "2.9.43-ubuntu-amd64",
+            "2.9.44-ubuntu-amd64",
+            "2.9.45-ubuntu-amd64"
+        ]
+    );
+
+    // Nothing found, and an unreadable catalogue: Juju's result error, not a call error.
+    let none = call(
+        &mut socket,
+        5,
+        "Client",
+        8,
+        "FindTools",
+        json!({"number": "9.9.9"}),
+    )
+    .await;
+    assert_eq!(
+        none["response"],
+        json!({"list": [], "error": {"message": "no matching agent binaries available", "code": "not found"}})
+    );
+    *fixture.backend.catalogue.lock().unwrap() = Err("the mirror answered 500".into());
+    let broken = call(&mut socket, 6, "Client", 8, "FindTools", json!({})).await;
+    assert_eq!(
+        broken["response"]["error"]["message"],
+        "cannot read the agent-binary catalogue: the mirror answered 500"
+    );
+    let bad = call(
+        &mut socket,
+        7,
+        "Client",
+        8,
+        "FindTools",
+        json!({"agentstream": "nightly"}),
+    )
+    .await;
+    assert_eq!(bad["error-code"], "bad request", "{bad}");
+}
+
+fn agent_version(store: &dyn Store) -> Version {
+    store.load_model().unwrap().unwrap().agent_version
+}
+
+#[tokio::test]
+async fn model_set_changes_the_agent_version_only_when_juju_would() {
+    let fixture = start(Phase::Ready).await;
+    let mut socket = logged_in(&fixture).await;
+    let set = |version: &str| json!({"config": {"agent-version": version}});
+
+    // Limited phases: the gate turns it away before anything is looked at.
+    fixture.gate.send(view(Phase::Upgrading)).unwrap();
+    let gated = call(&mut socket, 2, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
+    assert_eq!(gated["error-code"], "upgrade in progress", "{gated}");
+    fixture.gate.send(view(Phase::Ready)).unwrap();
+
+    // Other keys are refused by name, and nothing changes.
+    let other = call(
+        &mut socket,
+        3,
+        "ModelConfig",
+        3,
+        "ModelSet",
+        json!({"config": {"agent-version": "2.9.44", "logging-config": "<root>=DEBUG"}}),
+    )
+    .await;
+    assert_eq!(other["error-code"], "not supported", "{other}");
+    assert!(
+        other["error"]
+            .as_str()
+            .unwrap()
+            .contains("\"logging-config\""),
+        "{other}"
+    );
+    let malformed = call(&mut socket, 4, "ModelConfig", 3, "ModelSet", set("2.9")).await;
+    assert_eq!(malformed["error-code"], "bad request", "{malformed}");
+
+    // No binaries of that version in the model's streams (2.9.45 is proposed only).
+    let missing = call(&mut socket, 5, "ModelConfig", 3, "ModelSet", set("2.9.45")).await;
+    assert_eq!(
+        (missing["error"].as_str(), missing["error-code"].as_str()),
+        (
+            Some("no agent binaries found for version 2.9.45"),
+            Some("not found")
+        ),
+        "{missing}"
+    );
+    // A catalogue that cannot be read refuses too.
+    *fixture.backend.catalogue.lock().unwrap() = Err("no route to the mirror".into());
+    let unreadable = call(&mut socket, 6, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
+    assert!(
+        unreadable["error"]
+            .as_str()
+            .unwrap()
+            .ends_with("no route to the mirror"),
+        "{unreadable}"
+    );
+    *fixture.backend.catalogue.lock().unwrap() = Ok(catalogue());
+    assert_eq!(
+        agent_version(fixture.store.as_ref()),
+        Version::new(2, 9, 43)
+    );
+    assert!(fixture.backend.versions_changed.lock().unwrap().is_empty());
+
+    // The change: stored, the backend told, ModelGet shows it, a watcher sees it.
+    let watcher = call(&mut socket, 7, "Client", 8, "WatchAll", json!({})).await;
+    let id = watcher["response"]["watcher-id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    send(
+        &mut socket,
+        json!({"request-id": 8, "type": "AllWatcher", "version": 3, "id": id, "request": "Next"}),
+    )
+    .await;
+    assert_eq!(receive(&mut socket).await["request-id"], 8);
+    send(
+        &mut socket,
+        json!({"request-id": 9, "type": "AllWatcher", "version": 3, "id": id, "request": "Next"}),
+    )
+    .await;
+    let changed = call(&mut socket, 10, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
+    assert_eq!(changed, json!({"request-id": 10, "response": {}}));
+    assert_eq!(
+        agent_version(fixture.store.as_ref()),
+        Version::new(2, 9, 44)
+    );
+    assert_eq!(
+        *fixture.backend.versions_changed.lock().unwrap(),
+        [Version::new(2, 9, 44)]
+    );
+    let delta = receive(&mut socket).await;
+    assert_eq!(delta["request-id"], 9, "{delta}");
+    assert_eq!(
+        delta["response"]["deltas"],
+        json!([["model", "change", {"model-uuid": MODEL_UUID, "name": "controller", "life": "alive", "agent-version": "2.9.44"}]])
+    );
+    let config = call(&mut socket, 11, "ModelConfig", 3, "ModelGet", json!({})).await;
+    assert_eq!(
+        config["response"]["config"]["agent-version"]["value"],
+        "2.9.44"
+    );
+
+    // The current version back changes nothing; a lower one is refused.
+    let same = call(&mut socket, 12, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
+    assert_eq!(same["response"], json!({}), "{same}");
+    let lower = call(&mut socket, 13, "ModelConfig", 3, "ModelSet", set("2.9.43")).await;
+    assert_eq!(lower["error-code"], "not supported", "{lower}");
+    assert_eq!(fixture.backend.versions_changed.lock().unwrap().len(), 1);
+
+    // While an upgrade-info record is current: Juju's refusal, whatever the catalogue says.
+    fixture
+        .store
+        .create_record(UpgradeInfo {
+            previous_version: Version::new(2, 9, 44),
+            target_version: Version::new(2, 9, 45),
+            status: UpgradeStatus::Pending,
+            controllers_ready: ControllerSet::EMPTY,
+            controllers_done: ControllerSet::EMPTY,
+        })
+        .unwrap();
+    let refused = call(&mut socket, 14, "ModelConfig", 3, "ModelSet", set("2.9.45")).await;
+    assert_eq!(
+        refused,
+        json!({"request-id": 14,
+               "error": "an upgrade is already in progress or the last upgrade did not complete",
+               "error-code": "upgrade in progress",
+               "error-info": {"previous-version": "2.9.44", "target-version": "2.9.45", "status": "pending"},
+               "response": {}})
+    );
+    assert_eq!(
+        agent_version(fixture.store.as_ref()),
+        Version::new(2, 9, 44)
+    );
+    assert_eq!(fixture.backend.versions_changed.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn the_tools_endpoint_fetches_a_binary_once_for_fifty_agents_asking_at_once() {
+    let fixture = start(Phase::Upgrading).await;
+    // The fetch waits until all fifty asked the catalogue (which each does just before it
+    // joins or starts the fetch), then takes 300 ms more.
+    fixture
+        .backend
+        .fetch_after_catalogue_calls
+        .store(50, Ordering::SeqCst);
+    *fixture.backend.fetch_delay.lock().unwrap() = Duration::from_millis(300);
+    let binary = "2.9.44-ubuntu-amd64";
+    let expected = tarball(&entry(binary, Stream::Released));
+    let path = format!("/model/{MODEL_UUID}/tools/{binary}");
+    let fixture = Arc::new(fixture);
+    let started = Instant::now();
+    let downloads: Vec<_> = (0..50)
+        .map(|_| {
+            let (fixture, path) = (Arc::clone(&fixture), path.clone());
+            tokio::spawn(async move { get(&fixture, &path).await })
+        })
+        .collect();
+    for download in downloads {
+        let (status, content_type, body) = download.await.unwrap();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(content_type, "application/x-tar-gz");
+        assert!(body == expected, "the body is not the tarball");
+    }
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // Later requests are served from the cache.
+    let (status, _, body) = get(&fixture, &path).await;
+    assert_eq!((status, body == expected), (200, true));
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 1);
+
+    // Another binary is fetched on its own.
+    let arm = "2.9.44-ubuntu-arm64";
+    let (status, _, body) = get(&fixture, &format!("/model/{MODEL_UUID}/tools/{arm}")).await;
+    assert_eq!(status, 200);
+    assert!(body == tarball(&entry(arm, Stream::Released)));
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_failed_fetch_is_reported_to_every_waiter_and_tried_again_by_the_next_request() {
+    let fixture = Arc::new(start(Phase::Ready).await);
+    fixture
+        .backend
+        .fetch_after_catalogue_calls
+        .store(20, Ordering::SeqCst);
+    *fixture.backend.fetch_delay.lock().unwrap() = Duration::from_millis(300);
+    fixture.backend.fetch_failures.store(1, Ordering::SeqCst);
+    let path = format!("/model/{MODEL_UUID}/tools/2.9.43-ubuntu-amd64");
+    let waiters: Vec<_> = (0..20)
+        .map(|_| {
+            let (fixture, path) = (Arc::clone(&fixture), path.clone());
+            tokio::spawn(async move { get(&fixture, &path).await })
+        })
+        .collect();
+    for waiter in waiters {
+        let (status, content_type, body) = waiter.await.unwrap();
+        assert_eq!(status, 502);
+        assert_eq!(content_type, "application/json");
+        assert_eq!(
+            json_body(&body),
+            json!({"error": {"message": "cannot fetch agent binary 2.9.43-ubuntu-amd64: the mirror is down for 2.9.43-ubuntu-amd64"}})
+        );
+    }
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 1);
+    // Nothing half-fetched is left to be served.
+    let cache = std::fs::read_dir(fixture.tools_cache.as_ref().unwrap())
+        .map(|entries| entries.count())
+        .unwrap_or(0);
+    assert_eq!(cache, 0);
+
+    let (status, _, body) = get(&fixture, &path).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(body == tarball(&entry("2.9.43-ubuntu-amd64", Stream::Released)));
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn the_tools_endpoint_answers_json_errors_for_what_it_cannot_serve() {
+    let fixture = start(Phase::Ready).await;
+    let cases = [
+        (
+            format!("/model/{MODEL_UUID}/tools/9.9.9-ubuntu-amd64"),
+            404,
+            json!({"error": {"message": "no agent binaries found for 9.9.9-ubuntu-amd64", "code": "not found"}}),
+        ),
+        (
+            format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-s390x"),
+            404,
+            json!({"error": {"message": "no agent binaries found for 2.9.44-ubuntu-s390x", "code": "not found"}}),
+        ),
+        (
+            "/model/another-model/tools/2.9.44-ubuntu-amd64".to_owned(),
+            404,
+            json!({"error": {"message": "unknown model \"another-model\"", "code": "not found"}}),
+        ),
+    ];
+    for (path, status, body) in cases {
+        let (got, content_type, got_body) = get(&fixture, &path).await;
+        assert_eq!(
+            (got, content_type.as_str()),
+            (status, "application/json"),
+            "{path}"
+        );
+        assert_eq!(json_body(&got_body), body, "{path}");
+    }
+    let (status, _, body) = get(&fixture, &format!("/model/{MODEL_UUID}/tools/latest")).await;
+    assert_eq!(status, 400);
+    assert_eq!(json_body(&body)["error"]["code"], "bad request");
+    *fixture.backend.catalogue.lock().unwrap() = Err("stale metadata".into());
+    let (status, _, body) = get(
+        &fixture,
+        &format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-amd64"),
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        json_body(&body)["error"]["message"],
+        "cannot read the agent-binary catalogue: stale metadata"
+    );
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 0);
+
+    // A controller without a tools cache serves none.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
+    let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+    let uncached = start_configured(Phase::Ready, store, 0, credentials, |config| {
+        config.tools_cache = None;
+    })
+    .await;
+    let (status, _, body) = get(
+        &uncached,
+        &format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-amd64"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        json_body(&body),
+        json!({"error": {"message": "this controller serves no agent binaries: it has no tools cache configured", "code": "not found"}})
+    );
+    assert_eq!(uncached.backend.fetches.load(Ordering::SeqCst), 0);
+}
