@@ -1,0 +1,201 @@
+//! `lockstep`: the operator's command line, Juju's verbs and flags where they exist.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use lockstep_agent::bootstrap::BootstrapOptions;
+use lockstep_agent::cli::{self, Session};
+use lockstep_agent::logging::{self, LogFormat, complain, say};
+use lockstep_agent::status::Format;
+use lockstep_core::Version;
+use lockstep_core::policy::Stream;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lockstep",
+    version,
+    about = "Bootstrap and operate a lockstep controller"
+)]
+struct Args {
+    /// The controller's data directory.
+    #[arg(long, global = true, env = "LOCKSTEP_DATA_DIR", default_value_os_t = lockstep_agent::paths::default_data_dir())]
+    data_dir: PathBuf,
+    /// Give up after this many seconds (commands wait through an upgrade until then).
+    #[arg(long, global = true, default_value_t = 600)]
+    timeout: u64,
+    /// Log lines as text or JSON (on stderr; `RUST_LOG` filters them).
+    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start a local controller and wait until its API is fully available.
+    Bootstrap {
+        /// Upgrade to the newest published patch before bootstrap returns.
+        #[arg(long)]
+        auto_upgrade: bool,
+        /// Run exactly this agent version.
+        #[arg(long, value_parser = parse_version)]
+        agent_version: Option<Version>,
+        /// The stream to take agent binaries from (released, proposed, devel, testing).
+        #[arg(long, value_parser = parse_stream)]
+        agent_stream: Option<Stream>,
+        /// Use the local lockstepd binary and nothing else.
+        #[arg(long)]
+        build_agent: bool,
+        /// A simplestreams mirror: a directory, file:// or http(s):// URL.
+        #[arg(long)]
+        metadata_source: Option<String>,
+        /// The API's port on 127.0.0.1 (0: a free one).
+        #[arg(long, default_value_t = 17070)]
+        api_port: u16,
+        /// The controller's name.
+        #[arg(long, default_value = "lockstep")]
+        name: String,
+    },
+    /// Show the controller's phase, versions, machines, applications and units.
+    Status {
+        #[arg(long, default_value = "tabular")]
+        format: Format,
+    },
+    /// Deploy a Juju bundle (applications, units, exposure, relations).
+    Deploy { bundle: PathBuf },
+    /// Add machines that host units.
+    AddMachine {
+        #[arg(short = 'n', default_value_t = 1)]
+        count: u32,
+    },
+    /// Stream the model's changes as JSON lines, resuming across controller restarts.
+    Watch {
+        /// Stop after this many deltas.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Upgrade the controller to a version, or to the newest published patch.
+    UpgradeController {
+        #[arg(long, value_parser = parse_version)]
+        agent_version: Option<Version>,
+        #[arg(long)]
+        dry_run: bool,
+        /// Run a held upgrade's steps again.
+        #[arg(long)]
+        reset_previous_upgrade: bool,
+    },
+    /// Give up the upgrade in progress.
+    AbortUpgrade,
+    /// Stop the controller's processes.
+    KillController,
+    /// Simplestreams metadata for a mirror.
+    Metadata {
+        #[command(subcommand)]
+        command: MetadataCommand,
+    },
+    /// Bootstrap with an upgrade while a deployer and a watcher run, in a temporary
+    /// directory; prints a timeline and checks that nothing was lost or applied twice.
+    Demo {
+        /// Keep the temporary directory for inspection.
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum MetadataCommand {
+    /// Write simplestreams metadata for the tarballs under `<dir>/tools/<stream>/`.
+    GenerateAgentBinaries {
+        #[arg(short = 'd', long)]
+        dir: PathBuf,
+    },
+}
+
+fn parse_version(text: &str) -> Result<Version, String> {
+    Version::parse(text).map_err(|e| e.to_string())
+}
+
+fn parse_stream(text: &str) -> Result<Stream, String> {
+    Stream::parse(text).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    logging::init(args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime can be built");
+    let timeout = Duration::from_secs(args.timeout);
+    let result = runtime.block_on(run(args, timeout));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            complain(&format!("ERROR {error}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: Args, timeout: Duration) -> Result<(), String> {
+    let session = || Session::open(&args.data_dir, timeout);
+    match args.command {
+        Command::Bootstrap {
+            auto_upgrade,
+            agent_version,
+            agent_stream,
+            build_agent,
+            metadata_source,
+            api_port,
+            name,
+        } => {
+            let options = BootstrapOptions {
+                data_dir: args.data_dir.clone(),
+                name,
+                auto_upgrade,
+                agent_version,
+                agent_stream,
+                build_agent,
+                metadata_source,
+                api_port,
+                local_agent: lockstep_agent::paths::sibling_executable("lockstepd")?,
+            };
+            bootstrap_command(&options, timeout).await
+        }
+        Command::Status { format } => cli::status(&session()?, format).await,
+        Command::Deploy { bundle } => cli::deploy(&session()?, &bundle).await,
+        Command::AddMachine { count } => cli::add_machine(&session()?, count).await,
+        Command::Watch { limit } => cli::watch(&session()?, limit).await,
+        Command::UpgradeController {
+            agent_version,
+            dry_run,
+            reset_previous_upgrade,
+        } => {
+            cli::upgrade_controller(&session()?, agent_version, dry_run, reset_previous_upgrade)
+                .await
+        }
+        Command::AbortUpgrade => cli::abort_upgrade(&session()?).await,
+        Command::KillController => cli::kill_controller(&args.data_dir, Duration::from_secs(60)),
+        Command::Metadata {
+            command: MetadataCommand::GenerateAgentBinaries { dir },
+        } => cli::generate_agent_binaries(&dir),
+        Command::Demo { keep } => lockstep_agent::demo::run(keep, timeout).await,
+    }
+}
+
+async fn bootstrap_command(options: &BootstrapOptions, timeout: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    let outcome = lockstep_agent::bootstrap::bootstrap(options, timeout, say).await?;
+    say(&format!(
+        "Bootstrap complete, controller {:?} is now available ({:.1}s{})",
+        options.name,
+        started.elapsed().as_secs_f64(),
+        outcome
+            .upgraded
+            .map(|(from, to)| format!(", upgraded {from} -> {to}"))
+            .unwrap_or_default()
+    ));
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! `lockstepd`: the controller agent.
+//!
+//! `lockstepd --data-dir D` is the launcher (see `lockstep_agent::launcher`): it owns the
+//! API's socket and runs the worker, `lockstepd worker`, from `D/tools/machine-0/`. Run it
+//! under systemd with `Type=notify` (see `adapters/agent/lockstepd.service`), or let
+//! `lockstep bootstrap` start it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockstep_agent::launcher::{self, LauncherOptions};
+use lockstep_agent::logging::{self, LogFormat};
+use lockstep_agent::notify::Notifier;
+use lockstep_agent::worker::{self, RestartMode, WorkerOptions};
+use lockstep_core::Millis;
+use lockstep_core::lifecycle::Limits;
+
+#[derive(Parser, Debug)]
+#[command(name = "lockstepd", version, about = "lockstep's controller agent")]
+struct Args {
+    /// The controller's data directory.
+    #[arg(long, env = "LOCKSTEP_DATA_DIR", default_value_os_t = lockstep_agent::paths::default_data_dir())]
+    data_dir: PathBuf,
+    /// Log lines as text or JSON.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    /// How the worker restarts into a new binary.
+    #[arg(long, value_enum, default_value_t = RestartMode::Exec, global = true)]
+    restart: RestartMode,
+    /// A worker that sends no watchdog ping for this many seconds is killed as hung.
+    #[arg(long, env = "LOCKSTEPD_WATCHDOG_SEC", default_value_t = 30)]
+    watchdog_sec: u64,
+    /// Seconds a worker may take to stop after SIGTERM before it is killed.
+    #[arg(long, default_value_t = 30)]
+    stop_timeout_sec: u64,
+    /// Seconds a new binary may take from start to Ready before the agent falls back.
+    #[arg(
+        long,
+        env = "LOCKSTEPD_TRIAL_READY_TIMEOUT_SEC",
+        default_value_t = 600,
+        global = true
+    )]
+    trial_ready_timeout_sec: u64,
+    /// Seconds between attempts at staging (downloading and verifying) a binary.
+    #[arg(
+        long,
+        env = "LOCKSTEPD_STAGE_RETRY_SEC",
+        default_value_t = 5,
+        global = true
+    )]
+    stage_retry_sec: u64,
+    /// Capabilities the local environment provider reports (comma-separated).
+    #[arg(
+        long,
+        env = "LOCKSTEPD_CAPABILITIES",
+        default_value = "manage-firewall",
+        global = true
+    )]
+    capabilities: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the worker (started by the launcher; not for direct use).
+    #[command(hide = true)]
+    Worker,
+    /// Print the version this binary reports (FORCE-VERSION included) and exit.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    logging::init(args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime can be built");
+    let result = match args.command {
+        Some(Command::Version) => worker::running_binary().map(|binary| {
+            logging::say(&binary.to_string());
+            0
+        }),
+        Some(Command::Worker) => {
+            let limits = Limits {
+                trial_ready_timeout: Millis(args.trial_ready_timeout_sec * 1000),
+                stage_retry_delay: Millis(args.stage_retry_sec * 1000),
+                ..Limits::default()
+            };
+            let options = WorkerOptions {
+                data_dir: args.data_dir.clone(),
+                restart: args.restart,
+                limits,
+                capabilities: args.capabilities.clone(),
+            };
+            runtime.block_on(worker::run(options, Notifier::from_env()))
+        }
+        None => {
+            let worker_args = vec![
+                "--data-dir".to_owned(),
+                args.data_dir.display().to_string(),
+                "--log-format".to_owned(),
+                format!("{:?}", args.log_format).to_lowercase(),
+                "--restart".to_owned(),
+                format!("{:?}", args.restart).to_lowercase(),
+                "--trial-ready-timeout-sec".to_owned(),
+                args.trial_ready_timeout_sec.to_string(),
+                "--stage-retry-sec".to_owned(),
+                args.stage_retry_sec.to_string(),
+                "--capabilities".to_owned(),
+                args.capabilities.clone(),
+            ];
+            runtime.block_on(launcher::run(LauncherOptions {
+                data_dir: args.data_dir.clone(),
+                watchdog: Duration::from_secs(args.watchdog_sec.max(1)),
+                stop_timeout: Duration::from_secs(args.stop_timeout_sec),
+                worker_args,
+            }))
+        }
+    };
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code as u8),
+        Err(error) => {
+            tracing::error!(target: "lockstep", %error, "lockstepd failed");
+            logging::complain(&format!("lockstepd: {error}"));
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,603 @@
+//! `lockstep bootstrap`: prepares a controller's data directory, starts `lockstepd` on it,
+//! and waits until its API is fully available.
+//!
+//! Juju's client prepares the agent binary and the controller's configuration and the new
+//! machine installs them; here both sides are one machine, so bootstrap writes the data dir
+//! the daemon reads: the store with the model and machine 0, `agent.conf`, the TLS
+//! material, the API's users, the client's `controller.yaml`, and the first binary under
+//! `tools/`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lockstep_core::jobs::Capabilities;
+use lockstep_core::lifecycle::{ControllerSet, Snapshot};
+use lockstep_core::policy::{Sha256, Stream, UpgradePolicy};
+use lockstep_core::{Binary, Role, Roles, Version};
+use lockstep_store::{Machine, Model, SqliteStore, Store};
+use lockstep_transport::client::{Client, ClientConfig};
+use lockstep_transport::tls::Credentials;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::datadir::{self, AgentConf, DataDir, DownloadedTools};
+use crate::driver::{MetadataSource, unix_now};
+
+/// The agent's tag: a controller is machine 0, as in Juju.
+pub const AGENT_TAG: &str = "machine-0";
+
+/// An API user, as the daemon reads them from `<data>/users.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct User {
+    pub name: String,
+    #[serde(rename = "password-hash")]
+    pub password_hash: String,
+}
+
+/// What a client needs to reach the controller: `<data>/controller.yaml` (mode 0600), the
+/// equivalent of Juju's `controllers.yaml` and `accounts.yaml` entries.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ControllerFile {
+    pub name: String,
+    pub uuid: String,
+    pub model_uuid: String,
+    pub api_endpoints: Vec<String>,
+    pub ca_cert: String,
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for ControllerFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerFile")
+            .field("name", &self.name)
+            .field("api_endpoints", &self.api_endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControllerFile {
+    pub fn read(data: &DataDir) -> Result<ControllerFile, String> {
+        let path = data.controller_config_path();
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "cannot read {}: {e} (is a controller bootstrapped with --data-dir {}?)",
+                path.display(),
+                data.root().display()
+            )
+        })?;
+        serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// A client of this controller, with a fresh client id.
+    pub fn client(&self, retry: lockstep_core::client::RetryPolicy) -> Client {
+        Client::new(ClientConfig {
+            address: self.api_endpoints[0].clone(),
+            ca_pem: self.ca_cert.clone(),
+            model_uuid: Some(self.model_uuid.clone()),
+            user: self.user.clone(),
+            password: self.password.clone(),
+            retry,
+            client_id: random_hex(16),
+        })
+    }
+}
+
+/// `lockstep bootstrap`'s options.
+#[derive(Clone, Debug)]
+pub struct BootstrapOptions {
+    pub data_dir: PathBuf,
+    pub name: String,
+    pub auto_upgrade: bool,
+    pub agent_version: Option<Version>,
+    pub agent_stream: Option<Stream>,
+    pub build_agent: bool,
+    pub metadata_source: Option<String>,
+    /// 0: a free port.
+    pub api_port: u16,
+    /// The `lockstepd` executable to install when no published binary is used.
+    pub local_agent: PathBuf,
+}
+
+/// What `prepare` made.
+#[derive(Debug)]
+pub struct Prepared {
+    pub data: DataDir,
+    pub binary: Binary,
+    pub controller: ControllerFile,
+}
+
+pub fn random_hex(bytes: usize) -> String {
+    use rand_core::RngCore;
+    let mut buffer = vec![0u8; bytes];
+    rand_core::OsRng.fill_bytes(&mut buffer);
+    buffer.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn uuid() -> String {
+    let hex = random_hex(16).into_bytes();
+    let mut text = String::from_utf8(hex).expect("hex is ASCII");
+    // Version 4, variant 1.
+    text.replace_range(12..13, "4");
+    let variant = ["8", "9", "a", "b"][usize::from(text.as_bytes()[16]) % 4];
+    text.replace_range(16..17, variant);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &text[0..8],
+        &text[8..12],
+        &text[12..16],
+        &text[16..20],
+        &text[20..32]
+    )
+}
+
+/// A free port on 127.0.0.1 (bound, then released for the daemon to bind).
+fn free_port() -> Result<u16, String> {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("cannot find a free port: {e}"))?;
+    Ok(socket.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Writes the data dir. Refuses one that already holds a controller, touching nothing.
+pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
+    let data = DataDir::new(&options.data_dir);
+    if data.agent_conf_path().exists() {
+        return Err(format!(
+            "a controller is already bootstrapped in {} ({} exists); \
+             use another --data-dir, or kill-controller and remove it first",
+            data.root().display(),
+            data.agent_conf_path().display()
+        ));
+    }
+    std::fs::create_dir_all(data.root())
+        .map_err(|e| format!("cannot create {}: {e}", data.root().display()))?;
+    std::fs::create_dir_all(data.tools_dir())
+        .map_err(|e| format!("cannot create {}: {e}", data.tools_dir().display()))?;
+
+    let metadata_source = match &options.metadata_source {
+        Some(source) if !source.starts_with("http://") && !source.starts_with("https://") => {
+            let mut path =
+                Path::new(source.strip_prefix("file://").unwrap_or(source)).to_path_buf();
+            // Juju's --metadata-source names the directory holding `tools/`.
+            if path.join("tools/streams/v1").is_dir() {
+                path = path.join("tools");
+            }
+            Some(
+                path.canonicalize()
+                    .map_err(|e| format!("--metadata-source {source}: {e}"))?
+                    .display()
+                    .to_string(),
+            )
+        }
+        other => other.clone(),
+    };
+    let own = crate::steps::build_version();
+    let wanted = options.agent_version.unwrap_or(own);
+    let (binary, local_sha) = match (&metadata_source, options.build_agent) {
+        (Some(url), false) => match install_published(&data, url, wanted).await? {
+            Some(binary) => (binary, None),
+            None if options.agent_version.is_some() => {
+                return Err(format!("no agent binaries for {wanted} found at {url}"));
+            }
+            None => install_local(&data, options, own)?,
+        },
+        _ => install_local(&data, options, wanted)?,
+    };
+    data.switch_to(AGENT_TAG, &binary)
+        .map_err(|e| e.to_string())?;
+
+    let policy = if let Some(version) = options.agent_version {
+        UpgradePolicy::Pinned(version)
+    } else if options.build_agent {
+        let (sha256, size_bytes) = local_sha.expect("a local binary was installed");
+        UpgradePolicy::LocalBinary {
+            binary: binary.clone(),
+            sha256,
+            size_bytes,
+        }
+    } else if options.auto_upgrade {
+        UpgradePolicy::AutoPatch
+    } else {
+        UpgradePolicy::Off
+    };
+
+    let port = match options.api_port {
+        0 => free_port()?,
+        port => port,
+    };
+    let address = format!("127.0.0.1:{port}");
+    let credentials = Credentials::generate(&options.name, &[IpAddr::from([127, 0, 0, 1])])
+        .map_err(|e| e.to_string())?;
+    datadir::write_file_atomically(&data.ca_cert_path(), credentials.ca_pem.as_bytes(), 0o644)
+        .map_err(|e| e.to_string())?;
+    datadir::write_file_atomically(
+        &data.server_cert_path(),
+        credentials.certificate_pem.as_bytes(),
+        0o644,
+    )
+    .map_err(|e| e.to_string())?;
+    datadir::write_file_atomically(
+        &data.server_key_path(),
+        credentials.key_pem.as_bytes(),
+        0o600,
+    )
+    .map_err(|e| e.to_string())?;
+    let password = random_hex(16);
+    let users = vec![User {
+        name: "admin".to_owned(),
+        password_hash: lockstep_transport::server::hash_password(&password),
+    }];
+    datadir::write_file_atomically(
+        &crate::paths::users_path(&data),
+        serde_json::to_string_pretty(&users)
+            .expect("users serialise")
+            .as_bytes(),
+        0o600,
+    )
+    .map_err(|e| e.to_string())?;
+
+    let controller_uuid = uuid();
+    let model_uuid = uuid();
+    let store = SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadWrite)
+        .map_err(|e| e.to_string())?;
+    store
+        .create_model(&Model {
+            uuid: model_uuid.clone(),
+            name: "controller".to_owned(),
+            agent_version: binary.number,
+            agent_stream: options.agent_stream,
+            agent_metadata_url: metadata_source.clone(),
+            policy,
+            controllers: ControllerSet::first(1),
+            capabilities: Capabilities::default(),
+            capabilities_discovered: None,
+            upgrade_available: None,
+        })
+        .map_err(|e| e.to_string())?;
+    let mut machine = Machine::with_roles("0", Roles::of(&[Role::Controller]));
+    machine.agent_binary = Some(binary.clone());
+    store.add_machine(&machine).map_err(|e| e.to_string())?;
+    drop(store);
+
+    let controller = ControllerFile {
+        name: options.name.clone(),
+        uuid: controller_uuid.clone(),
+        model_uuid: model_uuid.clone(),
+        api_endpoints: vec![address.clone()],
+        ca_cert: credentials.ca_pem.clone(),
+        user: "admin".to_owned(),
+        password,
+    };
+    datadir::write_file_atomically(
+        &data.controller_config_path(),
+        serde_saphyr::to_string(&controller)
+            .map_err(|e| e.to_string())?
+            .as_bytes(),
+        0o600,
+    )
+    .map_err(|e| e.to_string())?;
+    // agent.conf last: its presence marks a bootstrapped data dir.
+    let mut conf = AgentConf::new(AGENT_TAG, Snapshot::bootstrapped(&binary));
+    conf.controller = controller_uuid.clone();
+    conf.model = model_uuid.clone();
+    conf.controller_id = 0;
+    conf.api_listen = address.clone();
+    conf.apiaddresses = vec![address.clone()];
+    conf.cacert = credentials.ca_pem.clone();
+    data.write_agent_conf(&conf).map_err(|e| e.to_string())?;
+    Ok(Prepared {
+        data,
+        binary,
+        controller,
+    })
+}
+
+/// Installs `version` from the metadata source, if published there for this host.
+async fn install_published(
+    data: &DataDir,
+    url: &str,
+    version: Version,
+) -> Result<Option<Binary>, String> {
+    let source = MetadataSource::open(url)?;
+    let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
+    let lookup = source
+        .look_up(
+            &mark,
+            &lockstep_streams::LookupConfig::allowing_unsigned(),
+            unix_now(),
+        )
+        .await
+        .map_err(|e| format!("looking up agent binaries at {url}: {e}"))?;
+    let host = datadir::host_binary(version);
+    let Some(entry) = lookup
+        .catalogue
+        .entries()
+        .iter()
+        .find(|entry| entry.binary == host)
+        .cloned()
+    else {
+        return Ok(None);
+    };
+    let cache = data.tools_cache_dir();
+    std::fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    let tarball = cache.join(format!("juju-{}.tgz", entry.binary));
+    source
+        .download(&entry, &tarball, &mut |_| {})
+        .await
+        .map_err(|e| e.to_string())?;
+    data.install_tarball(
+        &entry.binary,
+        &tarball,
+        &DownloadedTools {
+            version: entry.binary.clone(),
+            url: format!("{}/{}", url.trim_end_matches('/'), entry.path),
+            sha256: entry.sha256.to_string(),
+            size: entry.size_bytes,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Some(entry.binary))
+}
+
+/// Installs the local `lockstepd` as `version` (which must be the build's own, or it is
+/// forced with FORCE-VERSION when asked explicitly).
+fn install_local(
+    data: &DataDir,
+    options: &BootstrapOptions,
+    version: Version,
+) -> Result<(Binary, Option<(Sha256, u64)>), String> {
+    let own = crate::steps::build_version();
+    if version != own {
+        return Err(format!(
+            "--agent-version {version} needs published binaries (--metadata-source): \
+             this lockstepd is {own}"
+        ));
+    }
+    let binary = datadir::host_binary(version);
+    let dir = data
+        .install_local_binary(&binary, &options.local_agent, false)
+        .map_err(|e| e.to_string())?;
+    let installed = data
+        .read_downloaded_tools(&binary)
+        .map_err(|e| e.to_string())?
+        .ok_or("the local binary was installed without its downloaded-tools.txt")?;
+    let sha = Sha256::parse(&installed.sha256).map_err(|e| e.to_string())?;
+    tracing::debug!(target: "lockstep::bootstrap", dir = %dir.display(), "local agent installed");
+    Ok((binary, Some((sha, installed.size))))
+}
+
+/// Starts `lockstepd` detached (its own session, output appended to
+/// `<data>/logs/lockstepd.log`). Returns its pid.
+pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, String> {
+    use std::os::unix::process::CommandExt;
+    let logs = data.logs_dir();
+    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+    let log_path = logs.join("lockstepd.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+    let exe = data.agent_link(AGENT_TAG).join("lockstepd");
+    let child = std::process::Command::new(&exe)
+        .arg("--data-dir")
+        .arg(data.root())
+        .args(extra_args)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    Ok(child.id())
+}
+
+/// Whether process `pid` still exists (and is not a zombie we could reap).
+pub fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+}
+
+/// The last lines of the daemon's log, for failure messages.
+pub fn log_tail(data: &DataDir, lines: usize) -> String {
+    let text = std::fs::read_to_string(data.logs_dir().join("lockstepd.log")).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// How far the controller has got, from `Upgrade.WatchProgress`/`Status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub phase: String,
+    pub step: u64,
+    pub steps: u64,
+    pub target: Option<String>,
+    pub message: Option<String>,
+    pub download: Option<(u64, u64)>,
+}
+
+impl Progress {
+    pub fn from_json(value: &serde_json::Value) -> Progress {
+        Progress {
+            phase: value["phase"].as_str().unwrap_or("unknown").to_owned(),
+            step: value["step"].as_u64().unwrap_or(0),
+            steps: value["steps"].as_u64().unwrap_or(0),
+            target: value["target-version"].as_str().map(str::to_owned),
+            message: value["message"]
+                .as_str()
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned),
+            download: value["download"]["received"]
+                .as_u64()
+                .zip(value["download"]["total"].as_u64()),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let mut line = self.phase.clone();
+        if self.steps > 0 {
+            line.push_str(&format!(" step {}/{}", self.step, self.steps));
+        }
+        if let Some(target) = &self.target {
+            line.push_str(&format!(" to {target}"));
+        }
+        if let Some((received, total)) = self.download {
+            line.push_str(&format!(
+                " (download {:.1}/{:.1} MiB)",
+                received as f64 / 1_048_576.0,
+                total as f64 / 1_048_576.0
+            ));
+        }
+        if let Some(message) = &self.message {
+            line.push_str(&format!(": {message}"));
+        }
+        line
+    }
+}
+
+/// Waits until the controller is Ready, calling `on_change` with each new progress.
+/// Fails when `pid` dies, or at `deadline`, naming the phase it was in.
+pub async fn wait_until_ready(
+    client: &Client,
+    pid: Option<u32>,
+    deadline: Duration,
+    mut on_change: impl FnMut(&Progress),
+) -> Result<Progress, String> {
+    let started = Instant::now();
+    let mut last = Progress::default();
+    let mut seen = json!({});
+    loop {
+        let left = deadline.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(format!(
+                "the controller did not become available within {}s; it is {}",
+                deadline.as_secs(),
+                last.describe()
+            ));
+        }
+        if let Some(pid) = pid
+            && !alive(pid)
+        {
+            return Err(format!(
+                "lockstepd (pid {pid}) exited while {}",
+                if last.phase.is_empty() {
+                    "starting".to_owned()
+                } else {
+                    last.describe()
+                }
+            ));
+        }
+        let poll = left.min(Duration::from_secs(2));
+        let answer = tokio::time::timeout(
+            poll,
+            client.call("Upgrade", 1, "WatchProgress", seen.clone(), poll),
+        )
+        .await;
+        let Ok(Ok(progress)) = answer else {
+            continue;
+        };
+        seen = json!({"phase": progress["phase"], "step": progress["step"]});
+        let mut now = Progress::from_json(&progress);
+        if let Ok(status) = client
+            .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(5))
+            .await
+        {
+            let detail = Progress::from_json(&status);
+            now.message = detail.message;
+            now.download = detail.download;
+        }
+        if now != last {
+            on_change(&now);
+            last = now;
+        }
+        if progress["ready"].as_bool() == Some(true) {
+            return Ok(last);
+        }
+    }
+}
+
+/// What a successful bootstrap did.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The launcher's pid.
+    pub pid: u32,
+    pub data: DataDir,
+    pub controller: ControllerFile,
+    /// The versions before and after, when bootstrap upgraded.
+    pub upgraded: Option<(String, String)>,
+    /// Every progress seen, in order.
+    pub progress: Vec<Progress>,
+}
+
+/// `lockstep bootstrap`: prepares the data dir, starts `lockstepd`, and waits until its API
+/// is fully available, drawing progress on stderr. On failure the daemon is stopped and
+/// the error names the phase, the reason and the end of the daemon's log.
+pub async fn bootstrap(
+    options: &BootstrapOptions,
+    timeout: Duration,
+    mut on_line: impl FnMut(&str),
+) -> Result<Outcome, String> {
+    let prepared = prepare(options).await?;
+    on_line(&format!(
+        "Installed agent binary {} in {}",
+        prepared.binary,
+        prepared.data.binary_dir(&prepared.binary).display()
+    ));
+    let pid = spawn_daemon(&prepared.data, &[])?;
+    on_line(&format!(
+        "Started lockstepd (pid {pid}) on {}; waiting for its API",
+        prepared.controller.api_endpoints[0]
+    ));
+    let client = prepared
+        .controller
+        .client(lockstep_core::client::RetryPolicy::default());
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let mut seen = Vec::new();
+    let result = wait_until_ready(&client, Some(pid), timeout, |progress| {
+        bar.set_message(progress.describe());
+        if seen.last().map(|last: &Progress| &last.phase) != Some(&progress.phase) {
+            bar.println(format!(" - {}", progress.describe()));
+        }
+        seen.push(progress.clone());
+    })
+    .await;
+    bar.finish_and_clear();
+    match result {
+        Ok(_) => {
+            let status = client
+                .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(10))
+                .await
+                .map_err(|e| e.to_string())?;
+            let running = status["agent-version"].as_str().unwrap_or("").to_owned();
+            let initial = prepared.binary.number.to_string();
+            Ok(Outcome {
+                pid,
+                data: prepared.data,
+                controller: prepared.controller,
+                upgraded: (running != initial && !running.is_empty()).then_some((initial, running)),
+                progress: seen,
+            })
+        }
+        Err(error) => {
+            if let Some(target) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(target, rustix::process::Signal::TERM);
+            }
+            Err(format!(
+                "bootstrap failed: {error}\nlast lines of {}:\n{}",
+                prepared.data.logs_dir().join("lockstepd.log").display(),
+                log_tail(&prepared.data, 15)
+            ))
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! The `lockstep` commands against a running controller: Juju's verbs and flags where they
+//! exist. Every command against a controller that is upgrading waits through it, with a
+//! note on stderr, up to `--timeout`, rather than failing.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lockstep_core::Version;
+use lockstep_core::client::RetryPolicy;
+use lockstep_transport::client::{Client, ClientError};
+use serde_json::{Value, json};
+
+use crate::bootstrap::{ControllerFile, Progress, wait_until_ready};
+use crate::bundle::{Bundle, BundleChange};
+use crate::datadir::DataDir;
+use crate::logging::{complain, say};
+use crate::status::{self, Format};
+
+/// API facade versions the CLI speaks.
+pub const CLIENT_VERSION: u32 = 8;
+pub const APPLICATION_VERSION: u32 = 20;
+pub const MODEL_CONFIG_VERSION: u32 = 3;
+
+/// A connected controller and the command's deadline.
+#[derive(Debug)]
+pub struct Session {
+    pub controller: ControllerFile,
+    pub client: Client,
+    pub deadline: Instant,
+}
+
+impl Session {
+    pub fn open(data_dir: &Path, timeout: Duration) -> Result<Session, String> {
+        let controller = ControllerFile::read(&DataDir::new(data_dir))?;
+        let client = controller.client(RetryPolicy::default());
+        Ok(Session {
+            controller,
+            client,
+            deadline: Instant::now() + timeout,
+        })
+    }
+
+    pub fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Waits until the controller is Ready, with a note if it is not already.
+    pub async fn wait_ready(&self) -> Result<(), String> {
+        let status = self
+            .client
+            .call("Upgrade", 1, "Status", json!({}), self.left())
+            .await
+            .map_err(|e| describe(&e))?;
+        let progress = Progress::from_json(&status);
+        if progress.phase == "ready" {
+            return Ok(());
+        }
+        complain(&format!(
+            "controller {:?} is {}; waiting up to {}s for it to finish",
+            self.controller.name,
+            progress.describe(),
+            self.left().as_secs()
+        ));
+        wait_until_ready(&self.client, None, self.left(), |progress| {
+            complain(&format!("  {}", progress.describe()));
+        })
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn call(
+        &self,
+        facade: &str,
+        version: u32,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, String> {
+        self.client
+            .call(facade, version, method, params, self.left())
+            .await
+            .map_err(|e| describe(&e))
+    }
+
+    pub async fn mutate(
+        &self,
+        facade: &str,
+        version: u32,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, String> {
+        self.client
+            .mutate(facade, version, method, params, self.left())
+            .await
+            .map_err(|e| describe(&e))
+    }
+}
+
+pub fn describe(error: &ClientError) -> String {
+    error.to_string()
+}
+
+/// Fails on the first `error` entry of a bulk reply (`results[i].error`).
+pub fn check_results(reply: &Value, what: &str) -> Result<(), String> {
+    if let Some(results) = reply["results"].as_array() {
+        for result in results {
+            if let Some(error) = result.get("error").filter(|e| !e.is_null()) {
+                return Err(format!(
+                    "{what}: {}",
+                    error["message"].as_str().unwrap_or("failed")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn status(session: &Session, format: Format) -> Result<(), String> {
+    let reply = session
+        .call(
+            "Client",
+            CLIENT_VERSION,
+            "FullStatus",
+            json!({"patterns": []}),
+        )
+        .await?;
+    say(status::render(&reply, format)
+        .map_err(|e| e.to_string())?
+        .trim_end());
+    Ok(())
+}
+
+/// One bundle change as an API call: (facade, version, method, params).
+pub fn call_for(change: &BundleChange) -> (&'static str, u32, &'static str, Value) {
+    match change {
+        BundleChange::Deploy {
+            application,
+            charm,
+            num_units,
+        } => (
+            "Application",
+            APPLICATION_VERSION,
+            "Deploy",
+            json!({"applications": [{
+                "application": application,
+                "charm-url": charm,
+                "num-units": num_units,
+            }]}),
+        ),
+        BundleChange::Expose { application } => (
+            "Application",
+            APPLICATION_VERSION,
+            "Expose",
+            json!({"application": application}),
+        ),
+        BundleChange::AddRelation { endpoints } => (
+            "Application",
+            APPLICATION_VERSION,
+            "AddRelation",
+            json!({"endpoints": endpoints}),
+        ),
+    }
+}
+
+pub fn describe_change(change: &BundleChange) -> String {
+    match change {
+        BundleChange::Deploy {
+            application,
+            charm,
+            num_units,
+        } => format!("deploy {application} ({charm}, {num_units} units)"),
+        BundleChange::Expose { application } => format!("expose {application}"),
+        BundleChange::AddRelation { endpoints } => {
+            format!("relate {} {}", endpoints[0], endpoints[1])
+        }
+    }
+}
+
+pub async fn deploy(session: &Session, bundle: &Path) -> Result<(), String> {
+    let bundle = Bundle::from_file(bundle).map_err(|e| e.to_string())?;
+    session.wait_ready().await?;
+    for change in bundle.plan() {
+        let (facade, version, method, params) = call_for(&change);
+        let reply = session.mutate(facade, version, method, params).await?;
+        check_results(&reply, &describe_change(&change))?;
+        say(&format!("- {}", describe_change(&change)));
+    }
+    say("Deploy of bundle completed.");
+    Ok(())
+}
+
+pub async fn add_machine(session: &Session, count: u32) -> Result<(), String> {
+    session.wait_ready().await?;
+    let params: Vec<Value> = (0..count)
+        .map(|_| json!({"jobs": ["JobHostUnits"]}))
+        .collect();
+    let reply = session
+        .mutate(
+            "Client",
+            CLIENT_VERSION,
+            "AddMachines",
+            json!({"params": params}),
+        )
+        .await?;
+    check_results(&reply, "add-machine")?;
+    for machine in reply["machines"].as_array().into_iter().flatten() {
+        say(&format!(
+            "created machine {}",
+            machine["machine"].as_str().unwrap_or("?")
+        ));
+    }
+    Ok(())
+}
+
+/// Streams deltas as JSON lines until interrupted, resuming across controller restarts.
+pub async fn watch(session: &Session, limit: Option<usize>) -> Result<(), String> {
+    let mut watcher = session.client.watch();
+    let mut seen = 0usize;
+    loop {
+        let deltas = watcher
+            .next(session.left())
+            .await
+            .map_err(|e| describe(&e))?;
+        for delta in deltas {
+            say(&json!({"revision": delta.revision.0, "delta": delta.delta}).to_string());
+            seen += 1;
+            if limit.is_some_and(|limit| seen >= limit) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+pub async fn abort_upgrade(session: &Session) -> Result<(), String> {
+    session
+        .call("Client", CLIENT_VERSION, "AbortCurrentUpgrade", json!({}))
+        .await?;
+    say("upgrade aborted");
+    Ok(())
+}
+
+/// `upgrade-controller`: sets the model's agent-version to `version`, or to the newest
+/// published patch of the running major.minor.
+pub async fn upgrade_controller(
+    session: &Session,
+    version: Option<Version>,
+    dry_run: bool,
+    reset_previous: bool,
+) -> Result<(), String> {
+    if reset_previous {
+        // As Juju does: the previous (incomplete) upgrade is aborted, then the upgrade is
+        // asked for again.
+        session
+            .call("Client", CLIENT_VERSION, "AbortCurrentUpgrade", json!({}))
+            .await?;
+        say("previous upgrade reset");
+    }
+    session.wait_ready().await?;
+    let status = session.call("Upgrade", 1, "Status", json!({})).await?;
+    let running = status["agent-version"]
+        .as_str()
+        .and_then(|text| Version::parse(text).ok())
+        .ok_or("the controller did not report its agent version")?;
+    let target = match version {
+        Some(version) => version,
+        None => {
+            let tools = session
+                .call(
+                    "Client",
+                    CLIENT_VERSION,
+                    "FindTools",
+                    json!({"major": running.major, "minor": running.minor}),
+                )
+                .await?;
+            tools["list"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|tool| tool["version"].as_str())
+                .filter_map(|text| lockstep_core::Binary::parse(text).ok())
+                .map(|binary| binary.number)
+                .filter(|number| number.same_minor(&running) && number.is_release())
+                .max()
+                .filter(|newest| *newest > running)
+                .ok_or_else(|| format!("no upgrades available: {running} is the newest patch"))?
+        }
+    };
+    if dry_run {
+        say(&format!(
+            "upgrade to {target} available (dry run: nothing changed)"
+        ));
+        return Ok(());
+    }
+    session
+        .call(
+            "ModelConfig",
+            MODEL_CONFIG_VERSION,
+            "ModelSet",
+            json!({"config": {"agent-version": target.to_string()}}),
+        )
+        .await?;
+    say(&format!("started upgrade to {target}"));
+    Ok(())
+}
+
+/// `kill-controller`: SIGTERM to the launcher, then waits for it to exit.
+pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), String> {
+    let data = DataDir::new(data_dir);
+    let path = crate::paths::pid_path(&data);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "no lockstepd runs on {} ({}: {e})",
+            data_dir.display(),
+            path.display()
+        )
+    })?;
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{} holds {:?}, not a pid", path.display(), text.trim()))?;
+    let target = rustix::process::Pid::from_raw(pid).ok_or("pid 0")?;
+    rustix::process::kill_process(target, rustix::process::Signal::TERM)
+        .map_err(|e| format!("cannot signal lockstepd (pid {pid}): {e}"))?;
+    let started = Instant::now();
+    while crate::bootstrap::alive(pid as u32) {
+        if started.elapsed() > timeout {
+            let _ = rustix::process::kill_process(target, rustix::process::Signal::KILL);
+            return Err(format!(
+                "lockstepd (pid {pid}) did not stop in {}s; killed",
+                timeout.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    say(&format!("controller in {} stopped", data_dir.display()));
+    Ok(())
+}
+
+/// `metadata generate-agent-binaries -d DIR`: Juju's command, from the streams adapter.
+pub fn generate_agent_binaries(dir: &Path) -> Result<(), String> {
+    let generated = lockstep_streams::generate_agent_binaries(
+        dir,
+        &lockstep_streams::GenerateOptions {
+            now_unix_seconds: crate::driver::unix_now(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    for entry in &generated.entries {
+        say(&format!(
+            "{} {} ({} bytes, sha256 {})",
+            entry.stream, entry.binary, entry.size_bytes, entry.sha256
+        ));
+    }
+    for (file, reason) in &generated.skipped {
+        complain(&format!("skipped {file}: {reason}"));
+    }
+    for file in &generated.files_written {
+        say(&format!("wrote tools/{file}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,765 @@
+//! The driver: one task owns the lifecycle core; adapters run its requests and feed their
+//! completions back; the core's deadlines become tokio timers.
+//!
+//! **Architecture Invariant:** no lifecycle decision is made here. The driver executes a
+//! request exactly as asked and reports what happened; which request comes next, and what
+//! a failure means, is the core's business. The one thing the driver does on its own is
+//! to repeat an I/O operation that failed for a reason the core has no input for (the
+//! store's file could not be written, say): it retries with capped backoff, logging and
+//! publishing each failure, because the core is waiting for that completion.
+//!
+//! Requests run on tasks (blocking store calls on tokio's blocking pool); the core allows
+//! at most one main request in flight besides the lease keep-alive, the record watch and
+//! the lease release, so there is no queue to bound.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use lockstep_core::gate::GateView;
+use lockstep_core::lifecycle::{
+    ControllerId, Input, ModelView, Output, Request, RequestId, StageSource, StatusReport,
+    StepOutcome, request_name,
+};
+use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
+use lockstep_core::steps::{StepKind, StepRegistry};
+use lockstep_core::{Binary, Lifecycle, Millis, Phase, Timestamp, Version};
+use lockstep_store::Store;
+use lockstep_streams::{AsyncSource, DirectorySource, HttpSource, LookupConfig};
+use tokio::sync::{mpsc, watch};
+
+use crate::datadir::{DataDir, DownloadedTools};
+use crate::notify::Notifier;
+use crate::steps::{self, HostContext};
+
+/// What the lifecycle shows the API and the operator, besides the gate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentStatus {
+    /// The core's last status report.
+    pub report: Option<StatusReport>,
+    /// The newest patch known to be available.
+    pub upgrade_available: Option<Version>,
+    /// Bytes of a binary being staged: (received, total).
+    pub download: Option<(u64, u64)>,
+}
+
+/// How a driver run ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// The core asked to restart into this binary; the symlink already points at it.
+    RestartInto(Binary),
+    /// Shutdown was asked for (SIGTERM).
+    Shutdown,
+    /// A request failed in a way the core cannot be told about (a bug, not a condition).
+    Fatal(String),
+}
+
+/// The adapters' view of the world the driver needs.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    pub data: DataDir,
+    /// `machine-0`.
+    pub tag: String,
+    pub controller: Option<ControllerId>,
+    /// The lease's TTL, a few keep-alive intervals.
+    pub lease_ttl: Millis,
+    /// Capabilities the environment provider reports (`manage-firewall`, ...).
+    pub capabilities: String,
+}
+
+/// The handles the rest of the agent keeps: gate and status to read, inputs to send.
+#[derive(Clone, Debug)]
+pub struct Handles {
+    pub gate: watch::Receiver<GateView>,
+    pub status: watch::Receiver<AgentStatus>,
+    /// Operator inputs (abort, upgrade requests, agent-version changes).
+    pub inputs: mpsc::UnboundedSender<Input>,
+}
+
+/// The driver of one process's lifecycle.
+pub struct Driver {
+    core: Lifecycle,
+    config: DriverConfig,
+    registry: Arc<StepRegistry>,
+    store: Arc<dyn Store>,
+    started: Instant,
+    inputs_tx: mpsc::UnboundedSender<Input>,
+    inputs: mpsc::UnboundedReceiver<Input>,
+    fatal_tx: mpsc::UnboundedSender<String>,
+    fatal: mpsc::UnboundedReceiver<String>,
+    gate: watch::Sender<GateView>,
+    status: watch::Sender<AgentStatus>,
+    notifier: Notifier,
+    /// Cancels the record watch's thread.
+    watch_cancel: Option<Arc<AtomicBool>>,
+    /// Requests running (each completes by sending an input).
+    tasks: tokio::task::JoinSet<()>,
+    /// Set when the driver ends: operations being retried give up.
+    stopping: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("core", &self.core)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    pub fn new(
+        core: Lifecycle,
+        config: DriverConfig,
+        registry: Arc<StepRegistry>,
+        store: Arc<dyn Store>,
+        notifier: Notifier,
+    ) -> (Driver, Handles) {
+        let (inputs_tx, inputs) = mpsc::unbounded_channel();
+        let (fatal_tx, fatal) = mpsc::unbounded_channel();
+        let (gate, gate_rx) = watch::channel(*core.gate());
+        let (status, status_rx) = watch::channel(AgentStatus::default());
+        let handles = Handles {
+            gate: gate_rx,
+            status: status_rx,
+            inputs: inputs_tx.clone(),
+        };
+        let driver = Driver {
+            core,
+            config,
+            registry,
+            store,
+            started: Instant::now(),
+            inputs_tx,
+            inputs,
+            fatal_tx,
+            fatal,
+            gate,
+            status,
+            notifier,
+            watch_cancel: None,
+            tasks: tokio::task::JoinSet::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
+        };
+        (driver, handles)
+    }
+
+    /// The core's clock: milliseconds since this process started (monotonic).
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.started.elapsed().as_millis() as u64)
+    }
+
+    fn instant_of(&self, at: Timestamp) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.started + Duration::from_millis(at.as_millis()))
+    }
+
+    /// Runs the lifecycle from `Start` until it asks to restart, or `shutdown` fires.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Exit {
+        let now = self.now();
+        self.core.handle(now, Input::Start);
+        let mut watchdog = tokio::time::interval(Duration::from_secs(1));
+        watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if let Some(exit) = self.drain() {
+                self.stop().await;
+                return exit;
+            }
+            let deadline = self.core.poll_timeout().map(|at| self.instant_of(at));
+            tokio::select! {
+                input = self.inputs.recv() => {
+                    let input = input.expect("the driver holds a sender");
+                    let now = self.now();
+                    self.core.handle(now, input);
+                }
+                () = sleep_until(deadline) => {
+                    let now = self.now();
+                    self.core.handle_timeout(now);
+                }
+                _ = watchdog.tick() => self.notifier.watchdog(),
+                Some(reason) = self.fatal.recv() => {
+                    self.stop().await;
+                    return Exit::Fatal(reason);
+                }
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        self.stop().await;
+                        return Exit::Shutdown;
+                    }
+                }
+                Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Err(error) = joined && error.is_panic() {
+                        self.stop().await;
+                        return Exit::Fatal(format!("a request's task panicked: {error}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the record watch and waits for requests in flight, so nothing of this process
+    /// touches the store after it returns.
+    async fn stop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Some(cancel) = self.watch_cancel.take() {
+            cancel.store(true, Ordering::SeqCst);
+        }
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Drains every output of the last input. `Some` when the process must end.
+    fn drain(&mut self) -> Option<Exit> {
+        let mut exit = None;
+        while let Some(output) = self.core.poll_output() {
+            match output {
+                Output::Gate(view) => {
+                    tracing::info!(
+                        target: "lockstep::agent",
+                        phase = view.phase.as_str(),
+                        limited = view.is_limited(),
+                        "gate"
+                    );
+                    self.gate.send_replace(view);
+                    if view.phase == Phase::Ready {
+                        self.notifier.ready();
+                    }
+                }
+                Output::Status(report) => {
+                    if !report.message.is_empty() {
+                        tracing::info!(
+                            target: "lockstep::agent",
+                            phase = report.phase.as_str(),
+                            done = report.progress.done,
+                            total = report.progress.total,
+                            "{}", report.message
+                        );
+                    }
+                    self.notifier.status(&status_line(&report));
+                    let upgrade_available = self.core.upgrade_available();
+                    self.status.send_modify(|status| {
+                        status.report = Some(report);
+                        status.upgrade_available = upgrade_available;
+                    });
+                }
+                Output::Request { id, request } => {
+                    tracing::debug!(
+                        target: "lockstep::agent",
+                        %id,
+                        request = request_name(&request),
+                        "request"
+                    );
+                    if let Request::RestartInto(binary) = request {
+                        exit = Some(self.switch(binary));
+                    } else if exit.is_none() {
+                        self.execute(id, request);
+                    }
+                }
+            }
+        }
+        exit
+    }
+
+    /// `RestartInto`: point `tools/<tag>` at the binary; the caller restarts the process.
+    fn switch(&mut self, binary: Binary) -> Exit {
+        match self.config.data.switch_to(&self.config.tag, &binary) {
+            Ok(()) => {
+                tracing::info!(target: "lockstep::agent", %binary, "switched; restarting");
+                self.notifier
+                    .reloading(&format!("restarting into {binary}"));
+                Exit::RestartInto(binary)
+            }
+            Err(error) => Exit::Fatal(format!("cannot switch to {binary}: {error}")),
+        }
+    }
+
+    fn execute(&mut self, id: RequestId, request: Request) {
+        let store = Arc::clone(&self.store);
+        let inputs = self.inputs_tx.clone();
+        let config = self.config.clone();
+        let running = self.core.config().running.clone();
+        match request {
+            Request::PersistSnapshot(snapshot) => {
+                let data = config.data.clone();
+                self.blocking(id, "persist agent.conf", move || {
+                    let mut conf = data
+                        .read_agent_conf()
+                        .map_err(|e| e.to_string())?
+                        .ok_or_else(|| format!("{} vanished", data.agent_conf_path().display()))?;
+                    conf.set_snapshot(snapshot.clone());
+                    data.write_agent_conf(&conf).map_err(|e| e.to_string())?;
+                    Ok(Input::Done { id })
+                });
+            }
+            Request::LoadModel => {
+                self.blocking(id, "load the model", move || {
+                    let model = store
+                        .load_model()
+                        .map_err(|e| e.to_string())?
+                        .ok_or("the store holds no model: bootstrap did not finish")?;
+                    Ok(Input::ModelLoaded {
+                        id,
+                        model: ModelView {
+                            agent_version: model.agent_version,
+                            policy: model.policy,
+                            stream: model.agent_stream,
+                            controllers: model.controllers,
+                        },
+                    })
+                });
+            }
+            Request::RefreshCapabilities => {
+                self.blocking(id, "refresh capabilities", move || {
+                    let provider =
+                        lockstep_store::seed004::LocalProvider::from_config(&config.capabilities)
+                            .map_err(|e| e.to_string())?;
+                    lockstep_store::seed004::refresh_capabilities(
+                        &*store,
+                        &provider,
+                        running.number,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    Ok(Input::Done { id })
+                });
+            }
+            Request::WatchRecord { after } => self.watch_record(after),
+            Request::CreateRecord(record) => {
+                self.blocking_fatal(id, "create the upgrade-info record", move || {
+                    store
+                        .create_record(record)
+                        .map(|write| Input::RecordWritten { id, write })
+                });
+            }
+            Request::UpdateRecord {
+                expected,
+                record,
+                fence,
+            } => {
+                self.blocking_fatal(id, "update the upgrade-info record", move || {
+                    store
+                        .update_record(expected, record, fence)
+                        .map(|write| Input::RecordWritten { id, write })
+                });
+            }
+            Request::AcquireLease => {
+                let holder = self.controller();
+                let ttl = config.lease_ttl;
+                self.blocking(id, "acquire the lease", move || {
+                    let lease = store
+                        .acquire_lease(holder, ttl)
+                        .map_err(|e| e.to_string())?;
+                    Ok(Input::LeaseAnswered { id, lease })
+                });
+            }
+            Request::KeepAliveLease(token) => {
+                let holder = self.controller();
+                self.blocking(id, "keep the lease alive", move || {
+                    let lease = store
+                        .keep_alive_lease(holder, token)
+                        .map_err(|e| e.to_string())?;
+                    Ok(Input::LeaseAnswered { id, lease })
+                });
+            }
+            Request::ReleaseLease(token) => {
+                let holder = self.controller();
+                self.tasks.spawn_blocking(move || {
+                    if let Err(error) = store.release_lease(holder, token) {
+                        // Not awaited: an unreleased lease expires by itself.
+                        tracing::warn!(target: "lockstep::agent", %error, "lease release failed");
+                    }
+                });
+            }
+            Request::RunStep { step, key, fence } => {
+                let kind = self.registry.step(step).kind;
+                let description = self.registry.step(step).description;
+                tracing::info!(target: "lockstep::agent", %key, kind = kind.as_str(), "{description}");
+                match kind {
+                    StepKind::Database => {
+                        self.blocking(id, "run a database step", move || {
+                            let outcome = steps::run_database_step(&*store, &key, fence, &running)
+                                .map_err(|e| e.to_string())?;
+                            Ok(Input::StepFinished { id, outcome })
+                        });
+                    }
+                    StepKind::Host => {
+                        let context = HostContext {
+                            data: config.data.clone(),
+                            tag: config.tag.clone(),
+                            running: running.clone(),
+                        };
+                        self.tasks.spawn_blocking(move || {
+                            let outcome = match steps::run_host_step(&context, &key) {
+                                Ok(()) => StepOutcome::Applied,
+                                Err(reason) => StepOutcome::Failed(reason),
+                            };
+                            let _ = inputs.send(Input::StepFinished { id, outcome });
+                        });
+                    }
+                }
+            }
+            Request::LookupCatalogue { streams } => {
+                self.tasks.spawn(async move {
+                    let result = look_up(&*store, &config.data, streams).await;
+                    if let Err(error) = &result {
+                        tracing::warn!(target: "lockstep::agent", %error, "catalogue lookup failed");
+                    }
+                    let _ = inputs.send(Input::CatalogueFound { id, result });
+                });
+            }
+            Request::DesiredBinary => {
+                // Only agents other than controllers ask; this process is a controller.
+                tracing::error!(target: "lockstep::agent", %id, "DesiredBinary asked of a controller");
+            }
+            Request::SetAgentVersion(version) => {
+                self.blocking(id, "set agent-version", move || {
+                    store
+                        .set_agent_version(version)
+                        .map_err(|e| e.to_string())?;
+                    Ok(Input::Done { id })
+                });
+            }
+            Request::ReportUpgradeAvailable(version) => {
+                self.blocking(id, "report upgrade-available", move || {
+                    store
+                        .report_upgrade_available(version)
+                        .map_err(|e| e.to_string())?;
+                    Ok(Input::Done { id })
+                });
+            }
+            Request::StageBinary(plan) => {
+                let status = self.status.clone();
+                self.tasks.spawn(async move {
+                    let result = stage(&*store, &config.data, &plan, &status).await;
+                    status.send_modify(|status| status.download = None);
+                    if let Err(error) = &result {
+                        tracing::warn!(target: "lockstep::agent", binary = %plan.binary, %error, "staging failed");
+                    }
+                    let _ = inputs.send(Input::Staged { id, result });
+                });
+            }
+            Request::RestartInto(_) => unreachable!("handled by drain"),
+        }
+    }
+
+    fn controller(&self) -> ControllerId {
+        self.config
+            .controller
+            .expect("lease requests come only from controllers")
+    }
+
+    /// Runs a store or file operation on the blocking pool, retrying it with capped backoff
+    /// while it fails (see the module documentation), and sends its completion.
+    fn blocking(
+        &mut self,
+        id: RequestId,
+        what: &'static str,
+        operation: impl Fn() -> Result<Input, String> + Send + Sync + 'static,
+    ) {
+        let inputs = self.inputs_tx.clone();
+        let status = self.status.clone();
+        let stopping = Arc::clone(&self.stopping);
+        self.tasks.spawn(async move {
+            let operation = Arc::new(operation);
+            let mut delay = Duration::from_millis(100);
+            while !stopping.load(Ordering::SeqCst) {
+                let attempt = Arc::clone(&operation);
+                let result = tokio::task::spawn_blocking(move || attempt())
+                    .await
+                    .unwrap_or_else(|error| Err(format!("panicked: {error}")));
+                match result {
+                    Ok(input) => {
+                        let _ = inputs.send(input);
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::warn!(
+                            target: "lockstep::agent",
+                            %id,
+                            %error,
+                            retry_in_ms = delay.as_millis() as u64,
+                            "cannot {what}; retrying"
+                        );
+                        status.send_modify(|status| {
+                            if let Some(report) = &mut status.report {
+                                report.message = format!("cannot {what} (retrying): {error}");
+                            }
+                        });
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+        });
+    }
+
+    /// A record write: a store error other than I/O would mean the core asked for an
+    /// invalid transition, which no retry fixes: the process ends and restarts (the core
+    /// re-plans from what is stored).
+    fn blocking_fatal(
+        &mut self,
+        id: RequestId,
+        what: &'static str,
+        operation: impl Fn() -> Result<Input, lockstep_store::StoreError> + Send + Sync + 'static,
+    ) {
+        let fatal = self.fatal_tx.clone();
+        self.blocking(id, what, move || match operation() {
+            Ok(input) => Ok(input),
+            Err(lockstep_store::StoreError::InvalidTransition { from, to }) => {
+                let _ = fatal.send(format!(
+                    "the lifecycle asked for an invalid upgrade-info transition \
+                     from {from:?} to {to:?}"
+                ));
+                // Never completes: the driver ends on the message just sent.
+                Err("refused".to_owned())
+            }
+            Err(error) => Err(error.to_string()),
+        });
+    }
+
+    /// Subscribes to the upgrade-info record: the current view first, then one per change.
+    fn watch_record(&mut self, after: lockstep_core::lifecycle::Revision) {
+        if let Some(previous) = self.watch_cancel.take() {
+            previous.store(true, Ordering::SeqCst);
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.watch_cancel = Some(Arc::clone(&cancel));
+        let store = Arc::clone(&self.store);
+        let inputs = self.inputs_tx.clone();
+        std::thread::Builder::new()
+            .name("record-watch".into())
+            .spawn(move || {
+                let mut delivered = None;
+                let mut seen = after;
+                while !cancel.load(Ordering::SeqCst) {
+                    match store.record_view() {
+                        Ok(view) => {
+                            if delivered != Some(view) {
+                                delivered = Some(view);
+                                if inputs.send(Input::RecordChanged(view)).is_err() {
+                                    return;
+                                }
+                            }
+                            seen = seen.max(store.revision().unwrap_or(seen));
+                        }
+                        Err(error) => {
+                            tracing::warn!(target: "lockstep::agent", %error, "record watch read failed");
+                            std::thread::sleep(Duration::from_millis(500));
+                        }
+                    }
+                    store.wait_for_change(seen, Duration::from_millis(250));
+                }
+            })
+            .expect("a thread can be started");
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One line for `sd_notify`'s `STATUS=` and the launcher's log.
+pub fn status_line(report: &StatusReport) -> String {
+    let mut line = report.phase.as_str().to_owned();
+    if report.progress.total > 0 {
+        line.push_str(&format!(
+            " {}/{}",
+            report.progress.done, report.progress.total
+        ));
+    }
+    if let Some(target) = report.progress.target {
+        line.push_str(&format!(" to {target}"));
+    }
+    if !report.message.is_empty() {
+        line.push_str(": ");
+        line.push_str(&report.message);
+    }
+    line
+}
+
+/// The model's metadata source, as an async source.
+#[derive(Debug)]
+pub enum MetadataSource {
+    Directory(DirectorySource),
+    Http(HttpSource),
+}
+
+impl MetadataSource {
+    /// `http://` and `https://` URLs are fetched; anything else is a local directory
+    /// (`file://` or a path).
+    pub fn open(url: &str) -> Result<MetadataSource, String> {
+        if url.starts_with("http://") || url.starts_with("https://") {
+            HttpSource::new(url, lockstep_streams::HttpConfig::default())
+                .map(MetadataSource::Http)
+                .map_err(|e| e.to_string())
+        } else {
+            DirectorySource::from_url(url)
+                .map(MetadataSource::Directory)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    pub async fn look_up(
+        &self,
+        mark: &lockstep_streams::HighWaterMarkFile,
+        config: &LookupConfig,
+        now: u64,
+    ) -> Result<lockstep_streams::Lookup, lockstep_streams::LookupError> {
+        match self {
+            MetadataSource::Directory(source) => {
+                lockstep_streams::look_up_async(source, mark, config, now).await
+            }
+            MetadataSource::Http(source) => {
+                lockstep_streams::look_up_async(source, mark, config, now).await
+            }
+        }
+    }
+
+    pub async fn download(
+        &self,
+        entry: &CatalogueEntry,
+        destination: &std::path::Path,
+        progress: &mut (dyn FnMut(lockstep_streams::DownloadProgress) + Send),
+    ) -> Result<(), lockstep_streams::DownloadError> {
+        match self {
+            MetadataSource::Directory(source) => {
+                AsyncSource::download(source, entry, destination, progress).await
+            }
+            MetadataSource::Http(source) => {
+                AsyncSource::download(source, entry, destination, progress).await
+            }
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs())
+        .unwrap_or(0)
+}
+
+/// The model's `agent-metadata-url`, or `None` when the controller has no stream source
+/// (a controller bootstrapped from its local binary).
+fn metadata_url(store: &dyn Store) -> Result<Option<String>, String> {
+    let model = store
+        .load_model()
+        .map_err(|e| e.to_string())?
+        .ok_or("the store holds no model")?;
+    Ok(model.agent_metadata_url)
+}
+
+/// `LookupCatalogue`: the catalogue at the model's metadata source, guarded by the
+/// high-water mark. A controller without a source has an empty catalogue.
+pub async fn look_up(
+    store: &dyn Store,
+    data: &DataDir,
+    streams: &'static [Stream],
+) -> Result<Catalogue, String> {
+    let Some(url) = metadata_url(store)? else {
+        return Ok(Catalogue::default());
+    };
+    let source = MetadataSource::open(&url)?;
+    let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
+    // The operator's own mirror (`--metadata-source`, `agent-metadata-url`) is trusted
+    // without signatures, as Juju trusts a user-supplied metadata source.
+    let lookup = source
+        .look_up(&mark, &LookupConfig::allowing_unsigned(), unix_now())
+        .await
+        .map_err(|e| format!("looking up agent binaries at {url}: {e}"))?;
+    for rejected in &lookup.rejected {
+        tracing::warn!(target: "lockstep::agent", %rejected, "metadata item rejected");
+    }
+    tracing::debug!(
+        target: "lockstep::agent",
+        entries = lookup.catalogue.entries().len(),
+        ?streams,
+        "catalogue"
+    );
+    Ok(lookup.catalogue)
+}
+
+/// `StageBinary`: download (or find) the binary, verify size and sha256, unpack it into
+/// `tools/<binary>/`.
+async fn stage(
+    store: &dyn Store,
+    data: &DataDir,
+    plan: &lockstep_core::lifecycle::StagePlan,
+    status: &watch::Sender<AgentStatus>,
+) -> Result<(), String> {
+    match &plan.source {
+        StageSource::Local => {
+            // The operator's file was installed at bootstrap; check it is what was recorded.
+            let installed = data
+                .read_downloaded_tools(&plan.binary)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!(
+                        "{} holds no installed binary",
+                        data.binary_dir(&plan.binary).display()
+                    )
+                })?;
+            if installed.sha256 != plan.sha256.to_string() || installed.size != plan.size_bytes {
+                return Err(format!(
+                    "{} holds sha256 {} ({} bytes), expected {} ({} bytes)",
+                    data.binary_dir(&plan.binary).display(),
+                    installed.sha256,
+                    installed.size,
+                    plan.sha256,
+                    plan.size_bytes
+                ));
+            }
+            Ok(())
+        }
+        StageSource::Controller => {
+            Err("a controller does not fetch binaries from a controller".to_owned())
+        }
+        StageSource::Catalogue { path } => {
+            if let Ok(Some(installed)) = data.read_downloaded_tools(&plan.binary)
+                && installed.sha256 == plan.sha256.to_string()
+                && data.binary_path(&plan.binary).is_file()
+            {
+                return Ok(());
+            }
+            let url = metadata_url(store)?.ok_or("the model has no agent-metadata-url")?;
+            let source = MetadataSource::open(&url)?;
+            let entry = CatalogueEntry {
+                binary: plan.binary.clone(),
+                stream: Stream::Released,
+                size_bytes: plan.size_bytes,
+                sha256: plan.sha256,
+                path: path.clone(),
+            };
+            let cache = data.tools_cache_dir();
+            std::fs::create_dir_all(&cache)
+                .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+            let tarball = cache.join(format!("juju-{}.tgz", plan.binary));
+            let mut progress = |progress: lockstep_streams::DownloadProgress| {
+                status.send_modify(|status| {
+                    status.download = Some((progress.received_bytes, progress.total_bytes));
+                });
+            };
+            source
+                .download(&entry, &tarball, &mut progress)
+                .await
+                .map_err(|e| e.to_string())?;
+            let meta = DownloadedTools {
+                version: plan.binary.clone(),
+                url: format!("{}/{}", url.trim_end_matches('/'), path),
+                sha256: plan.sha256.to_string(),
+                size: plan.size_bytes,
+            };
+            let data = data.clone();
+            let binary = plan.binary.clone();
+            tokio::task::spawn_blocking(move || data.install_tarball(&binary, &tarball, &meta))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    }
+}
+
+/// The lease a controller takes lives this many keep-alive intervals.
+pub fn lease_ttl(keepalive: Millis) -> Millis {
+    Millis(keepalive.0.saturating_mul(5))
+}

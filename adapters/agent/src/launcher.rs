@@ -1,0 +1,283 @@
+//! The launcher: `lockstepd`'s long-lived process, a small supervisor in the manner of
+//! systemd, that owns the API's listening socket and runs the worker from
+//! `tools/<agent-tag>/lockstepd`.
+//!
+//! - It binds the socket once and hands it to every worker (`LOCKSTEP_LISTEN_FD`), so the
+//!   port is never closed while the controller runs: between two workers a client waits in
+//!   the backlog instead of being refused.
+//! - It gives each worker a notification socket (`NOTIFY_SOCKET`, systemd's protocol) and
+//!   learns from it when the worker is ready, reloading (restarting into a new binary) and
+//!   alive (`WATCHDOG=1` every second from the driver's loop). `READY=1` and `STATUS=` are
+//!   forwarded to systemd when the launcher runs under it.
+//! - A worker that sends no watchdog ping for `--watchdog-sec` is hung: it is killed.
+//! - A worker that exits with status 3 (`--restart=exit`) is replaced at once; one that
+//!   crashes, or is killed as hung, is restarted with capped backoff.
+//! - **A binary on trial that never counted a boot** (it died or hung before its lifecycle
+//!   could persist one) cannot decide anything about itself. The launcher points
+//!   `tools/<agent-tag>` back at the previous binary and starts that; the previous
+//!   binary's lifecycle then decides, with its bounded counters, whether to try the switch
+//!   again or to fall back and report why. This is the only place the launcher reads
+//!   `agent.conf`; every other decision is the lifecycle's.
+//! - SIGTERM or SIGINT: the worker gets SIGTERM, then SIGKILL after `--stop-timeout`.
+
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tokio::net::UnixDatagram;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::datadir::DataDir;
+use crate::notify::{NOTIFY_SOCKET, Notification, Notifier};
+use crate::worker::{EXIT_RESTART, LISTEN_FD};
+
+/// The launcher's settings.
+#[derive(Clone, Debug)]
+pub struct LauncherOptions {
+    pub data_dir: PathBuf,
+    /// A worker silent this long is killed as hung.
+    pub watchdog: Duration,
+    /// How long a worker may take to stop after SIGTERM.
+    pub stop_timeout: Duration,
+    /// Arguments the worker is started with, before `worker`.
+    pub worker_args: Vec<String>,
+}
+
+/// Why a worker ended.
+#[derive(Debug)]
+enum Ended {
+    Exited(ExitStatus),
+    Hung,
+}
+
+/// Holds the data dir's lock for the life of the launcher: one launcher per data dir.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+    pid_path: PathBuf,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.pid_path);
+    }
+}
+
+/// Locks `<data>/lockstepd.pid` and writes this process's id into it.
+pub fn lock_data_dir(data: &DataDir) -> Result<DirLock, String> {
+    use std::io::Write;
+    let path = crate::paths::pid_path(data);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        return Err(format!(
+            "another lockstepd (pid {}) runs on {}",
+            holder.trim(),
+            data.root().display()
+        ));
+    }
+    file.set_len(0).map_err(|e| e.to_string())?;
+    writeln!(file, "{}", std::process::id()).map_err(|e| e.to_string())?;
+    file.sync_all().map_err(|e| e.to_string())?;
+    Ok(DirLock {
+        _file: file,
+        pid_path: path,
+    })
+}
+
+/// Runs the launcher until SIGTERM or SIGINT. Returns the exit status.
+pub async fn run(options: LauncherOptions) -> Result<i32, String> {
+    let data = DataDir::new(&options.data_dir);
+    let conf = data
+        .read_agent_conf()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| {
+            format!(
+                "{} does not exist: bootstrap a controller first",
+                data.agent_conf_path().display()
+            )
+        })?;
+    let _lock = lock_data_dir(&data)?;
+    let listener = std::net::TcpListener::bind(&conf.api_listen)
+        .map_err(|e| format!("cannot listen on {}: {e}", conf.api_listen))?;
+    // Inherited by every worker.
+    rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty()).map_err(|e| e.to_string())?;
+    let notify_name = format!("lockstepd-{}-{}", std::process::id(), random_suffix());
+    let notify_address = std::os::unix::net::SocketAddr::from_abstract_name(notify_name.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let notify_std = std::os::unix::net::UnixDatagram::bind_addr(&notify_address)
+        .map_err(|e| format!("cannot open the notification socket: {e}"))?;
+    notify_std
+        .set_nonblocking(true)
+        .map_err(|e| e.to_string())?;
+    let notify = UnixDatagram::from_std(notify_std).map_err(|e| e.to_string())?;
+    let systemd = Notifier::from_env();
+    tracing::info!(
+        target: "lockstep::launcher",
+        pid = std::process::id(),
+        listen = %conf.api_listen,
+        data_dir = %options.data_dir.display(),
+        "launcher started"
+    );
+
+    let mut terminate = Box::pin(crate::worker::wait_for_termination());
+    let mut failures = 0u32;
+    loop {
+        let exe = data.agent_link(&conf.tag).join("lockstepd");
+        let mut child = Command::new(&exe)
+            .args(&options.worker_args)
+            .arg("worker")
+            .env(LISTEN_FD, listener.as_raw_fd().to_string())
+            .env(NOTIFY_SOCKET, format!("@{notify_name}"))
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        let pid = child.id().unwrap_or(0);
+        tracing::info!(target: "lockstep::launcher", pid, exe = %exe.display(), "worker started");
+        let started = Instant::now();
+        let mut ready = false;
+        let mut last_ping = Instant::now();
+        let mut buffer = vec![0u8; 4096];
+        let ended = loop {
+            let hung_at = last_ping + options.watchdog;
+            tokio::select! {
+                status = child.wait() => break Ended::Exited(status.map_err(|e| e.to_string())?),
+                received = notify.recv(&mut buffer) => {
+                    let Ok(length) = received else { continue };
+                    let notification = Notification::parse(&buffer[..length]);
+                    last_ping = Instant::now();
+                    if notification.reloading {
+                        ready = false;
+                    }
+                    if notification.ready && !ready {
+                        ready = true;
+                        failures = 0;
+                        systemd.ready();
+                    }
+                    if let Some(status) = &notification.status {
+                        systemd.status(status);
+                    }
+                }
+                () = tokio::time::sleep_until(hung_at) => {
+                    tracing::error!(
+                        target: "lockstep::launcher",
+                        pid,
+                        silent_s = options.watchdog.as_secs(),
+                        "worker sent no watchdog ping; killing it as hung"
+                    );
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                    break Ended::Hung;
+                }
+                () = &mut terminate => {
+                    systemd.stopping();
+                    stop(&mut child, options.stop_timeout).await;
+                    tracing::info!(target: "lockstep::launcher", "launcher stopped");
+                    return Ok(0);
+                }
+            }
+        };
+        match &ended {
+            Ended::Exited(status) if status.code() == Some(EXIT_RESTART) => {
+                tracing::info!(target: "lockstep::launcher", pid, "worker restarts into a new binary");
+                continue;
+            }
+            Ended::Exited(status) => {
+                tracing::warn!(target: "lockstep::launcher", pid, %status, ready, "worker ended");
+            }
+            Ended::Hung => {}
+        }
+        if !ready && let Some(reason) = hand_back_trial(&data, &conf.tag, &ended) {
+            tracing::warn!(target: "lockstep::launcher", "{reason}");
+            systemd.status(&reason);
+            continue;
+        }
+        failures += 1;
+        let delay = backoff(failures, started.elapsed());
+        tracing::info!(target: "lockstep::launcher", delay_ms = delay.as_millis() as u64, "restarting the worker");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = &mut terminate => return Ok(0),
+        }
+    }
+}
+
+/// A trial binary that died or hung before counting a boot: switch back to the previous
+/// binary, whose lifecycle decides what happens next. `Some` names what was done.
+fn hand_back_trial(data: &DataDir, tag: &str, ended: &Ended) -> Option<String> {
+    let conf = data.read_agent_conf().ok()??;
+    let snapshot = conf.snapshot();
+    let trial = snapshot.trial?;
+    let previous = snapshot.previous?;
+    if trial.boots > 0 || data.current_binary(tag).ok()?? != trial.binary {
+        return None;
+    }
+    let how = match ended {
+        Ended::Exited(status) => format!("exited ({status})"),
+        Ended::Hung => "hung".to_owned(),
+    };
+    match data.switch_to(tag, &previous) {
+        Ok(()) => Some(format!(
+            "agent binary {} on trial {how} before it could start; handing back to {previous}",
+            trial.binary
+        )),
+        Err(error) => {
+            tracing::error!(target: "lockstep::launcher", %error, "cannot switch back to {previous}");
+            None
+        }
+    }
+}
+
+/// Restart delay after `failures` consecutive failures: 0.5 s doubling to 30 s; a worker
+/// that ran for a minute resets the count's effect.
+fn backoff(failures: u32, ran: Duration) -> Duration {
+    if ran > Duration::from_secs(60) {
+        return Duration::from_millis(500);
+    }
+    let exponent = failures.saturating_sub(1).min(6);
+    Duration::from_millis(500 << exponent).min(Duration::from_secs(30))
+}
+
+async fn stop(child: &mut Child, timeout: Duration) {
+    if let Some(pid) = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32))
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    if tokio::time::timeout(timeout, child.wait()).await.is_err() {
+        tracing::warn!(target: "lockstep::launcher", "worker did not stop in time; killing it");
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
+fn random_suffix() -> u64 {
+    use rand_core::RngCore;
+    rand_core::OsRng.next_u64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_cap_and_resets_after_a_long_run() {
+        assert_eq!(backoff(1, Duration::ZERO), Duration::from_millis(500));
+        assert_eq!(backoff(2, Duration::ZERO), Duration::from_secs(1));
+        assert_eq!(backoff(20, Duration::ZERO), Duration::from_secs(30));
+        assert_eq!(
+            backoff(20, Duration::from_secs(120)),
+            Duration::from_millis(500)
+        );
+    }
+}

@@ -1,0 +1,26 @@
+//! lockstep's agent: the `lockstepd` daemon and the `lockstep` CLI.
+//!
+//! - [`driver`]: one task owns the lifecycle core and runs its requests with the store,
+//!   streams and data-dir adapters.
+//! - [`worker`]: the process that serves the API and runs the driver; restarts into a new
+//!   binary by re-executing itself with the listening socket handed over.
+//! - [`launcher`]: `lockstepd`'s long-lived supervisor: owns the socket, runs the worker,
+//!   watches it (systemd's notification protocol), hands a failed trial back.
+//! - [`datadir`], [`unpack`]: the data directory laid out as Juju's, and safe unpacking.
+//! - [`bootstrap`], [`cli`], [`demo`], [`bundle`], [`status`]: the `lockstep` commands.
+
+pub mod bootstrap;
+pub mod bundle;
+pub mod cli;
+pub mod datadir;
+pub mod demo;
+pub mod driver;
+pub mod launcher;
+pub mod logging;
+pub mod notify;
+pub mod paths;
+pub mod probe;
+pub mod status;
+pub mod steps;
+pub mod unpack;
+pub mod worker;

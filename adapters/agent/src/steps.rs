@@ -1,0 +1,155 @@
+//! lockstep's upgrade steps, as the agent runs them.
+//!
+//! The registry holds the store's own step for its schema
+//! ([`lockstep_store::seed004::STEPS`]) and the agent's steps for the *next patch* of this
+//! build. One build plays two versions through Juju's `FORCE-VERSION` file (the demo and
+//! the end-to-end tests publish this binary as N and N+1), so N+1's steps must be in the
+//! build for a real upgrade to run real steps:
+//!
+//! - `record-agent-binaries` (database): every controller machine records the binary its
+//!   agent runs, in the same transaction as the step's checkpoint (exactly once).
+//! - `prune-agent-binaries` (host, every machine): removes unpacked binaries under
+//!   `tools/` other than the running one and the previous one kept for falling back;
+//!   idempotent, so running it again after a crash is harmless (at least once).
+
+use std::sync::Arc;
+
+use lockstep_core::lifecycle::{LeaseToken, StepOutcome};
+use lockstep_core::steps::{Step, StepKey, StepRegistry, Target};
+use lockstep_core::{Binary, Role, Version};
+use lockstep_store::{Abort, Store, StoreError};
+
+use crate::datadir::DataDir;
+
+pub const RECORD_AGENT_BINARIES: &str = "record-agent-binaries";
+pub const PRUNE_AGENT_BINARIES: &str = "prune-agent-binaries";
+
+/// The version of this build (`CARGO_PKG_VERSION`).
+pub fn build_version() -> Version {
+    Version::parse(env!("CARGO_PKG_VERSION")).expect("the crate's version is a Juju version")
+}
+
+/// The patch after this build's version: the version whose steps this build carries.
+pub fn next_patch() -> Version {
+    let mut next = build_version();
+    next.patch += 1;
+    next
+}
+
+/// lockstep's steps.
+pub fn steps() -> Vec<Step> {
+    let mut steps = lockstep_store::seed004::STEPS.to_vec();
+    steps.push(Step::database(
+        RECORD_AGENT_BINARIES,
+        next_patch(),
+        "record each controller's agent binary on its machine",
+    ));
+    steps.push(Step::host(
+        PRUNE_AGENT_BINARIES,
+        next_patch(),
+        &[Target::AllMachines],
+        "remove unpacked agent binaries other than the running and previous ones",
+    ));
+    steps
+}
+
+pub fn registry() -> Arc<StepRegistry> {
+    Arc::new(StepRegistry::new(&steps()).expect("lockstep's steps form a valid registry"))
+}
+
+/// Runs a database step through the store: its changes and its checkpoint in one
+/// transaction, fenced on `fence`.
+pub fn run_database_step(
+    store: &dyn Store,
+    key: &StepKey,
+    fence: Option<LeaseToken>,
+    running: &Binary,
+) -> Result<StepOutcome, StoreError> {
+    if let Some(outcome) = lockstep_store::seed004::run_step(store, *key, fence)? {
+        return Ok(outcome);
+    }
+    if key.id.as_str() == RECORD_AGENT_BINARIES {
+        return store.run_database_step(*key, fence, &mut |tx| {
+            for mut machine in tx.machines()? {
+                if machine.roles.contains(Role::Controller)
+                    && machine.agent_binary.as_ref() != Some(running)
+                {
+                    machine.agent_binary = Some(running.clone());
+                    tx.put_machine(&machine)?;
+                }
+            }
+            Ok::<(), Abort>(())
+        });
+    }
+    Ok(StepOutcome::Failed(format!(
+        "database step {key} is not one this binary knows"
+    )))
+}
+
+/// What a host step may touch.
+#[derive(Clone, Debug)]
+pub struct HostContext {
+    pub data: DataDir,
+    pub tag: String,
+    pub running: Binary,
+}
+
+/// Runs a host step; `Err` names why it failed (the core retries, bounded).
+pub fn run_host_step(context: &HostContext, key: &StepKey) -> Result<(), String> {
+    match key.id.as_str() {
+        PRUNE_AGENT_BINARIES => prune_agent_binaries(context),
+        other => Err(format!("host step {other} is not one this binary knows")),
+    }
+}
+
+fn prune_agent_binaries(context: &HostContext) -> Result<(), String> {
+    let conf = context
+        .data
+        .read_agent_conf()
+        .map_err(|e| e.to_string())?
+        .ok_or("agent.conf is missing")?;
+    let mut keep = vec![context.running.to_string()];
+    if let Some(previous) = conf.snapshot().previous {
+        keep.push(previous.to_string());
+    }
+    if let Some(trial) = conf.snapshot().trial {
+        keep.push(trial.binary.to_string());
+    }
+    if let Ok(Some(current)) = context.data.current_binary(&context.tag) {
+        keep.push(current.to_string());
+    }
+    let tools = context.data.tools_dir();
+    let entries =
+        std::fs::read_dir(&tools).map_err(|e| format!("cannot list {}: {e}", tools.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot list {}: {e}", tools.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        // Only unpacked binaries: `<version>-<os>-<arch>` directories.
+        if !is_dir || Binary::parse(&name).is_err() || keep.contains(&name) {
+            continue;
+        }
+        std::fs::remove_dir_all(entry.path())
+            .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
+        tracing::info!(target: "lockstep::agent", binary = %name, "removed an old agent binary");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_is_valid_and_carries_the_next_patchs_steps() {
+        let registry = registry();
+        let next: Vec<_> = registry
+            .steps()
+            .iter()
+            .filter(|step| step.target_version == next_patch())
+            .map(|step| step.id.as_str().to_owned())
+            .collect();
+        assert_eq!(next, [RECORD_AGENT_BINARIES, PRUNE_AGENT_BINARIES]);
+        assert!(next_patch() > build_version());
+    }
+}

@@ -1,0 +1,344 @@
+//! The worker: the process that serves the API and drives the lifecycle, started by the
+//! launcher from `tools/<agent-tag>/lockstepd`.
+//!
+//! It takes its listening socket from the launcher (`LOCKSTEP_LISTEN_FD`), so the socket
+//! outlives every worker: a client that connects while one worker ends and the next one
+//! starts waits in the socket's backlog instead of being refused. When the core asks to
+//! restart into a new binary the worker switches `tools/<agent-tag>`, closes its clients'
+//! connections (they reconnect at once) and, by default, re-executes itself from the new
+//! binary, handing the socket over (`--restart=exec`); with `--restart=exit` it exits with
+//! [`EXIT_RESTART`] and the launcher (or another supervisor) starts the new binary.
+
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use lockstep_core::lifecycle::{Config, ControllerId, Input, Limits, OperatorAction};
+use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
+use lockstep_core::{Binary, Lifecycle, Role, Roles, Version};
+use lockstep_store::{SqliteStore, Store};
+use lockstep_transport::server::{Api, ApiConfig, Backend};
+use lockstep_transport::tls::Credentials;
+use tokio::sync::{mpsc, watch};
+
+use crate::datadir::{self, AgentConf, DataDir};
+use crate::driver::{self, AgentStatus, Driver, DriverConfig, Exit, MetadataSource};
+use crate::notify::Notifier;
+
+/// The environment variable carrying the listening socket's descriptor number.
+pub const LISTEN_FD: &str = "LOCKSTEP_LISTEN_FD";
+
+/// Exit status of a worker that switched binaries and wants its supervisor to start the new
+/// one (`--restart=exit`): Juju's "must restart: an agent upgrade is available".
+pub const EXIT_RESTART: i32 = 3;
+
+/// Exit status of a worker that hit a condition no retry fixes (a bug); the launcher
+/// restarts it with backoff and the core re-plans from what is stored.
+pub const EXIT_FATAL: i32 = 70;
+
+/// How the worker restarts into a new binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartMode {
+    /// Re-execute the new binary in this process, handing the listening socket over.
+    Exec,
+    /// Exit with status 3 for a supervisor to start the new binary.
+    Exit,
+}
+
+/// The worker's settings.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    pub data_dir: PathBuf,
+    pub restart: RestartMode,
+    pub limits: Limits,
+    /// Capabilities the local provider reports.
+    pub capabilities: String,
+}
+
+/// The version this executable reports: its `FORCE-VERSION` file if there is one beside it
+/// (Juju's mechanism, so that one build can play two versions), else the build's own.
+pub fn running_version() -> Result<Version, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no directory", exe.display()))?;
+    Ok(datadir::read_force_version(dir)
+        .map_err(|e| e.to_string())?
+        .unwrap_or_else(crate::steps::build_version))
+}
+
+/// The binary this process runs.
+pub fn running_binary() -> Result<Binary, String> {
+    Ok(datadir::host_binary(running_version()?))
+}
+
+/// Takes the listening socket handed over in `LOCKSTEP_LISTEN_FD`.
+#[allow(unsafe_code)]
+fn inherited_listener(text: &str) -> Result<std::net::TcpListener, String> {
+    let fd: i32 = text
+        .parse()
+        .map_err(|_| format!("{LISTEN_FD}={text:?} is not a descriptor number"))?;
+    if fd < 3 {
+        return Err(format!("{LISTEN_FD}={fd} names a standard stream"));
+    }
+    // SAFETY: the process that started this one opened descriptor `fd`, cleared its
+    // close-on-exec flag for us, and named it in LOCKSTEP_LISTEN_FD; nothing else in this
+    // process owns it. `fstat` below proves it is open before anything else uses it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    rustix::fs::fstat(&owned).map_err(|e| format!("{LISTEN_FD}={fd}: {e}"))?;
+    // Not inherited further: a re-exec hands over a duplicate of its own.
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| format!("{LISTEN_FD}={fd}: {e}"))?;
+    let listener = std::net::TcpListener::from(owned);
+    listener
+        .local_addr()
+        .map_err(|e| format!("{LISTEN_FD}={fd} is not a listening TCP socket: {e}"))?;
+    Ok(listener)
+}
+
+/// The lifecycle's side of the API.
+struct AgentBackend {
+    inputs: mpsc::UnboundedSender<Input>,
+    running: Binary,
+    status: watch::Receiver<AgentStatus>,
+    store: Arc<dyn Store>,
+    data: DataDir,
+    /// The last catalogue read for the API, and when: FindTools, ModelSet, Upgrader.Tools
+    /// and the tools endpoint ask often; the mirror is read at most every
+    /// [`CATALOGUE_CACHE_TTL`].
+    catalogue: tokio::sync::Mutex<Option<(std::time::Instant, Catalogue)>>,
+}
+
+/// How long the API reuses a catalogue it read.
+pub const CATALOGUE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Backend for AgentBackend {
+    fn abort_current_upgrade(&self) -> Result<(), String> {
+        self.inputs
+            .send(Input::Operator(OperatorAction::Abort))
+            .map_err(|_| "the agent is shutting down".to_owned())
+    }
+
+    fn agent_version(&self) -> String {
+        self.running.number.to_string()
+    }
+
+    fn upgrade_available(&self) -> Option<String> {
+        self.status
+            .borrow()
+            .upgrade_available
+            .map(|version| version.to_string())
+    }
+
+    fn agent_version_changed(&self, version: Version) {
+        let _ = self.inputs.send(Input::AgentVersionChanged(version));
+    }
+
+    fn catalogue(
+        &self,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<Catalogue, String>> + Send + '_>> {
+        Box::pin(async move {
+            let mut cached = self.catalogue.lock().await;
+            if let Some((read_at, catalogue)) = &*cached
+                && read_at.elapsed() < CATALOGUE_CACHE_TTL
+            {
+                return Ok(catalogue.clone());
+            }
+            let catalogue = driver::look_up(&*self.store, &self.data, &Stream::ALL).await?;
+            *cached = Some((std::time::Instant::now(), catalogue.clone()));
+            Ok(catalogue)
+        })
+    }
+
+    fn fetch_binary(
+        &self,
+        entry: CatalogueEntry,
+        destination: PathBuf,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(async move {
+            let url = self
+                .store
+                .load_model()
+                .map_err(|e| e.to_string())?
+                .and_then(|model| model.agent_metadata_url)
+                .ok_or("the model has no agent-metadata-url")?;
+            let source = MetadataSource::open(&url)?;
+            source
+                .download(&entry, &destination, &mut |_| {})
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Reads the PEM files bootstrap wrote.
+fn credentials(data: &DataDir) -> Result<Credentials, String> {
+    let read = |path: PathBuf| {
+        std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    };
+    Ok(Credentials {
+        ca_pem: read(data.ca_cert_path())?,
+        certificate_pem: read(data.server_cert_path())?,
+        key_pem: read(data.server_key_path())?,
+    })
+}
+
+/// The API's users: `(name, argon2 hash)`, from the file bootstrap wrote.
+fn users(data: &DataDir) -> Result<Vec<(String, String)>, String> {
+    let path = crate::paths::users_path(data);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let users: Vec<crate::bootstrap::User> = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a list of users: {e}", path.display()))?;
+    Ok(users
+        .into_iter()
+        .map(|user| (user.name, user.password_hash))
+        .collect())
+}
+
+/// Runs the worker until shutdown or a restart. Returns the process's exit status (a
+/// successful `--restart=exec` does not return).
+pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, String> {
+    let data = DataDir::new(&options.data_dir);
+    let running = running_binary()?;
+    let conf: AgentConf = data
+        .read_agent_conf()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| {
+            format!(
+                "{} does not exist: bootstrap a controller first (lockstep bootstrap --data-dir {})",
+                data.agent_conf_path().display(),
+                options.data_dir.display()
+            )
+        })?;
+    tracing::info!(target: "lockstep::agent", %running, tag = %conf.tag, pid = std::process::id(), "worker starting");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadWrite)
+            .map_err(|e| e.to_string())?,
+    );
+    let tls = credentials(&data)?
+        .server_config()
+        .map_err(|e| e.to_string())?;
+    let std_listener = match std::env::var(LISTEN_FD) {
+        Ok(text) => {
+            // Started by the launcher: never outlive it (a launcher killed with -9 must not
+            // leave a worker holding the port). Kept across a re-exec.
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(|e| format!("cannot ask for the parent's death signal: {e}"))?;
+            inherited_listener(&text)?
+        }
+        Err(_) => std::net::TcpListener::bind(&conf.api_listen)
+            .map_err(|e| format!("cannot listen on {}: {e}", conf.api_listen))?,
+    };
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| e.to_string())?;
+    // Kept for a re-exec: the API's listener is closed when the API stops.
+    let handover = std_listener
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("cannot duplicate the listening socket: {e}"))?;
+    let listener = tokio::net::TcpListener::from_std(std_listener).map_err(|e| e.to_string())?;
+
+    let core = Lifecycle::new(
+        Config {
+            controller: Some(ControllerId(conf.controller_id)),
+            roles: Roles::of(&[Role::Controller]),
+            running: running.clone(),
+            limits: options.limits,
+        },
+        crate::steps::registry(),
+        Some(conf.snapshot()),
+    )
+    .map_err(|e| e.to_string())?;
+    let (driver, handles) = Driver::new(
+        core,
+        DriverConfig {
+            data: data.clone(),
+            tag: conf.tag.clone(),
+            controller: Some(ControllerId(conf.controller_id)),
+            lease_ttl: driver::lease_ttl(options.limits.lease_keepalive_interval),
+            capabilities: options.capabilities.clone(),
+        },
+        crate::steps::registry(),
+        Arc::clone(&store),
+        notifier,
+    );
+    let backend = Arc::new(AgentBackend {
+        inputs: handles.inputs.clone(),
+        running: running.clone(),
+        status: handles.status.clone(),
+        store: Arc::clone(&store),
+        data: data.clone(),
+        catalogue: tokio::sync::Mutex::new(None),
+    });
+    let api = Api::new(
+        ApiConfig {
+            model_uuid: conf.model.clone(),
+            controller_uuid: conf.controller.clone(),
+            users: users(&data)?,
+            // Machine agents (the machine-agent process) come in a later issue.
+            agents: Vec::new(),
+            tools_cache: Some(data.tools_cache_dir()),
+        },
+        handles.gate.clone(),
+        Arc::clone(&store),
+        backend,
+    );
+    let server = tokio::spawn(Arc::clone(&api).serve(listener, tls));
+
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_termination().await;
+        let _ = shutdown_tx.send(true);
+    });
+
+    let exit = driver.run(shutdown).await;
+    // Closes the listener's copy and every client connection; the socket itself stays open
+    // through `handover` (and the launcher's copy), so new clients wait in its backlog.
+    server.abort();
+    let _ = server.await;
+    drop(api);
+    drop(store);
+    match exit {
+        Exit::Shutdown => {
+            tracing::info!(target: "lockstep::agent", "worker stopped");
+            Ok(0)
+        }
+        Exit::Fatal(reason) => {
+            tracing::error!(target: "lockstep::agent", %reason, "worker cannot go on");
+            Ok(EXIT_FATAL)
+        }
+        Exit::RestartInto(binary) => match options.restart {
+            RestartMode::Exit => {
+                tracing::info!(target: "lockstep::agent", %binary, "must restart: an agent upgrade is available");
+                Ok(EXIT_RESTART)
+            }
+            RestartMode::Exec => {
+                let path = data.agent_link(&conf.tag).join("lockstepd");
+                rustix::io::fcntl_setfd(&handover, rustix::io::FdFlags::empty())
+                    .map_err(|e| format!("cannot hand the listening socket over: {e}"))?;
+                tracing::info!(target: "lockstep::agent", %binary, exe = %path.display(), "re-executing");
+                let error = std::process::Command::new(&path)
+                    .args(std::env::args_os().skip(1))
+                    .env(LISTEN_FD, handover.as_raw_fd().to_string())
+                    .exec();
+                // Only reached when exec failed: the binary on trial cannot even start.
+                Err(format!("cannot execute {}: {error}", path.display()))
+            }
+        },
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn wait_for_termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler can be installed");
+    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler can be installed");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,288 @@
+//! Harness for the end-to-end tests: real `lockstep` and `lockstepd` processes on
+//! 127.0.0.1 with free ports, in temporary directories; every process started is stopped
+//! by its pid when the test ends, pass or fail.
+#![allow(dead_code, clippy::print_stderr)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use lockstep_agent::bootstrap::ControllerFile;
+use lockstep_agent::datadir::{self, DataDir};
+use lockstep_core::Version;
+use lockstep_core::client::RetryPolicy;
+use lockstep_transport::client::Client;
+use serde_json::{Value, json};
+
+pub const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
+pub const LOCKSTEPD: &str = env!("CARGO_BIN_EXE_lockstepd");
+
+pub fn own() -> Version {
+    lockstep_agent::steps::build_version()
+}
+
+pub fn next() -> Version {
+    lockstep_agent::steps::next_patch()
+}
+
+/// What a published version holds.
+pub enum Published {
+    /// This build's lockstepd, forced to the version when it is not the build's own.
+    Lockstepd,
+    /// A shell script in place of lockstepd (a binary that exits at once or hangs).
+    Script(&'static str),
+    /// This build's lockstepd, with the tarball's bytes changed after the metadata was
+    /// generated (a tampered mirror).
+    Tampered,
+}
+
+/// A mirror directory with simplestreams metadata.
+pub struct Mirror {
+    pub dir: tempfile::TempDir,
+}
+
+impl Mirror {
+    pub fn new(versions: &[(Version, Published)]) -> Mirror {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut tamper = Vec::new();
+        for (version, published) in versions {
+            match published {
+                Published::Lockstepd | Published::Tampered => {
+                    let tarball = lockstep_agent::demo::publish(
+                        dir.path(),
+                        *version,
+                        Path::new(LOCKSTEPD),
+                        *version != own(),
+                    )
+                    .expect("publish");
+                    if matches!(published, Published::Tampered) {
+                        tamper.push(tarball);
+                    }
+                }
+                Published::Script(script) => {
+                    let scratch = tempfile::tempdir().unwrap();
+                    let path = scratch.path().join("lockstepd");
+                    std::fs::write(&path, script).unwrap();
+                    let binary = datadir::host_binary(*version);
+                    let released = dir.path().join("tools/released");
+                    std::fs::create_dir_all(&released).unwrap();
+                    lockstep_agent::unpack::pack_tgz(
+                        &[("lockstepd", path.as_path(), 0o755)],
+                        &released.join(format!("juju-{binary}.tgz")),
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        lockstep_agent::demo::generate(dir.path()).expect("generate metadata");
+        for tarball in tamper {
+            let mut bytes = std::fs::read(&tarball).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0xff;
+            std::fs::write(&tarball, bytes).unwrap();
+        }
+        Mirror { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A controller bootstrapped by `lockstep bootstrap` in a temporary data dir.
+pub struct Controller {
+    pub dir: tempfile::TempDir,
+    pub data_dir: PathBuf,
+    pub bootstrap: Output,
+}
+
+/// Runs `lockstep` with `--data-dir` and returns its output.
+pub fn lockstep(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(LOCKSTEP);
+    command.arg("--data-dir").arg(data_dir).args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("lockstep runs")
+}
+
+pub fn text(output: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+impl Controller {
+    /// `lockstep bootstrap --api-port 0 <args>`; the controller is left running even if
+    /// bootstrap failed (the caller asserts).
+    pub fn bootstrap(args: &[&str], env: &[(&str, &str)]) -> Controller {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let data_dir = dir.path().join("controller");
+        let mut all = vec!["bootstrap", "--api-port", "0", "--timeout", "180"];
+        all.extend_from_slice(args);
+        let bootstrap = lockstep(&data_dir, &all, env);
+        Controller {
+            dir,
+            data_dir,
+            bootstrap,
+        }
+    }
+
+    pub fn assert_bootstrapped(&self) {
+        assert!(
+            self.bootstrap.status.success()
+                && String::from_utf8_lossy(&self.bootstrap.stdout).contains("is now available"),
+            "bootstrap failed: {}\nlog:\n{}",
+            text(&self.bootstrap),
+            self.log()
+        );
+    }
+
+    pub fn data(&self) -> DataDir {
+        DataDir::new(&self.data_dir)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("logs/lockstepd.log")).unwrap_or_default()
+    }
+
+    pub fn controller_file(&self) -> ControllerFile {
+        ControllerFile::read(&self.data()).expect("controller.yaml")
+    }
+
+    pub fn client(&self) -> Client {
+        self.controller_file().client(RetryPolicy::default())
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        lockstep(&self.data_dir, args, &[])
+    }
+
+    pub fn launcher_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(lockstep_agent::paths::pid_path(&self.data()))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    pub fn worker_pid(&self) -> Option<u32> {
+        lockstep_agent::demo::worker_pid(self.launcher_pid()?)
+    }
+
+    /// `/proc/<worker>/exe`.
+    pub fn serving_exe(&self) -> Option<PathBuf> {
+        lockstep_agent::demo::exe_of(self.worker_pid()?)
+    }
+
+    pub fn binary_dir(&self, version: Version) -> PathBuf {
+        self.data().binary_dir(&datadir::host_binary(version))
+    }
+
+    pub async fn status(&self) -> Value {
+        self.client()
+            .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(60))
+            .await
+            .expect("Upgrade.Status")
+    }
+
+    pub async fn full_status(&self) -> Value {
+        self.client()
+            .call(
+                "Client",
+                8,
+                "FullStatus",
+                json!({}),
+                Duration::from_secs(120),
+            )
+            .await
+            .expect("FullStatus")
+    }
+
+    /// Waits for Ready (through restarts), up to `deadline`.
+    pub async fn wait_ready(&self, deadline: Duration) {
+        let client = self.client();
+        let started = Instant::now();
+        loop {
+            if let Ok(status) = client
+                .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(5))
+                .await
+                && status["phase"] == "ready"
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "not ready within {deadline:?}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the controller is Ready running `version`, up to `deadline`.
+    pub async fn wait_running(&self, version: Version, deadline: Duration) {
+        let client = self.client();
+        let started = Instant::now();
+        loop {
+            if let Ok(status) = client
+                .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(5))
+                .await
+                && status["phase"] == "ready"
+                && status["agent-version"] == version.to_string()
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "not ready on {version} within {deadline:?}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the launcher (and its worker) by pid.
+    pub fn stop(&self) {
+        let worker = self.worker_pid();
+        if let Some(pid) = self.launcher_pid() {
+            lockstep_agent::demo::stop_daemon(pid);
+        }
+        if let Some(worker) = worker {
+            lockstep_agent::demo::stop_daemon(worker);
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("lockstepd log:\n{}", self.log());
+        }
+    }
+}
+
+/// Counts the checkpoints recorded for each database step, from the store's event log.
+pub fn checkpoint_events(data: &DataDir) -> std::collections::BTreeMap<String, usize> {
+    use lockstep_store::Store;
+    let store =
+        lockstep_store::SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadOnly)
+            .expect("open the store read-only");
+    let lockstep_store::Changes::Events { events, .. } = store
+        .changes_since(lockstep_core::lifecycle::Revision(0), 1_000_000)
+        .expect("the event log")
+    else {
+        panic!("the event log was compacted");
+    };
+    let mut counts = std::collections::BTreeMap::new();
+    for event in events {
+        if event.kind == lockstep_store::EntityKind::Step {
+            *counts.entry(event.id.clone()).or_insert(0) += 1;
+        }
+    }
+    counts
+}

@@ -1,0 +1,398 @@
+//! End to end: real `lockstep` and `lockstepd` processes, real SQLite files, real TLS on
+//! 127.0.0.1, real self-upgrades through re-exec. Each test asserts outcomes (versions
+//! running, `/proc/<pid>/exe`, store contents, what clients saw), not just exit codes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Controller, Mirror, Published, lockstep, next, own, text};
+use serde_json::json;
+
+const READY_WITHIN: Duration = Duration::from_secs(120);
+
+fn bundle_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("bundle.yaml");
+    std::fs::write(&path, lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_bootstrap_then_deploy() {
+    let controller = Controller::bootstrap(&[], &[]);
+    controller.assert_bootstrapped();
+    let exe = controller.serving_exe().expect("a worker runs");
+    assert!(exe.starts_with(controller.binary_dir(own())), "{exe:?}");
+
+    let bundle = bundle_file(controller.dir.path());
+    let deploy = controller.run(&["deploy", bundle.to_str().unwrap()]);
+    assert!(deploy.status.success(), "{}", text(&deploy));
+
+    let status = controller.run(&["status", "--format", "json"]);
+    assert!(status.status.success(), "{}", text(&status));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let expected =
+        lockstep_agent::bundle::Bundle::parse(lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    for change in expected.plan() {
+        if let lockstep_agent::bundle::BundleChange::Deploy {
+            application,
+            num_units,
+            ..
+        } = change
+        {
+            let units = status["applications"][&application]["units"]
+                .as_object()
+                .map(|units| units.len())
+                .unwrap_or(0);
+            assert_eq!(units, num_units as usize, "{application}: {status:#}");
+        }
+    }
+    let tabular = controller.run(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&tabular.stdout).contains("ready"),
+        "{}",
+        text(&tabular)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_bootstrap_on_the_same_data_dir_is_refused() {
+    let controller = Controller::bootstrap(&[], &[]);
+    controller.assert_bootstrapped();
+    let again = lockstep(&controller.data_dir, &["bootstrap", "--api-port", "0"], &[]);
+    assert!(!again.status.success(), "{}", text(&again));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("already bootstrapped"), "{}", text(&again));
+    // The running controller is untouched.
+    controller.wait_ready(READY_WITHIN).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_holds_its_claims() {
+    let output = std::process::Command::new(common::LOCKSTEP)
+        .args(["demo", "--timeout", "180"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(stdout.contains("claims hold"), "{}", text(&output));
+    assert!(!stdout.contains("FAIL"), "{}", text(&output));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_before_ready() {
+    let mirror = Mirror::new(&[
+        (own(), Published::Lockstepd),
+        (next(), Published::Lockstepd),
+    ]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let controller = Controller::bootstrap(&["--auto-upgrade", "--metadata-source", &source], &[]);
+    controller.assert_bootstrapped();
+    let exe = controller.serving_exe().expect("a worker runs");
+    assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
+    let status = controller.status().await;
+    assert_eq!(status["agent-version"], next().to_string());
+    // The new version's database steps ran exactly once.
+    let checkpoints = common::checkpoint_events(&controller.data());
+    let step = format!(
+        "{}@{}",
+        lockstep_agent::steps::RECORD_AGENT_BINARIES,
+        next()
+    );
+    assert_eq!(checkpoints.get(&step), Some(&1), "{checkpoints:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_reports_upgrade_available_and_stays() {
+    let mirror = Mirror::new(&[
+        (own(), Published::Lockstepd),
+        (next(), Published::Lockstepd),
+    ]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    controller.assert_bootstrapped();
+    let status = controller.status().await;
+    assert_eq!(status["agent-version"], own().to_string());
+    assert_eq!(
+        status["upgrade-available"],
+        next().to_string(),
+        "{status:#}"
+    );
+    assert!(
+        controller
+            .serving_exe()
+            .unwrap()
+            .starts_with(controller.binary_dir(own()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_version_is_run_even_when_newer_ones_exist() {
+    let mirror = Mirror::new(&[
+        (own(), Published::Lockstepd),
+        (next(), Published::Lockstepd),
+    ]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let pinned = own().to_string();
+    let controller = Controller::bootstrap(
+        &[
+            "--agent-version",
+            &pinned,
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    let status = controller.status().await;
+    assert_eq!(status["agent-version"], pinned);
+    assert!(
+        controller
+            .serving_exe()
+            .unwrap()
+            .starts_with(controller.binary_dir(own()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_binary_is_run_as_built() {
+    let controller = Controller::bootstrap(&["--build-agent"], &[]);
+    controller.assert_bootstrapped();
+    let exe = controller.serving_exe().unwrap();
+    assert!(exe.starts_with(controller.binary_dir(own())), "{exe:?}");
+    let installed = std::fs::read(exe).unwrap();
+    assert_eq!(installed, std::fs::read(common::LOCKSTEPD).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_binary_is_refused_reported_and_agent_version_reset() {
+    let mirror = Mirror::new(&[(own(), Published::Lockstepd), (next(), Published::Tampered)]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let controller = Controller::bootstrap(
+        &["--auto-upgrade", "--metadata-source", &source],
+        &[("LOCKSTEPD_STAGE_RETRY_SEC", "1")],
+    );
+    controller.assert_bootstrapped();
+    let status = controller.status().await;
+    assert_eq!(status["agent-version"], own().to_string());
+    let full = controller.full_status().await;
+    assert_eq!(
+        full["model"]["version"],
+        own().to_string(),
+        "agent-version reset: {full:#}"
+    );
+    assert!(
+        controller.log().contains("sha256"),
+        "the refusal names the digest:\n{}",
+        controller.log()
+    );
+}
+
+async fn trial_falls_back(script: &'static str) {
+    let mirror = Mirror::new(&[
+        (own(), Published::Lockstepd),
+        (next(), Published::Script(script)),
+    ]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let controller = Controller::bootstrap(
+        &["--auto-upgrade", "--metadata-source", &source],
+        &[("LOCKSTEPD_WATCHDOG_SEC", "2")],
+    );
+    controller.assert_bootstrapped();
+    let status = controller.status().await;
+    assert_eq!(status["agent-version"], own().to_string());
+    let exe = controller.serving_exe().unwrap();
+    assert!(exe.starts_with(controller.binary_dir(own())), "{exe:?}");
+    let full = controller.full_status().await;
+    assert_eq!(full["model"]["version"], own().to_string(), "{full:#}");
+    let log = controller.log();
+    assert!(
+        log.contains("did not come up"),
+        "the reason is reported:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_binary_that_exits_at_once_falls_back_to_the_previous_one() {
+    trial_falls_back("#!/bin/sh\nexit 1\n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_binary_that_hangs_falls_back_to_the_previous_one() {
+    trial_falls_back("#!/bin/sh\nexec sleep 600\n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_controller_from_ready_with_a_watcher_that_loses_nothing() {
+    let mirror = Mirror::new(&[
+        (own(), Published::Lockstepd),
+        (next(), Published::Lockstepd),
+    ]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    controller.assert_bootstrapped();
+    let client = controller.client();
+    let mut watcher = client.watch();
+    let first = watcher.next(Duration::from_secs(30)).await.unwrap();
+    let mut revisions: Vec<u64> = first.iter().map(|d| d.revision.0).collect();
+
+    let dry_run = controller.run(&["upgrade-controller", "--dry-run"]);
+    assert!(
+        String::from_utf8_lossy(&dry_run.stdout).contains(&next().to_string()),
+        "{}",
+        text(&dry_run)
+    );
+    let upgrade = controller.run(&["upgrade-controller"]);
+    assert!(upgrade.status.success(), "{}", text(&upgrade));
+    // Deploy through the restart: the deploy waits through the upgrade.
+    let bundle = bundle_file(controller.dir.path());
+    let deploy = std::process::Command::new(common::LOCKSTEP)
+        .arg("--data-dir")
+        .arg(&controller.data_dir)
+        .args(["deploy", bundle.to_str().unwrap()])
+        .output();
+    controller.wait_running(next(), READY_WITHIN).await;
+    let deploy = deploy.unwrap();
+    assert!(deploy.status.success(), "{}", text(&deploy));
+    let exe = controller.serving_exe().unwrap();
+    assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
+
+    let mut applications = std::collections::BTreeSet::new();
+    let mut seen = std::collections::BTreeSet::new();
+    while applications.len() < 4 {
+        for delta in watcher.next(Duration::from_secs(60)).await.unwrap() {
+            revisions.push(delta.revision.0);
+            let entity = &delta.delta[2];
+            let id = entity["name"]
+                .as_str()
+                .or(entity["key"].as_str())
+                .or(entity["id"].as_str());
+            assert!(
+                seen.insert((
+                    delta.revision.0,
+                    delta.delta[0].to_string(),
+                    id.map(str::to_owned)
+                )),
+                "delivered twice: {delta:?}"
+            );
+            if delta.delta[0] == "application" {
+                applications.insert(delta.delta[2]["name"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    assert!(
+        revisions.windows(2).all(|pair| pair[0] <= pair[1]),
+        "in order: {revisions:?}"
+    );
+    let status = controller.status().await;
+    assert_eq!(status["agent-version"], next().to_string());
+}
+
+/// Kill -9 of the serving process at a moment of every phase: the controller converges,
+/// and the database steps ran exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_every_phase_converges_with_database_steps_once() {
+    let mirror = Mirror::new(&[
+        (own(), Published::Lockstepd),
+        (next(), Published::Lockstepd),
+    ]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    // Bootstrap without waiting: the test kills while it goes.
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("controller");
+    let mut bootstrap = std::process::Command::new(common::LOCKSTEP)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args([
+            "bootstrap",
+            "--api-port",
+            "0",
+            "--timeout",
+            "240",
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let controller = Controller {
+        dir,
+        data_dir,
+        bootstrap: std::process::Command::new("true").output().unwrap(),
+    };
+    let mut killed = std::collections::BTreeSet::new();
+    let mut client = None;
+    let started = std::time::Instant::now();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+    while started.elapsed() < Duration::from_secs(200) {
+        if let Ok(Some(_)) = bootstrap.try_wait() {
+            break;
+        }
+        // A random pause, then kill the worker in whatever phase it is, once per phase.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        tokio::time::sleep(Duration::from_millis(20 + seed % 150)).await;
+        let Some(worker) = controller.worker_pid() else {
+            continue;
+        };
+        if !controller.data_dir.join("controller.yaml").exists() {
+            continue;
+        }
+        // The phase the serving process is in now (Upgrade.Status is served in every phase).
+        let Ok(Ok(status)) = tokio::time::timeout(
+            Duration::from_millis(500),
+            client.get_or_insert_with(|| controller.client()).call(
+                "Upgrade",
+                1,
+                "Status",
+                json!({}),
+                Duration::from_millis(500),
+            ),
+        )
+        .await
+        else {
+            continue;
+        };
+        let phase = status["phase"].as_str().unwrap_or("").to_owned();
+        if phase == "ready" || killed.contains(&phase) {
+            continue;
+        }
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(worker as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+        killed.insert(phase);
+    }
+    let output = bootstrap.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}\nkilled in {killed:?}\nlog:\n{}",
+        text(&output),
+        controller.log()
+    );
+    controller.wait_ready(READY_WITHIN).await;
+    assert!(!killed.is_empty(), "the test killed nothing");
+    let status = controller.status().await;
+    assert_eq!(
+        status["agent-version"],
+        next().to_string(),
+        "killed in {killed:?}"
+    );
+    let checkpoints = common::checkpoint_events(&controller.data());
+    for (step, count) in &checkpoints {
+        assert_eq!(
+            *count, 1,
+            "{step} checkpointed {count} times (killed in {killed:?})"
+        );
+    }
+    let step = format!(
+        "{}@{}",
+        lockstep_agent::steps::RECORD_AGENT_BINARIES,
+        next()
+    );
+    assert!(checkpoints.contains_key(&step), "{checkpoints:?}");
+}
