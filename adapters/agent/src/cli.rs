@@ -271,7 +271,7 @@ pub async fn upgrade_controller(
                     json!({"major": running.major, "minor": running.minor}),
                 )
                 .await?;
-            tools["list"]
+            let newest = tools["list"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -280,8 +280,17 @@ pub async fn upgrade_controller(
                 .map(|binary| binary.number)
                 .filter(|number| number.same_minor(&running) && number.is_release())
                 .max()
-                .filter(|newest| *newest > running)
-                .ok_or_else(|| format!("no upgrades available: {running} is the newest patch"))?
+                .filter(|newest| *newest > running);
+            match newest {
+                Some(newest) => newest,
+                None => {
+                    // As Juju: being up to date is not an error.
+                    say(&format!(
+                        "no upgrades available: {running} is the newest patch"
+                    ));
+                    return Ok(());
+                }
+            }
         }
     };
     if dry_run {

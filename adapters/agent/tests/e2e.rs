@@ -396,3 +396,57 @@ async fn kill_9_in_every_phase_converges_with_database_steps_once() {
     );
     assert!(checkpoints.contains_key(&step), "{checkpoints:?}");
 }
+
+/// Under systemd: READY=1 once the API is fully available, STATUS= lines on the way; and a
+/// clean stop on SIGTERM (`kill-controller`) that leaves no process behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sd_notify_ready_and_status_then_a_clean_sigterm_stop() {
+    use std::os::linux::net::SocketAddrExt;
+    let controller = Controller::bootstrap(&[], &[]);
+    controller.assert_bootstrapped();
+    let stop = controller.run(&["kill-controller"]);
+    assert!(stop.status.success(), "{}", text(&stop));
+    assert!(
+        controller.launcher_pid().is_none(),
+        "the pid file is removed on a clean stop"
+    );
+
+    let name = format!("lockstep-e2e-notify-{}", std::process::id());
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let socket = std::os::unix::net::UnixDatagram::bind_addr(&address).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let notify = format!("@{name}");
+    let launcher = controller.start(&[("NOTIFY_SOCKET", notify.as_str())]);
+    let worker = controller.worker_pid();
+    let mut messages = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !messages.iter().any(|m: &String| m.contains("READY=1")) {
+        let length = socket
+            .recv(&mut buffer)
+            .expect("a notification within 60 s");
+        messages.push(String::from_utf8_lossy(&buffer[..length]).into_owned());
+    }
+    assert!(
+        messages.iter().any(|m| m.starts_with("STATUS=")),
+        "status lines before READY: {messages:?}"
+    );
+    let stop = controller.run(&["kill-controller"]);
+    assert!(stop.status.success(), "{}", text(&stop));
+    assert!(
+        !lockstep_agent::bootstrap::alive(launcher),
+        "launcher {launcher} stopped"
+    );
+    if let Some(worker) = worker {
+        assert!(
+            !lockstep_agent::bootstrap::alive(worker),
+            "worker {worker} stopped"
+        );
+    }
+    assert!(
+        controller.log().contains("worker stopped"),
+        "the worker stopped cleanly, not killed:\n{}",
+        controller.log()
+    );
+}

@@ -245,6 +245,57 @@ impl Controller {
         }
     }
 
+    /// Kills the launcher and its worker with SIGKILL and waits until both are gone.
+    pub fn kill_9(&self) {
+        let worker = self.worker_pid();
+        for pid in self.launcher_pid().into_iter().chain(worker) {
+            if let Some(target) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(target, rustix::process::Signal::KILL);
+            }
+        }
+        for pid in self.launcher_pid().into_iter().chain(worker) {
+            let started = Instant::now();
+            while lockstep_agent::bootstrap::alive(pid)
+                && started.elapsed() < Duration::from_secs(10)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// Starts `lockstepd` again on the same data dir (and so the same port), detached, as
+    /// `lockstep bootstrap` does. Returns the launcher's pid.
+    pub fn start(&self, env: &[(&str, &str)]) -> u32 {
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data_dir.join("logs/lockstepd.log"))
+            .unwrap();
+        let mut command = Command::new(self.data().agent_link("machine-0").join("lockstepd"));
+        command
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command.spawn().expect("lockstepd starts");
+        // The launcher writes its pid file once it holds the data dir's lock.
+        let started = Instant::now();
+        while self.launcher_pid() != Some(child.id()) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "lockstepd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.id()
+    }
+
     /// Stops the launcher (and its worker) by pid.
     pub fn stop(&self) {
         let worker = self.worker_pid();
