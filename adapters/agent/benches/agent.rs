@@ -65,7 +65,7 @@ async fn start_to_ready(data: &DataDir) -> Duration {
         attempts_max: 100_000,
     });
     let started = Instant::now();
-    let child = Command::new(data.agent_link("machine-0").join("lockstepd"))
+    let mut child = Command::new(data.agent_link("machine-0").join("lockstepd"))
         .arg("--data-dir")
         .arg(data.root())
         .stdout(std::process::Stdio::null())
@@ -84,6 +84,7 @@ async fn start_to_ready(data: &DataDir) -> Duration {
     }
     let elapsed = started.elapsed();
     lockstep_agent::demo::stop_daemon(child.id());
+    let _ = child.wait();
     elapsed
 }
 

@@ -322,6 +322,7 @@ async fn kill_9_in_every_phase_converges_with_database_steps_once() {
         dir,
         data_dir,
         bootstrap: std::process::Command::new("true").output().unwrap(),
+        children: std::sync::Mutex::default(),
     };
     let mut killed = std::collections::BTreeSet::new();
     let mut client = None;

@@ -94,6 +94,8 @@ pub struct Controller {
     pub dir: tempfile::TempDir,
     pub data_dir: PathBuf,
     pub bootstrap: Output,
+    /// `lockstepd`s this test started itself (reaped when stopped).
+    pub children: std::sync::Mutex<Vec<std::process::Child>>,
 }
 
 /// Runs `lockstep` with `--data-dir` and returns its output.
@@ -128,6 +130,7 @@ impl Controller {
             dir,
             data_dir,
             bootstrap,
+            children: std::sync::Mutex::default(),
         }
     }
 
@@ -261,10 +264,20 @@ impl Controller {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+        self.reap();
+    }
+
+    /// Waits for the children this test started that have exited.
+    fn reap(&self) {
+        self.children
+            .lock()
+            .unwrap()
+            .retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_))));
     }
 
     /// Starts `lockstepd` again on the same data dir (and so the same port), detached, as
     /// `lockstep bootstrap` does. Returns the launcher's pid.
+    #[allow(clippy::zombie_processes, reason = "children are kept and reaped by `reap`")]
     pub fn start(&self, env: &[(&str, &str)]) -> u32 {
         use std::os::unix::process::CommandExt;
         let log = std::fs::OpenOptions::new()
@@ -305,6 +318,7 @@ impl Controller {
         if let Some(worker) = worker {
             lockstep_agent::demo::stop_daemon(worker);
         }
+        self.reap();
     }
 }
 
