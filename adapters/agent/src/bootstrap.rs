@@ -424,6 +424,8 @@ pub struct Progress {
     pub target: Option<String>,
     pub message: Option<String>,
     pub download: Option<(u64, u64)>,
+    /// What went wrong last (an upgrade given up, steps held), even after moving on.
+    pub last_failure: Option<String>,
 }
 
 impl Progress {
@@ -440,6 +442,10 @@ impl Progress {
             download: value["download"]["received"]
                 .as_u64()
                 .zip(value["download"]["total"].as_u64()),
+            last_failure: value["last-failure"]
+                .as_str()
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned),
         }
     }
 
@@ -515,6 +521,7 @@ pub async fn wait_until_ready(
             let detail = Progress::from_json(&status);
             now.message = detail.message;
             now.download = detail.download;
+            now.last_failure = detail.last_failure;
         }
         if now != last {
             on_change(&now);
@@ -563,11 +570,17 @@ pub async fn bootstrap(
         .client(lockstep_core::client::RetryPolicy::default());
     let bar = indicatif::ProgressBar::new_spinner();
     bar.enable_steady_tick(Duration::from_millis(120));
+    let terminal = !bar.is_hidden();
     let mut seen = Vec::new();
     let result = wait_until_ready(&client, Some(pid), timeout, |progress| {
         bar.set_message(progress.describe());
-        if seen.last().map(|last: &Progress| &last.phase) != Some(&progress.phase) {
-            bar.println(format!(" - {}", progress.describe()));
+        let line = format!(" - {}", progress.describe());
+        let new_phase = seen.last().map(|last: &Progress| &last.phase) != Some(&progress.phase);
+        if terminal && new_phase {
+            bar.println(line);
+        } else if !terminal {
+            // Not a terminal (a log, CI): every change on its own line.
+            crate::logging::complain(&line);
         }
         seen.push(progress.clone());
     })
@@ -581,6 +594,9 @@ pub async fn bootstrap(
                 .map_err(|e| e.to_string())?;
             let running = status["agent-version"].as_str().unwrap_or("").to_owned();
             let initial = prepared.binary.number.to_string();
+            if let Some(failure) = Progress::from_json(&status).last_failure {
+                on_line(&format!("Note: {failure}"));
+            }
             Ok(Outcome {
                 pid,
                 data: prepared.data,

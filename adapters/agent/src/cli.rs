@@ -123,9 +123,12 @@ pub async fn status(session: &Session, format: Format) -> Result<(), String> {
             json!({"patterns": []}),
         )
         .await?;
-    say(status::render(&reply, format)
-        .map_err(|e| e.to_string())?
-        .trim_end());
+    let text = match format {
+        Format::Tabular => status::render_tabular(&reply, Some(&session.controller.name)),
+        other => status::render(&reply, other),
+    }
+    .map_err(|e| e.to_string())?;
+    say(text.trim_end());
     Ok(())
 }
 

@@ -41,6 +41,9 @@ pub struct AgentStatus {
     pub upgrade_available: Option<Version>,
     /// Bytes of a binary being staged: (received, total).
     pub download: Option<(u64, u64)>,
+    /// The last message of a failure phase (StepsFailed, UpgradeFailed): what went wrong
+    /// last and what was done about it, kept after the agent moved on.
+    pub last_failure: Option<String>,
 }
 
 /// How a driver run ended.
@@ -234,7 +237,12 @@ impl Driver {
                     }
                     self.notifier.status(&status_line(&report));
                     let upgrade_available = self.core.upgrade_available();
+                    let failure = matches!(report.phase, Phase::StepsFailed | Phase::UpgradeFailed)
+                        && !report.message.is_empty();
                     self.status.send_modify(|status| {
+                        if failure {
+                            status.last_failure = Some(report.message.clone());
+                        }
                         status.report = Some(report);
                         status.upgrade_available = upgrade_available;
                     });

@@ -19,7 +19,7 @@ use lockstep_core::lifecycle::{Config, ControllerId, Input, Limits, OperatorActi
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
 use lockstep_core::{Binary, Lifecycle, Role, Roles, Version};
 use lockstep_store::{SqliteStore, Store};
-use lockstep_transport::server::{Api, ApiConfig, Backend};
+use lockstep_transport::server::{Api, ApiConfig, Backend, StatusDetail};
 use lockstep_transport::tls::Credentials;
 use tokio::sync::{mpsc, watch};
 
@@ -130,6 +130,19 @@ impl Backend for AgentBackend {
             .borrow()
             .upgrade_available
             .map(|version| version.to_string())
+    }
+
+    fn status_detail(&self) -> StatusDetail {
+        let status = self.status.borrow();
+        StatusDetail {
+            message: status
+                .report
+                .as_ref()
+                .map(|report| report.message.clone())
+                .filter(|message| !message.is_empty()),
+            download: status.download,
+            last_failure: status.last_failure.clone(),
+        }
     }
 
     fn agent_version_changed(&self, version: Version) {

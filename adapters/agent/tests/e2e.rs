@@ -102,6 +102,29 @@ async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_befor
     assert_eq!(checkpoints.get(&step), Some(&1), "{checkpoints:?}");
 }
 
+/// `--restart=exit`: the worker exits with status 3 and the launcher starts the new binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_by_exit_for_a_supervisor_also_lands_on_the_new_binary() {
+    let mirror = Mirror::new(&[
+        (own(), Published::Lockstepd),
+        (next(), Published::Lockstepd),
+    ]);
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let controller = Controller::bootstrap(
+        &["--auto-upgrade", "--metadata-source", &source],
+        &[("LOCKSTEPD_RESTART", "exit")],
+    );
+    controller.assert_bootstrapped();
+    let exe = controller.serving_exe().expect("a worker runs");
+    assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
+    let log = controller.log();
+    assert!(
+        log.contains("must restart: an agent upgrade is available"),
+        "{log}"
+    );
+    assert!(log.contains("worker restarts into a new binary"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_policy_reports_upgrade_available_and_stays() {
     let mirror = Mirror::new(&[
@@ -182,11 +205,13 @@ async fn a_tampered_binary_is_refused_reported_and_agent_version_reset() {
         own().to_string(),
         "agent-version reset: {full:#}"
     );
+    let said = String::from_utf8_lossy(&controller.bootstrap.stdout).into_owned();
     assert!(
-        controller.log().contains("sha256"),
-        "the refusal names the digest:\n{}",
-        controller.log()
+        said.contains("upgrade failed") && said.contains("sha256"),
+        "bootstrap reports the refusal and names the digest:\n{said}"
     );
+    let failure = status["last-failure"].as_str().unwrap_or("");
+    assert!(failure.contains("sha256"), "{status:#}");
 }
 
 async fn trial_falls_back(script: &'static str) {
@@ -206,11 +231,13 @@ async fn trial_falls_back(script: &'static str) {
     assert!(exe.starts_with(controller.binary_dir(own())), "{exe:?}");
     let full = controller.full_status().await;
     assert_eq!(full["model"]["version"], own().to_string(), "{full:#}");
-    let log = controller.log();
+    let said = String::from_utf8_lossy(&controller.bootstrap.stdout).into_owned();
     assert!(
-        log.contains("did not come up"),
-        "the reason is reported:\n{log}"
+        said.contains("did not come up"),
+        "bootstrap reports why:\n{said}"
     );
+    let failure = status["last-failure"].as_str().unwrap_or("");
+    assert!(failure.contains("did not come up"), "{status:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

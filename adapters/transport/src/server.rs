@@ -132,6 +132,23 @@ pub trait Backend: Send + Sync + 'static {
         entry: CatalogueEntry,
         destination: PathBuf,
     ) -> BackendFuture<'_, Result<(), String>>;
+    /// What `Upgrade.Status` shows beyond the gate: the lifecycle's last status message and
+    /// the bytes of a binary being staged. A backend without them shows neither.
+    fn status_detail(&self) -> StatusDetail {
+        StatusDetail::default()
+    }
+}
+
+/// The lifecycle's status beyond the gate, for `Upgrade.Status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusDetail {
+    /// e.g. `upgrade to 2.9.44 failed (will retry): ...`; `None` when there is nothing to say.
+    pub message: Option<String>,
+    /// `(received, total)` bytes of a binary being downloaded.
+    pub download: Option<(u64, u64)>,
+    /// The last failure's message (an upgrade given up, steps held), kept after the agent
+    /// moved on, so an operator learns why it runs what it runs.
+    pub last_failure: Option<String>,
 }
 
 /// The API's fixed configuration. `ApiConfig { model_uuid, controller_uuid, users,
@@ -565,14 +582,22 @@ async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<V
         ("AllWatcher", "Next") => all_watcher_next(api, session, &request.id).await,
         ("AllWatcher", "Stop") => all_watcher_stop(session, &request.id),
         ("Upgrade", "WatchProgress") => Ok(watch_progress(api, &request.params).await),
-        ("Upgrade", "Status") => Ok(json!({
-            "phase": view.phase.as_str(),
-            "step": view.progress.done,
-            "steps": view.progress.total,
-            "target-version": view.progress.target.map(|version| version.to_string()),
-            "agent-version": api.backend.agent_version(),
-            "upgrade-available": api.backend.upgrade_available(),
-        })),
+        ("Upgrade", "Status") => {
+            let detail = api.backend.status_detail();
+            Ok(json!({
+                "phase": view.phase.as_str(),
+                "step": view.progress.done,
+                "steps": view.progress.total,
+                "target-version": view.progress.target.map(|version| version.to_string()),
+                "agent-version": api.backend.agent_version(),
+                "upgrade-available": api.backend.upgrade_available(),
+                "message": detail.message,
+                "download": detail.download.map(|(received, total)| {
+                    json!({"received": received, "total": total})
+                }),
+                "last-failure": detail.last_failure,
+            }))
+        }
         _ => Err(not_implemented(facade, request.version, method)),
     }
 }

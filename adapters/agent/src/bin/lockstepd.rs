@@ -27,7 +27,7 @@ struct Args {
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
     /// How the worker restarts into a new binary.
-    #[arg(long, value_enum, default_value_t = RestartMode::Exec, global = true)]
+    #[arg(long, value_enum, env = "LOCKSTEPD_RESTART", default_value_t = RestartMode::Exec, global = true)]
     restart: RestartMode,
     /// A worker that sends no watchdog ping for this many seconds is killed as hung.
     #[arg(long, env = "LOCKSTEPD_WATCHDOG_SEC", default_value_t = 30)]

@@ -277,7 +277,10 @@ impl Controller {
 
     /// Starts `lockstepd` again on the same data dir (and so the same port), detached, as
     /// `lockstep bootstrap` does. Returns the launcher's pid.
-    #[allow(clippy::zombie_processes, reason = "children are kept and reaped by `reap`")]
+    #[allow(
+        clippy::zombie_processes,
+        reason = "children are kept and reaped by `reap`"
+    )]
     pub fn start(&self, env: &[(&str, &str)]) -> u32 {
         use std::os::unix::process::CommandExt;
         let log = std::fs::OpenOptions::new()
