@@ -151,6 +151,15 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
             data.agent_conf_path().display()
         ));
     }
+    // Before anything is written: a port in use would leave a data dir that cannot serve.
+    let port = match options.api_port {
+        0 => free_port()?,
+        port => {
+            std::net::TcpListener::bind(("127.0.0.1", port))
+                .map_err(|e| format!("cannot use --api-port {port} on 127.0.0.1: {e}"))?;
+            port
+        }
+    };
     std::fs::create_dir_all(data.root())
         .map_err(|e| format!("cannot create {}: {e}", data.root().display()))?;
     std::fs::create_dir_all(data.tools_dir())
@@ -203,10 +212,6 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
         UpgradePolicy::Off
     };
 
-    let port = match options.api_port {
-        0 => free_port()?,
-        port => port,
-    };
     let address = format!("127.0.0.1:{port}");
     let credentials = Credentials::generate(&options.name, &[IpAddr::from([127, 0, 0, 1])])
         .map_err(|e| e.to_string())?;

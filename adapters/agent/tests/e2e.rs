@@ -478,3 +478,20 @@ async fn sd_notify_ready_and_status_then_a_clean_sigterm_stop() {
         controller.log()
     );
 }
+
+/// A port in use is refused before anything is written, so bootstrap can be run again.
+#[test]
+fn bootstrap_refuses_a_port_in_use_and_writes_nothing() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("controller");
+    let output = lockstep(&data_dir, &["bootstrap", "--api-port", &port], &[]);
+    assert!(!output.status.success(), "{}", text(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(&format!("--api-port {port}")),
+        "{}",
+        text(&output)
+    );
+    assert!(!data_dir.exists(), "nothing was written");
+}
