@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Controller, Mirror, Published, next, own};
+use common::{Controller, Mirror, Published, next};
 use lockstep_transport::client::ClientError;
 use serde_json::{Value, json};
 
@@ -109,24 +109,13 @@ async fn a_deploy_through_a_kill_9_during_the_call_is_applied_once() {
 /// its first full-API call succeeds; the phases it saw are the limited ones, then Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_waiting_for_ready_proceeds_when_ready() {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Lockstepd),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
     let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
     controller.assert_bootstrapped();
     // Stop it, ask for the upgrade in the store, and start it again: it boots limited.
     controller.kill_9();
-    {
-        use lockstep_store::Store;
-        let store = lockstep_store::SqliteStore::open(
-            controller.data().store_path(),
-            lockstep_store::OpenMode::ReadWrite,
-        )
-        .unwrap();
-        store.set_agent_version(next()).unwrap();
-    }
+    controller.set_agent_version_in_store(next());
     let client = controller.client();
     let waiting = client.wait_ready(Duration::from_secs(120));
     controller.start(&[]);
@@ -152,20 +141,12 @@ async fn a_client_waiting_for_ready_proceeds_when_ready() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_expires_with_the_phase_named() {
     // A tampered binary with long staging retries keeps the controller upgrading.
-    let mirror = Mirror::new(&[(own(), Published::Lockstepd), (next(), Published::Tampered)]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Tampered);
+    let source = mirror.source();
     let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
     controller.assert_bootstrapped();
     controller.kill_9();
-    {
-        use lockstep_store::Store;
-        let store = lockstep_store::SqliteStore::open(
-            controller.data().store_path(),
-            lockstep_store::OpenMode::ReadWrite,
-        )
-        .unwrap();
-        store.set_agent_version(next()).unwrap();
-    }
+    controller.set_agent_version_in_store(next());
     controller.start(&[("LOCKSTEPD_STAGE_RETRY_SEC", "120")]);
     let client = controller.client();
     let error = client

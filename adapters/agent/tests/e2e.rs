@@ -81,11 +81,8 @@ async fn the_demo_holds_its_claims() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_before_ready() {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Lockstepd),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
     let controller = Controller::bootstrap(&["--auto-upgrade", "--metadata-source", &source], &[]);
     controller.assert_bootstrapped();
     let exe = controller.serving_exe().expect("a worker runs");
@@ -105,11 +102,8 @@ async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_befor
 /// `--restart=exit`: the worker exits with status 3 and the launcher starts the new binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_by_exit_for_a_supervisor_also_lands_on_the_new_binary() {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Lockstepd),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
     let controller = Controller::bootstrap(
         &["--auto-upgrade", "--metadata-source", &source],
         &[("LOCKSTEPD_RESTART", "exit")],
@@ -127,11 +121,8 @@ async fn restart_by_exit_for_a_supervisor_also_lands_on_the_new_binary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_policy_reports_upgrade_available_and_stays() {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Lockstepd),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
     let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
     controller.assert_bootstrapped();
     let status = controller.status().await;
@@ -151,11 +142,8 @@ async fn the_default_policy_reports_upgrade_available_and_stays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_version_is_run_even_when_newer_ones_exist() {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Lockstepd),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
     let pinned = own().to_string();
     let controller = Controller::bootstrap(
         &[
@@ -190,8 +178,8 @@ async fn a_local_binary_is_run_as_built() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_binary_is_refused_reported_and_agent_version_reset() {
-    let mirror = Mirror::new(&[(own(), Published::Lockstepd), (next(), Published::Tampered)]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Tampered);
+    let source = mirror.source();
     let controller = Controller::bootstrap(
         &["--auto-upgrade", "--metadata-source", &source],
         &[("LOCKSTEPD_STAGE_RETRY_SEC", "1")],
@@ -215,11 +203,8 @@ async fn a_tampered_binary_is_refused_reported_and_agent_version_reset() {
 }
 
 async fn trial_falls_back(script: &'static str) {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Script(script)),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Script(script));
+    let source = mirror.source();
     let controller = Controller::bootstrap(
         &["--auto-upgrade", "--metadata-source", &source],
         &[("LOCKSTEPD_WATCHDOG_SEC", "2")],
@@ -252,11 +237,8 @@ async fn a_new_binary_that_hangs_falls_back_to_the_previous_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_controller_from_ready_with_a_watcher_that_loses_nothing() {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Lockstepd),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
     let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
     controller.assert_bootstrapped();
     let client = controller.client();
@@ -320,11 +302,8 @@ async fn upgrade_controller_from_ready_with_a_watcher_that_loses_nothing() {
 /// and the database steps ran exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_in_every_phase_converges_with_database_steps_once() {
-    let mirror = Mirror::new(&[
-        (own(), Published::Lockstepd),
-        (next(), Published::Lockstepd),
-    ]);
-    let source = mirror.path().to_str().unwrap().to_owned();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
     // Bootstrap without waiting: the test kills while it goes.
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("controller");

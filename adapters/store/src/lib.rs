@@ -16,6 +16,8 @@
 //!   durably committed apart from what a crash would lose ([`MemoryStore::crash`]).
 //! - [`SqliteStore`]: the embedded default (rusqlite, bundled SQLite; WAL,
 //!   `synchronous=FULL`), with its schema migrated by version at open.
+//! - `EtcdStore` (feature `etcd`): the engine for several controllers, on etcd's
+//!   transactions, leases and watches (`etcd.rs` says how each method maps to etcd).
 //! - [`seed004`]: roles, capabilities and reported jobs at the store level, and lockstep's
 //!   own database step that migrates legacy machines (jobs only) to roles.
 //! - [`Watcher`]: a watcher's cursor: replay after a revision, then follow live changes,
@@ -104,6 +106,8 @@
 //! can implement it by blocking on its client's futures inside its own runtime.
 
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod lease;
 pub mod memory;
 pub mod seed004;
@@ -117,6 +121,8 @@ mod crash;
 mod suite;
 
 pub use error::StoreError;
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdConfig, EtcdStore};
 pub use lease::{Clock, Lease, ManualClock, SystemClock};
 pub use memory::{Durability, MemoryStore};
 pub use sqlite::{OpenMode, SqliteStore};

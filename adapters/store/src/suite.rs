@@ -99,6 +99,84 @@ impl Harness for SqliteHarness {
     }
 }
 
+/// The test process's etcd: one member shared by every etcd harness alive at a time (each
+/// on its own key prefix, so revisions start at 0 for each), killed by pid when the last
+/// harness using it is dropped.
+#[cfg(feature = "etcd")]
+#[path = "../tests/support/etcd_cluster.rs"]
+pub(crate) mod etcd_cluster;
+
+#[cfg(feature = "etcd")]
+fn shared_etcd() -> Arc<etcd_cluster::EtcdCluster> {
+    use std::sync::{Mutex, Weak};
+    static SHARED: Mutex<Weak<etcd_cluster::EtcdCluster>> = Mutex::new(Weak::new());
+    let mut shared = SHARED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(cluster) = shared.upgrade() {
+        return cluster;
+    }
+    let cluster = Arc::new(etcd_cluster::EtcdCluster::start(1, &[]));
+    *shared = Arc::downgrade(&cluster);
+    cluster
+}
+
+/// The etcd engine on a fresh prefix of the shared member. Leases are granted for two
+/// minutes on the server, so that the manual clock alone decides expiry, as it does for the
+/// other engines (`tests/etcd.rs` checks the server's TTL on the system clock).
+#[cfg(feature = "etcd")]
+pub(crate) struct EtcdHarness {
+    cluster: Arc<etcd_cluster::EtcdCluster>,
+    prefix: String,
+    store: Option<crate::EtcdStore>,
+    clock: ManualClock,
+}
+
+#[cfg(feature = "etcd")]
+impl EtcdHarness {
+    fn open(&self) -> crate::EtcdStore {
+        let mut config =
+            crate::EtcdConfig::new(self.cluster.endpoints()).with_prefix(self.prefix.clone());
+        config.server_ttl_min = std::time::Duration::from_secs(120);
+        crate::EtcdStore::connect_with_clock(config, Arc::new(self.clock.clone()))
+            .expect("connect to etcd")
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl Harness for EtcdHarness {
+    type S = crate::EtcdStore;
+    fn new() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mut harness = EtcdHarness {
+            cluster: shared_etcd(),
+            prefix: format!(
+                "suite-{}-{}/",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ),
+            store: None,
+            clock: ManualClock::new(START),
+        };
+        harness.store = Some(harness.open());
+        harness
+    }
+    fn store(&self) -> &Self::S {
+        self.store.as_ref().expect("open")
+    }
+    fn second(&self) -> Self::S {
+        self.open()
+    }
+    fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+    fn restart(&mut self) {
+        self.store = None;
+        self.store = Some(self.open());
+    }
+}
+
 pub(crate) fn v(text: &str) -> Version {
     Version::parse(text).expect("a version")
 }
@@ -1260,3 +1338,5 @@ macro_rules! suite {
 
 suite!(memory, MemoryHarness);
 suite!(sqlite, SqliteHarness);
+#[cfg(feature = "etcd")]
+suite!(etcd, EtcdHarness);

@@ -287,6 +287,22 @@ mod tests {
         woken_after_commit(Box::new(writer), &reader);
     }
 
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn etcd_watchers_replay_then_follow_live_changes_from_another_client() {
+        use crate::suite::Harness;
+        let h = crate::suite::EtcdHarness::new();
+        replay_then_live(Box::new(h.second()), h.store());
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn etcd_watchers_are_woken_by_etcds_watch_right_after_a_commit() {
+        use crate::suite::Harness;
+        let h = crate::suite::EtcdHarness::new();
+        woken_after_commit(Box::new(h.second()), h.store());
+    }
+
     #[test]
     fn notifier_wait_ends_at_once_for_a_revision_already_announced() {
         let notifier = Notifier::new();

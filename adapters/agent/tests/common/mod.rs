@@ -87,6 +87,16 @@ impl Mirror {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+
+    /// This build published as itself (N) and as the next patch (N+1, FORCE-VERSION).
+    pub fn n_and_next(next_as: Published) -> Mirror {
+        Mirror::new(&[(own(), Published::Lockstepd), (next(), next_as)])
+    }
+
+    /// The mirror as `--metadata-source` takes it.
+    pub fn source(&self) -> String {
+        self.path().to_str().expect("a UTF-8 path").to_owned()
+    }
 }
 
 /// A controller bootstrapped by `lockstep bootstrap` in a temporary data dir.
@@ -248,6 +258,18 @@ impl Controller {
         }
     }
 
+    /// Sets the model's agent-version straight in the store, as an operator's earlier
+    /// `upgrade-controller` would have left it (the controller must be stopped).
+    pub fn set_agent_version_in_store(&self, version: Version) {
+        use lockstep_store::Store;
+        let store = lockstep_store::SqliteStore::open(
+            self.data().store_path(),
+            lockstep_store::OpenMode::ReadWrite,
+        )
+        .expect("open the store");
+        store.set_agent_version(version).expect("set agent-version");
+    }
+
     /// Kills the launcher and its worker with SIGKILL and waits until both are gone.
     pub fn kill_9(&self) {
         let worker = self.worker_pid();
@@ -299,17 +321,24 @@ impl Controller {
         for (key, value) in env {
             command.env(key, value);
         }
-        let child = command.spawn().expect("lockstepd starts");
+        // Kept in `self.children` and reaped by `reap` once stopped.
+        let mut child = command.spawn().expect("lockstepd starts");
+        let pid = child.id();
         // The launcher writes its pid file once it holds the data dir's lock.
         let started = Instant::now();
-        while self.launcher_pid() != Some(child.id()) {
+        while self.launcher_pid() != Some(pid) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("lockstepd exited at start ({status}); log:\n{}", self.log());
+            }
             assert!(
                 started.elapsed() < Duration::from_secs(30),
-                "lockstepd did not start"
+                "lockstepd did not start; log:\n{}",
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        child.id()
+        self.children.lock().unwrap().push(child);
+        pid
     }
 
     /// Stops the launcher (and its worker) by pid.

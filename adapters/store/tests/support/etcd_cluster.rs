@@ -1,0 +1,250 @@
+//! Real etcd for tests: a single member or a cluster on 127.0.0.1, on ports chosen free at
+//! run time, with a temporary data dir; every process started here is killed by its pid
+//! (SIGKILL, as `STORES.md` advises) when the cluster is dropped, a panicking test
+//! included. Shared by the engine suite (`src/suite.rs`, through `#[path]`) and
+//! `tests/etcd.rs`.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a cluster may take to answer `endpoint health` (a busy 2-core machine).
+const HEALTHY_WITHIN: Duration = Duration::from_secs(60);
+
+/// Members started by this test process, each killed by pid on drop.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    members: Vec<Member>,
+}
+
+#[derive(Debug)]
+pub struct Member {
+    pub name: String,
+    pub client_url: String,
+    pub peer_url: String,
+    child: Option<Child>,
+}
+
+impl Member {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+/// A port nobody listens on right now (the OS's choice).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// Is `etcd` installed? Tests that need it fail with this hint otherwise.
+pub fn require_etcd() {
+    let found = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "etcd is not installed: run .ci/install-etcd (etcd-server, etcd-client, protobuf)"
+    );
+}
+
+impl EtcdCluster {
+    /// Starts `size` members with `extra` flags each, and waits until the cluster is
+    /// healthy. Ports collide rarely (chosen free, then bound by etcd): then it starts over.
+    pub fn start(size: usize, extra: &[&str]) -> EtcdCluster {
+        require_etcd();
+        let mut last = String::new();
+        for _ in 0..3 {
+            match EtcdCluster::try_start(size, extra) {
+                Ok(cluster) => return cluster,
+                Err(error) => last = error,
+            }
+        }
+        panic!("etcd did not start: {last}");
+    }
+
+    fn try_start(size: usize, extra: &[&str]) -> Result<EtcdCluster, String> {
+        let dir = tempfile::tempdir().map_err(|error| error.to_string())?;
+        let token = format!(
+            "lockstep-test-{}-{}",
+            std::process::id(),
+            dir.path().display()
+        );
+        let mut members: Vec<Member> = (0..size)
+            .map(|index| Member {
+                name: format!("m{index}"),
+                client_url: format!("http://127.0.0.1:{}", free_port()),
+                peer_url: format!("http://127.0.0.1:{}", free_port()),
+                child: None,
+            })
+            .collect();
+        let initial: Vec<String> = members
+            .iter()
+            .map(|member| format!("{}={}", member.name, member.peer_url))
+            .collect();
+        let initial = initial.join(",");
+        for member in &mut members {
+            let data = dir.path().join(&member.name);
+            let log = std::fs::File::create(dir.path().join(format!("{}.log", member.name)))
+                .map_err(|error| error.to_string())?;
+            let child = Command::new("etcd")
+                .args([
+                    "--name",
+                    &member.name,
+                    "--data-dir",
+                    &data.display().to_string(),
+                    "--listen-client-urls",
+                    &member.client_url,
+                    "--advertise-client-urls",
+                    &member.client_url,
+                    "--listen-peer-urls",
+                    &member.peer_url,
+                    "--initial-advertise-peer-urls",
+                    &member.peer_url,
+                    "--initial-cluster",
+                    &initial,
+                    "--initial-cluster-state",
+                    "new",
+                    "--initial-cluster-token",
+                    &token,
+                    "--logger=zap",
+                    "--log-outputs=stderr",
+                    "--auto-compaction-mode=revision",
+                    "--auto-compaction-retention=10000",
+                ])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .map_err(|error| format!("spawn etcd: {error}"))?;
+            member.child = Some(child);
+        }
+        let mut cluster = EtcdCluster { dir, members };
+        let deadline = Instant::now() + HEALTHY_WITHIN;
+        loop {
+            if cluster.healthy() {
+                return Ok(cluster);
+            }
+            if let Some(exited) = cluster.exited() {
+                return Err(format!(
+                    "member {exited} exited: {}",
+                    cluster.log_tail(&cluster.members[exited].name)
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("not healthy within {HEALTHY_WITHIN:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // `cluster` is dropped on every error path: its members are killed.
+    }
+
+    /// The client URLs of the members still running.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|member| member.child.is_some())
+            .map(|member| member.client_url.clone())
+            .collect()
+    }
+
+    /// Every member's client URL, killed ones included.
+    pub fn all_endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|member| member.client_url.clone())
+            .collect()
+    }
+
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `etcdctl endpoint health` over the running members.
+    pub fn healthy(&self) -> bool {
+        let endpoints = self.endpoints();
+        if endpoints.is_empty() {
+            return false;
+        }
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", endpoints.join(",")))
+            .args(["--command-timeout=2s", "endpoint", "health"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+
+    /// The first member whose process exited on its own.
+    fn exited(&mut self) -> Option<usize> {
+        self.members.iter_mut().position(|member| {
+            member
+                .child
+                .as_mut()
+                .is_some_and(|child| !matches!(child.try_wait(), Ok(None)))
+        })
+    }
+
+    /// The index of the raft leader among the running members (`etcdctl endpoint status`).
+    pub fn leader(&self) -> Option<usize> {
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints().join(",")))
+            .args(["--command-timeout=2s", "endpoint", "status", "-w", "json"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let statuses: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let statuses = statuses.as_array()?;
+        let leader = statuses
+            .iter()
+            .find_map(|status| status["Status"]["leader"].as_u64())?;
+        let endpoint = statuses.iter().find_map(|status| {
+            (status["Status"]["header"]["member_id"].as_u64() == Some(leader))
+                .then(|| status["Endpoint"].as_str().map(str::to_owned))
+                .flatten()
+        })?;
+        self.members
+            .iter()
+            .position(|member| member.client_url == endpoint)
+    }
+
+    /// SIGKILLs member `index` (by its pid) and reaps it.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.members[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last lines of a member's log, for failure messages.
+    pub fn log_tail(&self, name: &str) -> String {
+        let path: PathBuf = self.dir.path().join(format!("{name}.log"));
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for index in 0..self.members.len() {
+            self.kill(index);
+        }
+    }
+}
