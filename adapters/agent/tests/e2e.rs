@@ -47,6 +47,27 @@ async fn plain_bootstrap_then_deploy() {
             assert_eq!(units, num_units as usize, "{application}: {status:#}");
         }
     }
+    let machines_before = status["machines"].as_object().map(|m| m.len()).unwrap_or(0);
+    let add = controller.run(&["add-machine", "-n", "2"]);
+    assert!(add.status.success(), "{}", text(&add));
+    let status = controller.run(&["status", "--format", "json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let machines = status["machines"].as_object().unwrap();
+    assert_eq!(machines.len(), machines_before + 2, "{status:#}");
+    assert!(
+        machines
+            .values()
+            .filter(|machine| machine["jobs"] == json!(["JobHostUnits"]))
+            .count()
+            >= 2,
+        "{status:#}"
+    );
+    let yaml = controller.run(&["status", "--format", "yaml"]);
+    assert!(
+        String::from_utf8_lossy(&yaml.stdout).contains("applications:"),
+        "{}",
+        text(&yaml)
+    );
     let tabular = controller.run(&["status"]);
     assert!(
         String::from_utf8_lossy(&tabular.stdout).contains("ready"),
