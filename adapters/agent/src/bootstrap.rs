@@ -399,18 +399,21 @@ pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, String
     Ok(child.id())
 }
 
-/// Whether process `pid` still exists (and is not a zombie we could reap).
+/// Whether process `pid` still runs: some thread of it is not a zombie. (The main thread
+/// of a multi-threaded process may be a zombie while other threads still exit and the
+/// process still holds its files and sockets.)
 pub fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.flatten().any(|thread| {
+        std::fs::read_to_string(thread.path().join("stat"))
             .map(|stat| {
-                stat.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
+                let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+                !(state.starts_with('Z') || state.starts_with('X'))
             })
             .unwrap_or(false)
+    })
 }
 
 /// The last lines of the daemon's log, for failure messages.

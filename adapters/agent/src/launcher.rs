@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use crate::datadir::DataDir;
 use crate::notify::{NOTIFY_SOCKET, Notification, Notifier};
-use crate::worker::{EXIT_RESTART, LISTEN_FD};
+use crate::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD};
 
 /// The launcher's settings.
 #[derive(Clone, Debug)]
@@ -107,8 +107,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
             )
         })?;
     let _lock = lock_data_dir(&data)?;
-    let listener = std::net::TcpListener::bind(&conf.api_listen)
-        .map_err(|e| format!("cannot listen on {}: {e}", conf.api_listen))?;
+    let listener = bind(&conf.api_listen).await?;
     // Inherited by every worker.
     rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty()).map_err(|e| e.to_string())?;
     let notify_name = format!("lockstepd-{}-{}", std::process::id(), random_suffix());
@@ -138,6 +137,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
             .arg("worker")
             .env(LISTEN_FD, listener.as_raw_fd().to_string())
             .env(NOTIFY_SOCKET, format!("@{notify_name}"))
+            .env(LAUNCHER_PID, std::process::id().to_string())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
@@ -210,6 +210,29 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
         }
     }
 }
+
+/// Binds the API's address. A previous launcher or worker that was just killed may still
+/// be exiting with the socket open: an address in use is tried again for up to
+/// [`BIND_WAIT`] before giving up.
+async fn bind(address: &str) -> Result<std::net::TcpListener, String> {
+    let started = Instant::now();
+    loop {
+        match std::net::TcpListener::bind(address) {
+            Ok(listener) => return Ok(listener),
+            Err(error)
+                if error.kind() == std::io::ErrorKind::AddrInUse
+                    && started.elapsed() < BIND_WAIT =>
+            {
+                tracing::warn!(target: "lockstep::launcher", %address, "address in use; waiting for it");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(format!("cannot listen on {address}: {error}")),
+        }
+    }
+}
+
+/// How long the launcher waits for its address to be free.
+pub const BIND_WAIT: Duration = Duration::from_secs(10);
 
 /// A trial binary that died or hung before counting a boot: switch back to the previous
 /// binary, whose lifecycle decides what happens next. `Some` names what was done.

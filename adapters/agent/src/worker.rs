@@ -30,6 +30,10 @@ use crate::notify::Notifier;
 /// The environment variable carrying the listening socket's descriptor number.
 pub const LISTEN_FD: &str = "LOCKSTEP_LISTEN_FD";
 
+/// The environment variable carrying the launcher's pid, so that a worker whose launcher
+/// died before the worker could ask for its death signal notices and ends.
+pub const LAUNCHER_PID: &str = "LOCKSTEP_LAUNCHER_PID";
+
 /// Exit status of a worker that switched binaries and wants its supervisor to start the new
 /// one (`--restart=exit`): Juju's "must restart: an agent upgrade is available".
 pub const EXIT_RESTART: i32 = 3;
@@ -240,6 +244,18 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
             // leave a worker holding the port). Kept across a re-exec.
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
                 .map_err(|e| format!("cannot ask for the parent's death signal: {e}"))?;
+            // The launcher may have died before the line above took effect: then no signal
+            // will come, and this worker must not serve from a socket nobody supervises.
+            if let Some(launcher) = std::env::var(LAUNCHER_PID)
+                .ok()
+                .and_then(|text| text.parse::<i32>().ok())
+                && rustix::process::getppid().map(|pid| pid.as_raw_nonzero().get())
+                    != Some(launcher)
+            {
+                return Err(format!(
+                    "the launcher (pid {launcher}) is gone; not starting"
+                ));
+            }
             inherited_listener(&text)?
         }
         Err(_) => std::net::TcpListener::bind(&conf.api_listen)

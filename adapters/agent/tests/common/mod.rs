@@ -275,6 +275,9 @@ impl Controller {
         let worker = self.worker_pid();
         for pid in self.launcher_pid().into_iter().chain(worker) {
             if let Some(target) = rustix::process::Pid::from_raw(pid as i32) {
+                // The launcher leads its own process group, which its worker shares: one
+                // signal to the group reaches a worker being spawned right now too.
+                let _ = rustix::process::kill_process_group(target, rustix::process::Signal::KILL);
                 let _ = rustix::process::kill_process(target, rustix::process::Signal::KILL);
             }
         }
