@@ -94,8 +94,18 @@ pub struct HostContext {
     pub running: Binary,
 }
 
+/// A failpoint for tests (as FoundationDB's buggify or TiKV's fail-rs): when this variable
+/// is set, every host step fails. It lets the end-to-end tests make a new binary that has
+/// run its database steps fail before Ready, which no honest input can do on demand.
+pub const FAIL_HOST_STEPS: &str = "LOCKSTEPD_FAILPOINT_HOST_STEPS";
+
 /// Runs a host step; `Err` names why it failed (the core retries, bounded).
 pub fn run_host_step(context: &HostContext, key: &StepKey) -> Result<(), String> {
+    if std::env::var_os(FAIL_HOST_STEPS).is_some() {
+        return Err(format!(
+            "host step {key} failed: failpoint {FAIL_HOST_STEPS} is set"
+        ));
+    }
     match key.id.as_str() {
         PRUNE_AGENT_BINARIES => prune_agent_binaries(context),
         other => Err(format!("host step {other} is not one this binary knows")),

@@ -495,3 +495,52 @@ fn bootstrap_refuses_a_port_in_use_and_writes_nothing() {
     );
     assert!(!data_dir.exists(), "nothing was written");
 }
+
+/// A new binary that ran its database steps and then cannot reach Ready is held, not rolled
+/// back (rolling back after database steps is unsafe), and bootstrap says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_binary_failing_after_its_database_steps_is_held_not_rolled_back() {
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
+    let controller = Controller::bootstrap(
+        &[
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+            "--timeout",
+            "20",
+        ],
+        &[
+            (lockstep_agent::steps::FAIL_HOST_STEPS, "1"),
+            ("LOCKSTEPD_TRIAL_READY_TIMEOUT_SEC", "3"),
+        ],
+    );
+    let said = text(&controller.bootstrap);
+    assert!(!controller.bootstrap.status.success(), "{said}");
+    assert!(
+        said.contains("steps-failed"),
+        "bootstrap names the phase: {said}"
+    );
+    assert!(said.contains("held"), "and says it is held: {said}");
+    // The switch stands: the new binary's database step ran once, and tools/machine-0
+    // still names the new binary.
+    let data = controller.data();
+    assert_eq!(
+        data.current_binary("machine-0").unwrap(),
+        Some(lockstep_agent::datadir::host_binary(next()))
+    );
+    let conf = data.read_agent_conf().unwrap().unwrap();
+    assert!(
+        conf.trial
+            .as_ref()
+            .is_some_and(|trial| trial.past_database_steps),
+        "{conf:?}"
+    );
+    let checkpoints = common::checkpoint_events(&data);
+    let step = format!(
+        "{}@{}",
+        lockstep_agent::steps::RECORD_AGENT_BINARIES,
+        next()
+    );
+    assert_eq!(checkpoints.get(&step), Some(&1), "{checkpoints:?}");
+}

@@ -133,7 +133,10 @@ impl Controller {
     pub fn bootstrap(args: &[&str], env: &[(&str, &str)]) -> Controller {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let data_dir = dir.path().join("controller");
-        let mut all = vec!["bootstrap", "--api-port", "0", "--timeout", "180"];
+        let mut all = vec!["bootstrap", "--api-port", "0"];
+        if !args.contains(&"--timeout") {
+            all.extend_from_slice(&["--timeout", "180"]);
+        }
         all.extend_from_slice(args);
         let bootstrap = lockstep(&data_dir, &all, env);
         Controller {
