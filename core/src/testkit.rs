@@ -4,7 +4,9 @@
 //!
 //! It models exactly the store operations of `CONTRACT.md` — create-if-absent,
 //! compare-and-set on a revision, a lease with keep-alive and expiry, fenced writes, watch
-//! from a revision — and counts the effects the invariants speak of (how often each
+//! from a revision, and Juju's rule that `agent-version` does not change while an
+//! upgrade-info record is current (refused with `AgentVersionRefused`) — and counts the
+//! effects the invariants speak of (how often each
 //! database step was applied, under which lease; how often each host step ran on each
 //! host). The exhaustive explorer, the property tests, the benchmark and the example all
 //! drive lifecycles through it, so they check one model.
@@ -158,6 +160,7 @@ fn hash_input<H: std::hash::Hasher>(input: &Input, hasher: &mut H) {
         }
         Input::DesiredBinary { id, plan } => (id, plan).hash(hasher),
         Input::Staged { id, result } => (id, result).hash(hasher),
+        Input::AgentVersionRefused { id, view } => (id, view).hash(hasher),
         Input::AgentVersionChanged(version) => version.hash(hasher),
         Input::UpgradeRequested { version } => version.hash(hasher),
         Input::Operator(action) => action.hash(hasher),
@@ -672,8 +675,18 @@ impl World {
                 })
             }
             Request::SetAgentVersion(version) => {
-                self.store.model.agent_version = version;
-                Some(Input::Done { id })
+                // Juju's rule, as the store adapter keeps it: agent-version does not change
+                // while an upgrade-info record is current. A write of the value the model
+                // already holds changes nothing and is not refused.
+                if self.store.record.is_some() && self.store.model.agent_version != version {
+                    Some(Input::AgentVersionRefused {
+                        id,
+                        view: self.store.view(),
+                    })
+                } else {
+                    self.store.model.agent_version = version;
+                    Some(Input::Done { id })
+                }
             }
             Request::ReportUpgradeAvailable(version) => {
                 self.store.upgrade_available = version;

@@ -12,9 +12,11 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 
 use lockstep_core::Phase;
+use lockstep_core::Version;
 use lockstep_core::lifecycle::{
-    Input, InputKind, ModelView, OperatorAction, RecordView, Request, RequestId, StagePlan,
-    StageSource, StepOutcome, Timer, Trial, request_name,
+    ControllerId, ControllerSet, Input, InputKind, ModelView, OperatorAction, RecordView,
+    RecordWrite, Request, RequestId, Revision, StagePlan, StageSource, StepOutcome, Timer, Trial,
+    UpgradeInfo, UpgradeStatus, request_name,
 };
 use lockstep_core::policy::Sha256;
 use lockstep_core::policy::UpgradePolicy;
@@ -75,8 +77,8 @@ fn the_table_names_every_phase_and_input_kind() {
     assert_eq!(phases, code, "phases of the table and the code");
     assert_eq!(
         table.len(),
-        Phase::ALL.len() * 14,
-        "14 input kinds per phase"
+        Phase::ALL.len() * 15,
+        "15 input kinds per phase"
     );
     for ((phase, input), entry) in &table {
         if let Entry::Allowed { next, .. } = entry {
@@ -287,7 +289,7 @@ impl Driver {
             return;
         }
         let stale = RequestId(1_000_000 + choice);
-        let input = match self.next() % 13 {
+        let input = match self.next() % 16 {
             0 => Input::Operator(OperatorAction::Retry),
             1 => Input::Operator(OperatorAction::Abort),
             2 => Input::UpgradeRequested { version: None },
@@ -317,6 +319,18 @@ impl Driver {
                     source: StageSource::Controller,
                 },
             },
+            12 => Input::AgentVersionRefused {
+                id: stale,
+                view: RecordView::default(),
+            },
+            13 => Input::RecordWritten {
+                id: stale,
+                write: RecordWrite::Fenced,
+            },
+            14 => Input::ModelLoaded {
+                id: stale,
+                model: self.world.store.model.clone(),
+            },
             _ => Input::LeaseAnswered {
                 id: stale,
                 lease: None,
@@ -327,9 +341,45 @@ impl Driver {
     }
 }
 
+/// A record that has moved on past pending, every controller ready: what a compare-and-set
+/// or an `agent-version` write may find when another controller got there first.
+fn moved_on(previous: Version, target: Version, revision: u64) -> RecordView {
+    let record = UpgradeInfo {
+        previous_version: previous,
+        target_version: target,
+        status: UpgradeStatus::DbComplete,
+        controllers_ready: ControllerSet::first(ControllerId::COUNT_MAX),
+        controllers_done: ControllerSet::EMPTY,
+    };
+    RecordView {
+        current: Some((record, Revision(revision))),
+        last_archived: None,
+        revision: Revision(revision),
+    }
+}
+
 /// The failed completion of a request.
 fn failure(id: RequestId, request: &Request) -> Input {
     match request {
+        // Another upgrade got there first: past pending, every controller ready.
+        Request::UpdateRecord {
+            expected, record, ..
+        } => Input::RecordWritten {
+            id,
+            write: RecordWrite::Conflict(moved_on(
+                record.previous_version,
+                record.target_version,
+                expected.0 + 1,
+            )),
+        },
+        Request::SetAgentVersion(version) => Input::AgentVersionRefused {
+            id,
+            view: moved_on(
+                *version,
+                Version::new(version.major, version.minor, version.patch + 1),
+                1_000,
+            ),
+        },
         Request::RunStep { .. } => Input::StepFinished {
             id,
             outcome: StepOutcome::Failed("disk full".into()),
@@ -368,6 +418,23 @@ fn on_trial(
     spec
 }
 
+/// A machine agent that switched to 2.9.44 and already ran its steps there (falling back is
+/// unsafe), on trial.
+fn machine_on_trial(boots: u8) -> WorldSpec {
+    let mut spec = controllers_upgrading(1, V44, V44, registry());
+    let mut snapshot = snapshot(V44);
+    snapshot.previous = Some(binary(V43));
+    snapshot.trial = Some(Trial {
+        binary: binary(V44),
+        boots,
+        past_database_steps: false,
+        switches: 0,
+    });
+    spec.hosts = vec![host_machine(V44)];
+    spec.snapshots = vec![Some(snapshot)];
+    spec
+}
+
 /// Directed schedules for paths a random schedule rarely takes.
 fn directed() -> Vec<(WorldSpec, Schedule)> {
     let plain = Schedule::Directed {
@@ -385,6 +452,16 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
         ..operator_set.model
     };
     vec![
+        // An agent other than a controller decides while Bootstrapping (a controller waits
+        // for the model): booted too often, or out of time, after its steps ran: held.
+        (machine_on_trial(2), plain),
+        (
+            machine_on_trial(0),
+            Schedule::Directed {
+                fail: None,
+                fire: Some((Phase::Bootstrapping, Timer::TrialReady)),
+            },
+        ),
         // Booted too often: falls back (safe) or holds (database steps ran).
         (on_trial(2, true, V43), plain),
         (on_trial(2, false, V43), plain),
@@ -446,6 +523,105 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
     ]
 }
 
+/// A controller that fell back from 2.9.44 (booted once on trial) and runs 2.9.43 again.
+fn fell_back() -> WorldSpec {
+    let mut spec = controllers_upgrading(1, V43, V43, registry());
+    let mut snapshot = snapshot(V43);
+    snapshot.previous = Some(binary(V43));
+    snapshot.trial = Some(Trial {
+        binary: binary(V44),
+        boots: 1,
+        past_database_steps: false,
+        switches: 0,
+    });
+    spec.snapshots = vec![Some(snapshot)];
+    spec.model = ModelView {
+        agent_version: V44,
+        ..spec.model
+    };
+    spec
+}
+
+/// The upgrade 2.9.43 -> 2.9.44 as a record with `status`, nobody ready.
+fn record_43_44(status: UpgradeStatus) -> UpgradeInfo {
+    UpgradeInfo {
+        previous_version: V43,
+        target_version: V44,
+        status,
+        controllers_ready: ControllerSet::EMPTY,
+        controllers_done: ControllerSet::EMPTY,
+    }
+}
+
+/// Directed schedules over worlds whose store already holds a record: the paths where a
+/// controller that gives an upgrade up retires the record, or holds because the store says
+/// database steps of the newer version may have run.
+fn directed_worlds() -> Vec<(World, Schedule)> {
+    let plain = Schedule::Directed {
+        fail: None,
+        fire: None,
+    };
+    let with_record = |spec: WorldSpec, current: Option<UpgradeInfo>, archived| {
+        let mut world = World::new(spec);
+        world.store.record = current.map(|record| (record, Revision(2)));
+        world.store.last_archived = archived;
+        world.store.revision = Revision(2);
+        world
+    };
+    let pending = record_43_44(UpgradeStatus::Pending);
+    let complete = UpgradeInfo {
+        controllers_ready: ControllerSet::first(1),
+        controllers_done: ControllerSet::first(1),
+        ..record_43_44(UpgradeStatus::Complete)
+    };
+    let aborted = record_43_44(UpgradeStatus::Aborted);
+    let mut first_boot_auto = controllers_upgrading(1, V43, V43, registry());
+    first_boot_auto.snapshots = vec![None];
+    first_boot_auto.model = ModelView {
+        policy: UpgradePolicy::AutoPatch,
+        ..first_boot_auto.model
+    };
+    let stale_42_43 = UpgradeInfo {
+        previous_version: V42,
+        target_version: V43,
+        ..pending
+    };
+    vec![
+        // Fell back; the store archived the upgrade complete: held, never Ready on 2.9.43.
+        (with_record(fell_back(), None, Some(complete)), plain),
+        // Fell back; a pending record nobody is ready for: archived aborted, then the reset.
+        (with_record(fell_back(), Some(pending), None), plain),
+        // ...and its abort meets a record that moved on meanwhile: held.
+        (
+            with_record(fell_back(), Some(pending), None),
+            Schedule::Directed {
+                fail: Some("UpdateRecord"),
+                fire: None,
+            },
+        ),
+        // Fell back; the reset of agent-version is refused for a record past pending: held.
+        (
+            with_record(fell_back(), None, None),
+            Schedule::Directed {
+                fail: Some("SetAgentVersion"),
+                fire: None,
+            },
+        ),
+        // Bootstrap auto-upgrade refused while a stale record is current: Ready, which
+        // archives that record.
+        (with_record(first_boot_auto, Some(stale_42_43), None), plain),
+        // On trial, the upgrade was aborted: held, until the trial's deadline, when the
+        // record (aborted while not every controller was ready) lets it fall back.
+        (
+            with_record(on_trial(0, false, V43), None, Some(aborted)),
+            Schedule::Directed {
+                fail: None,
+                fire: Some((Phase::StepsFailed, Timer::TrialReady)),
+            },
+        ),
+    ]
+}
+
 fn specs() -> Vec<WorldSpec> {
     let mut first_boot_auto = controllers_upgrading(1, V43, V43, registry());
     first_boot_auto.snapshots = vec![None];
@@ -497,14 +673,19 @@ fn the_code_does_what_the_table_says_and_exercises_all_of_it() {
     let mut observations = 0u64;
     let random = specs()
         .into_iter()
-        .map(|spec| (spec, Schedule::Random, 150u64));
+        .map(|spec| (World::new(spec), Schedule::Random, 150u64));
     let directed = directed()
         .into_iter()
-        .map(|(spec, schedule)| (spec, schedule, 1u64));
-    for (index, (spec, schedule, seeds)) in random.chain(directed).enumerate() {
+        .map(|(spec, schedule)| (World::new(spec), schedule, 1u64))
+        .chain(
+            directed_worlds()
+                .into_iter()
+                .map(|(world, schedule)| (world, schedule, 1u64)),
+        );
+    for (index, (world, schedule, seeds)) in random.chain(directed).enumerate() {
         for seed in 0..seeds {
             let mut driver = Driver {
-                world: World::new(spec.clone()),
+                world: world.clone(),
                 schedule,
                 seed: seed * 1000 + index as u64,
                 table: table(),

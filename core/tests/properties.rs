@@ -291,10 +291,13 @@ fn safety_check_notices_an_open_gate_on_a_down_host() {
 /// snapshot's persist) was held in StepsFailed ("database steps already ran", though none
 /// had), and the in-flight completion was never consumed, so `Operator(Retry)` and
 /// `Operator(Abort)` (both guarded on no request in flight) were ignored for ever. Expected,
-/// and pinned here: the agent falls back to the previous binary.
+/// and pinned here: the agent falls back to the previous binary. Being a controller, it
+/// first reads the upgrade-info record (issue: `fall-back-onto-migrated-store`): the fall
+/// back waits for the model and the record, and happens once the store shows no database
+/// step of 2.9.44 can have run.
 #[test]
 fn trial_timeout_with_a_request_in_flight_falls_back() {
-    use lockstep_core::lifecycle::{Input, Lifecycle, Output, Request, Trial};
+    use lockstep_core::lifecycle::{Input, Lifecycle, Output, RecordView, Request, Trial};
     use lockstep_core::{Millis, Timestamp};
 
     let mut snapshot = snapshot(V43);
@@ -321,24 +324,43 @@ fn trial_timeout_with_a_request_in_flight_falls_back() {
     let requests = drain(&mut process);
     assert!(matches!(requests[..], [(_, Request::PersistSnapshot(_))]));
     let boot_persist = requests[0].0;
-    // 2. TrialReady fires before that persist completes (a disk stalled for 10 minutes).
+    // 2. TrialReady fires before that persist completes (a disk stalled for 10 minutes):
+    //    not held; the fall back waits for the store's word.
     let later = Timestamp::ZERO + Millis(10 * 60 * 1000);
     process.handle_timer(later, Timer::TrialReady);
-    let requests = drain(&mut process);
+    assert!(
+        drain(&mut process).is_empty(),
+        "nothing asked before the store"
+    );
     assert_ne!(
         process.phase(),
         Phase::StepsFailed,
         "held, not falling back"
     );
+    // 3. The boot persist completes: the model is read, then the record is.
+    process.handle(later, Input::Done { id: boot_persist });
+    let [(load, Request::LoadModel)] = drain(&mut process)[..] else {
+        panic!("expected the model to be read");
+    };
+    let model = ModelView {
+        agent_version: V44,
+        policy: UpgradePolicy::Off,
+        stream: None,
+        controllers: lockstep_core::lifecycle::ControllerSet::first(1),
+    };
+    process.handle(later, Input::ModelLoaded { id: load, model });
+    let requests = drain(&mut process);
+    assert!(
+        matches!(requests[..], [(_, Request::WatchRecord { .. })]),
+        "{requests:?}"
+    );
+    // 4. No record of 2.9.43 -> 2.9.44 exists: no database step of 2.9.44 ran. The
+    //    fall-back snapshot is persisted, then the process restarts into 2.9.43.
+    process.handle(later, Input::RecordChanged(RecordView::default()));
+    let requests = drain(&mut process);
     let [(fall_back_persist, Request::PersistSnapshot(_))] = requests[..] else {
         panic!("expected the fall-back snapshot to be persisted, got {requests:?}");
     };
-    // 3. The stale boot persist completes, then the fall-back persist: restart into 2.9.43.
-    process.handle(later, Input::Done { id: boot_persist });
-    assert!(
-        drain(&mut process).is_empty(),
-        "a stale completion is ignored"
-    );
     process.handle(
         later,
         Input::Done {
@@ -438,11 +460,25 @@ fn held_trial_takes_the_operators_retry() {
     };
     process.handle(now, Input::Start); // persist the boot snapshot: request 1
     let boot_persist = drain(&mut process)[0];
-    process.handle_timer(now, Timer::TrialReady); // held: rolling back is unsafe
+    // The trial is over; rolling back is unsafe. A controller decides once it knows the
+    // model (the controllers), so bootstrapping goes on: boot persist, then the model.
+    process.handle_timer(now, Timer::TrialReady);
     drain(&mut process);
-    assert_eq!(process.phase(), Phase::StepsFailed);
     process.handle(now, Input::Done { id: boot_persist });
+    let load = drain(&mut process)[0];
+    let model = ModelView {
+        agent_version: V44,
+        policy: UpgradePolicy::Off,
+        stream: None,
+        controllers: lockstep_core::lifecycle::ControllerSet::first(1),
+    };
+    process.handle(now, Input::ModelLoaded { id: load, model });
     drain(&mut process);
+    assert_eq!(
+        process.phase(),
+        Phase::StepsFailed,
+        "held: rolling back is unsafe"
+    );
     assert_eq!(process.awaiting(), None, "a held agent awaits nothing");
     process.handle(now, Input::Operator(OperatorAction::Retry));
     drain(&mut process);

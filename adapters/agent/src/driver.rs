@@ -416,11 +416,21 @@ impl Driver {
                 tracing::error!(target: "lockstep::agent", %id, "DesiredBinary asked of a controller");
             }
             Request::SetAgentVersion(version) => {
+                // A refusal because an upgrade-info record is current is the core's to
+                // decide about (it is told the record); only I/O failures are retried here.
                 self.blocking(id, "set agent-version", move || {
-                    store
-                        .set_agent_version(version)
-                        .map_err(|e| e.to_string())?;
-                    Ok(Input::Done { id })
+                    match store.set_agent_version(version) {
+                        Ok(_) => Ok(Input::Done { id }),
+                        Err(lockstep_store::StoreError::UpgradeInProgress { .. }) => {
+                            let model = store.load_model().map_err(|e| e.to_string())?;
+                            if model.is_some_and(|model| model.agent_version == version) {
+                                return Ok(Input::Done { id });
+                            }
+                            let view = store.record_view().map_err(|e| e.to_string())?;
+                            Ok(Input::AgentVersionRefused { id, view })
+                        }
+                        Err(error) => Err(error.to_string()),
+                    }
                 });
             }
             Request::ReportUpgradeAvailable(version) => {

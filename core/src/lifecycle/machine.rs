@@ -104,14 +104,39 @@ pub(crate) struct Steps {
     retry_wait: bool,
     finishing: bool,
     abort: Option<AbortReason>,
-    /// An operator asked to retry after an abort: an archived aborted record for this
-    /// upgrade no longer stops us.
+    /// An operator asked to retry after an abort: the archived aborted record for this
+    /// upgrade no longer stops us (until this upgrade has a record again).
     retrying: bool,
+}
+
+impl Steps {
+    /// Asks for the record to be archived as aborted, unless a trial's fall back (which
+    /// archives it too, when it may) is already under way.
+    fn ask_abort(&mut self, reason: AbortReason) {
+        if !matches!(self.abort, Some(AbortReason::FallBack(_))) {
+            self.abort = Some(reason);
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) enum AbortReason {
     WaitTimedOut,
+    Operator,
+    /// The binary on trial gives up: retire the record (archive it aborted while no
+    /// database step can have run under it), then fall back; or hold if the store says
+    /// database steps of the trial version may have run.
+    FallBack(FallBackCause),
+}
+
+/// Why a binary on trial gives up.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum FallBackCause {
+    /// It did not reach Ready within [`Limits::trial_ready_timeout`].
+    TimedOut,
+    /// It booted more than [`Limits::trial_boots_max`] times.
+    BootsExhausted,
+    /// The operator aborted the upgrade while it was held.
     Operator,
 }
 
@@ -123,6 +148,9 @@ pub(crate) struct Check {
     retry_wait: bool,
     /// A binary decided on, waiting for `agent-version` to be written or to be staged.
     chosen: Option<StagePlan>,
+    /// Ready controllers: the record revision for which the model was read again, to
+    /// learn whether `agent-version` still names the record's target.
+    model_read_for: Option<Revision>,
 }
 
 /// [`Occasion`] without borrowed data, kept in state.
@@ -157,9 +185,35 @@ pub(crate) struct Upgrade {
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub(crate) struct Held {
     reason: String,
-    /// The record needs archiving as aborted (operator abort while held).
-    aborting: bool,
     record: RecordView,
+    /// A view of the record arrived in this phase: `record` is no older than the phase.
+    seen: bool,
+    /// A watch was asked for in this phase.
+    watching: bool,
+    /// What the held agent is doing about its upgrade, if anything.
+    intent: Option<HeldIntent>,
+}
+
+impl Held {
+    fn new(reason: String, record: RecordView) -> Held {
+        Held {
+            reason,
+            record,
+            seen: false,
+            watching: false,
+            intent: None,
+        }
+    }
+}
+
+/// What a held agent is doing about its upgrade.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum HeldIntent {
+    /// The operator aborted: archive the current record as aborted, then fall back when
+    /// that is safe.
+    OperatorAbort,
+    /// The trial is given up: retire the record, then fall back when that is safe.
+    FallBack(FallBackCause),
 }
 
 /// Why an upgrade failed, while the agent falls back.
@@ -167,6 +221,23 @@ pub(crate) struct Held {
 pub(crate) struct Failure {
     reason: String,
     reset_done: bool,
+    /// Controllers: the upgrade-info record, watched before `agent-version` is reset (the
+    /// store refuses the reset while a record is current).
+    record: RecordView,
+    seen: bool,
+    watching: bool,
+}
+
+impl Failure {
+    fn new(reason: String) -> Failure {
+        Failure {
+            reason,
+            reset_done: false,
+            record: RecordView::default(),
+            seen: false,
+            watching: false,
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -267,6 +338,16 @@ pub(crate) struct Machine {
     fell_back: Option<String>,
     /// Set by Bootstrapping when the snapshot shows a switch that never happened.
     resume_switch: Option<crate::version::Binary>,
+    /// Set by Bootstrapping when a controller's trial is over (timed out, or out of boots)
+    /// and falling back looks safe locally: the fall back waits for the store's word, which
+    /// RunningSteps reads (see [`AbortReason::FallBack`]).
+    fall_back_due: Option<FallBackCause>,
+    /// This process subscribed to the upgrade-info record. A subscription lasts as long as
+    /// the process (a later `WatchRecord` replaces it, delivering the current view first).
+    watching: bool,
+    /// The newest view of the record this process was given, in any phase (by the watch, a
+    /// record write or a refused `agent-version` write). Ready works from it.
+    record_seen: RecordView,
 }
 
 #[state_machine(
@@ -337,7 +418,9 @@ impl Machine {
             Event::Input(Input::Done { id }) if self.completes(*id, Pending::Capabilities) => {
                 self.leave_bootstrapping()
             }
-            Event::Timer(Timer::TrialReady) => self.trial_timed_out(io),
+            Event::Timer(Timer::TrialReady) => self
+                .trial_over_while_booting(io, FallBackCause::TimedOut)
+                .unwrap_or(Handled),
             _ => Super,
         }
     }
@@ -373,7 +456,10 @@ impl Machine {
                             steps.record = view.normalized();
                             steps.seen_record = true;
                         }
-                        if let (Some(reason), RecordWrite::Written(_)) = (steps.abort, write) {
+                        // A trial's fall back decides on the view just written (reconcile).
+                        if let (Some(reason), RecordWrite::Written(_)) = (steps.abort, write)
+                            && !matches!(reason, AbortReason::FallBack(_))
+                        {
                             return Transition(self.held_after_abort(reason, steps));
                         }
                     }
@@ -390,7 +476,7 @@ impl Machine {
             }
             Event::Input(Input::Done { id }) => self.steps_done(io, *id),
             Event::Input(Input::Operator(OperatorAction::Abort)) => {
-                steps.abort = Some(AbortReason::Operator);
+                steps.ask_abort(AbortReason::Operator);
                 None
             }
             Event::Timer(Timer::StepRetry) => {
@@ -409,11 +495,24 @@ impl Machine {
             }
             Event::Timer(Timer::ControllersWait) => {
                 if !self.all_ready(&steps.record) {
-                    steps.abort = Some(AbortReason::WaitTimedOut);
+                    steps.ask_abort(AbortReason::WaitTimedOut);
                 }
                 None
             }
-            Event::Timer(Timer::TrialReady) => return self.trial_timed_out(io),
+            Event::Timer(Timer::TrialReady) => {
+                if !self.is_controller() || !self.fall_back_locally_safe() {
+                    return self.trial_timed_out(io);
+                }
+                // The record decides (reconcile): retired, then a fall back; or a hold.
+                let cause = FallBackCause::TimedOut;
+                let reason = self.fall_back_reason(cause);
+                self.status_message(
+                    io,
+                    format!("{reason}; retiring the upgrade-info record before falling back"),
+                );
+                steps.abort = Some(AbortReason::FallBack(cause));
+                None
+            }
             _ => return Super,
         };
         if let Some(state) = outcome {
@@ -484,10 +583,7 @@ impl Machine {
                         }
                         if self.must_upgrade() {
                             let reason = format!("agent binaries could not be looked up: {reason}");
-                            return Transition(State::upgrade_failed(Failure {
-                                reason,
-                                reset_done: false,
-                            }));
+                            return Transition(State::upgrade_failed(Failure::new(reason)));
                         }
                         self.status_message(
                             io,
@@ -500,11 +596,27 @@ impl Machine {
             Event::Input(Input::DesiredBinary { id, plan })
                 if self.completes(*id, Pending::DesiredBinary) =>
             {
-                if plan.binary.number == self.config.running.number {
+                if let Some(reason) = self.refuse_downgrade(plan) {
+                    self.status_message(io, reason);
+                    Transition(State::ready(Check::default()))
+                } else if plan.binary.number == self.config.running.number {
                     Transition(State::ready(Check::default()))
                 } else {
                     Transition(State::upgrading(Upgrade::new(plan.clone(), false)))
                 }
+            }
+            Event::Input(Input::AgentVersionRefused { id, view })
+                if self.completes(*id, Pending::SetAgentVersion) =>
+            {
+                // Another upgrade is recorded as in progress: stay on this version; Ready
+                // archives the record if no controller can ever proceed with it.
+                if let Some(plan) = check.chosen.take() {
+                    self.status_message(
+                        io,
+                        upgrade_refused_message(plan.binary.number, &view.normalized()),
+                    );
+                }
+                Transition(State::ready(Check::default()))
             }
             Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
                 match check.chosen.take() {
@@ -566,10 +678,7 @@ impl Machine {
                             "agent binary {} could not be staged after {} attempts: {reason}",
                             upgrade.plan.binary, upgrade.attempts
                         );
-                        Transition(State::upgrade_failed(Failure {
-                            reason,
-                            reset_done: false,
-                        }))
+                        Transition(State::upgrade_failed(Failure::new(reason)))
                     }
                 }
             }
@@ -593,7 +702,7 @@ impl Machine {
     // ---------------------------------------------------------------- Ready
 
     #[action]
-    fn enter_ready(&mut self, io: &mut Io) {
+    fn enter_ready(&mut self, io: &mut Io, check: &mut Check) {
         let proven = self
             .snapshot
             .trial
@@ -618,84 +727,24 @@ impl Machine {
                 Timer::CatalogueCheck,
                 self.config.limits.catalogue_check_interval,
             );
+            // A Ready controller watches the upgrade-info record: one that can never
+            // proceed (a create that landed late, an upgrade every controller gave up) would
+            // otherwise stay current and block every later change of agent-version. The
+            // subscription of an earlier phase goes on; a process without one subscribes.
+            if !self.watching {
+                self.watch_record(io);
+            }
+            self.retire_doomed_record(io, check);
         }
     }
 
     #[state(entry_action = "enter_ready")]
     fn ready(&mut self, io: &mut Io, check: &mut Check, event: &Event) -> Outcome<State> {
-        match event {
-            Event::Timer(Timer::CatalogueCheck) => {
-                io.set_timer(
-                    Timer::CatalogueCheck,
-                    self.config.limits.catalogue_check_interval,
-                );
-                if self.pending.is_none() {
-                    check.occasion = Some(OccasionKey::Periodic);
-                    self.start_check(io);
-                }
-                Handled
-            }
-            Event::Input(Input::UpgradeRequested { version }) => {
-                self.request_upgrade(io, check, *version);
-                Handled
-            }
-            Event::Input(Input::AgentVersionChanged(version)) => {
-                if *version != self.config.running.number {
-                    self.request_upgrade(io, check, Some(*version));
-                }
-                Handled
-            }
-            Event::Input(Input::CatalogueFound { id, result })
-                if self.completes(*id, Pending::Catalogue) =>
-            {
-                match result {
-                    Ok(catalogue) => self.decide_in_ready(io, check, catalogue),
-                    Err(reason) => {
-                        self.status_message(io, format!("agent binary lookup failed: {reason}"));
-                        Handled
-                    }
-                }
-            }
-            Event::Input(Input::DesiredBinary { id, plan })
-                if self.completes(*id, Pending::DesiredBinary) =>
-            {
-                if plan.binary.number != self.config.running.number {
-                    check.chosen = Some(plan.clone());
-                    self.request(io, Pending::Stage, Request::StageBinary(plan.clone()));
-                }
-                Handled
-            }
-            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
-                // Pre-stage while still Ready: the gate closes only once the binary is verified.
-                if let Some(plan) = check.chosen.clone() {
-                    self.request(io, Pending::Stage, Request::StageBinary(plan));
-                }
-                Handled
-            }
-            Event::Input(Input::Staged { id, result }) if self.completes(*id, Pending::Stage) => {
-                match result {
-                    Ok(()) => match check.chosen.take() {
-                        Some(plan) => Transition(State::upgrading(Upgrade::new(plan, true))),
-                        None => Handled,
-                    },
-                    Err(reason) => {
-                        check.chosen = None;
-                        self.status_message(
-                            io,
-                            format!("upgrade not started: staging failed: {reason}"),
-                        );
-                        Handled
-                    }
-                }
-            }
-            Event::Input(Input::Done { id })
-                if self.completes(*id, Pending::Report)
-                    || self.completes(*id, Pending::Persist(PersistFor::ClearTrial)) =>
-            {
-                Handled
-            }
-            _ => Super,
+        let outcome = self.ready_event(io, check, event);
+        if matches!(outcome, Handled) {
+            self.retire_doomed_record(io, check);
         }
+        outcome
     }
 
     // ---------------------------------------------------------------- StepsFailed
@@ -712,24 +761,36 @@ impl Machine {
     fn steps_failed(&mut self, io: &mut Io, held: &mut Held, event: &Event) -> Outcome<State> {
         match event {
             Event::Input(Input::Operator(OperatorAction::Retry)) if self.pending.is_none() => {
-                Transition(State::running_steps(Steps {
-                    retrying: true,
-                    ..Steps::default()
-                }))
+                // Resume where the agent is: its steps, if some are left; the version check,
+                // if they are all recorded (held after them, e.g. a trial that timed out);
+                // nothing, if this binary is older than the steps recorded.
+                let upgraded_to = self.snapshot.upgraded_to_version;
+                let running = self.config.running.number;
+                if upgraded_to < running {
+                    Transition(State::running_steps(Steps {
+                        retrying: true,
+                        ..Steps::default()
+                    }))
+                } else if upgraded_to == running {
+                    Transition(State::checking_agent_version(Check::default()))
+                } else {
+                    let message = held.reason.clone();
+                    self.status_message(io, message);
+                    Handled
+                }
             }
             Event::Input(Input::Operator(OperatorAction::Abort)) if self.pending.is_none() => {
-                if let (Some((record, revision)), true) =
-                    (held.record.current, self.is_controller())
-                {
-                    held.aborting = true;
-                    let aborted = UpgradeInfo {
-                        status: UpgradeStatus::Aborted,
-                        ..record
-                    };
-                    self.write_record(io, revision, aborted, None);
-                    return Handled;
+                held.intent = Some(HeldIntent::OperatorAbort);
+                self.advance_held(io, held)
+            }
+            Event::Timer(Timer::TrialReady) if self.is_controller() => {
+                // A held trial controller gives up at its deadline, like any other trial
+                // (agents other than controllers stay held: their fall back leaves
+                // `agent-version` as it is, so they would only try again).
+                if held.intent.is_none() {
+                    held.intent = Some(HeldIntent::FallBack(FallBackCause::TimedOut));
                 }
-                self.abort_held(io, held)
+                self.advance_held(io, held)
             }
             Event::Input(Input::RecordWritten { id, write })
                 if self.completes(*id, Pending::RecordWrite) =>
@@ -737,22 +798,40 @@ impl Machine {
                 match write {
                     RecordWrite::Written(view) => {
                         held.record = view.normalized();
-                        self.abort_held(io, held)
+                        held.seen = true;
                     }
                     RecordWrite::Conflict(view) => {
-                        // Someone changed it first; the operator may abort again.
                         held.record = view.normalized();
-                        held.aborting = false;
-                        Handled
+                        held.seen = true;
+                        if held.intent == Some(HeldIntent::OperatorAbort) {
+                            // Someone changed it first; the operator may abort again.
+                            held.intent = None;
+                            self.status_message(
+                                io,
+                                "abort not done: the upgrade-info record changed meanwhile; \
+                                 abort again"
+                                    .to_owned(),
+                            );
+                        }
                     }
-                    RecordWrite::Fenced => Handled,
+                    RecordWrite::Fenced => {}
                 }
+                if held.intent == Some(HeldIntent::OperatorAbort) {
+                    held.intent = Some(HeldIntent::FallBack(FallBackCause::Operator));
+                }
+                self.advance_held(io, held)
             }
             Event::Input(Input::RecordChanged(view)) => {
                 if view.revision >= held.record.revision {
                     held.record = view.normalized();
                 }
-                Handled
+                held.seen = true;
+                self.advance_held(io, held)
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Persist(PersistFor::PastDatabaseSteps)) =>
+            {
+                self.advance_held(io, held)
             }
             Event::Input(Input::Done { id })
                 if self.completes(*id, Pending::Persist(PersistFor::FallBack)) =>
@@ -780,6 +859,32 @@ impl Machine {
         event: &Event,
     ) -> Outcome<State> {
         match event {
+            Event::Input(Input::RecordChanged(view)) if failure.watching => {
+                if view.revision >= failure.record.revision {
+                    failure.record = view.normalized();
+                }
+                failure.seen = true;
+                self.advance_failure(io, failure)
+            }
+            Event::Input(Input::RecordWritten { id, write })
+                if self.completes(*id, Pending::RecordWrite) =>
+            {
+                if let RecordWrite::Written(view) | RecordWrite::Conflict(view) = write
+                    && view.revision >= failure.record.revision
+                {
+                    failure.record = view.normalized();
+                }
+                self.advance_failure(io, failure)
+            }
+            Event::Input(Input::AgentVersionRefused { id, view })
+                if self.completes(*id, Pending::SetAgentVersion) =>
+            {
+                if view.revision >= failure.record.revision {
+                    failure.record = view.normalized();
+                }
+                failure.seen = true;
+                self.advance_failure(io, failure)
+            }
             Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
                 failure.reset_done = true;
                 if let Some(model) = &mut self.model {
@@ -809,6 +914,9 @@ impl std::hash::Hash for Machine {
         self.mutations.hash(hasher);
         self.fell_back.hash(hasher);
         self.resume_switch.hash(hasher);
+        self.fall_back_due.hash(hasher);
+        self.watching.hash(hasher);
+        self.record_seen.hash(hasher);
     }
 }
 
@@ -835,12 +943,30 @@ impl Machine {
             mutations: Mutations::default(),
             fell_back: None,
             resume_switch: None,
+            fall_back_due: None,
+            watching: false,
+            record_seen: RecordView::default(),
         }
     }
 
     fn before_dispatch(&mut self, _state: StateOrSuperstate<'_, State, Superstate>, event: &Event) {
-        if let Event::SetMutations(mutations) = event {
-            self.mutations = *mutations;
+        let view = match event {
+            Event::SetMutations(mutations) => {
+                self.mutations = *mutations;
+                None
+            }
+            Event::Input(Input::RecordChanged(view))
+            | Event::Input(Input::AgentVersionRefused { view, .. })
+            | Event::Input(Input::RecordWritten {
+                write: RecordWrite::Written(view) | RecordWrite::Conflict(view),
+                ..
+            }) => Some(view),
+            _ => None,
+        };
+        if let Some(view) = view
+            && view.revision >= self.record_seen.revision
+        {
+            self.record_seen = view.normalized();
         }
     }
 
@@ -894,6 +1020,12 @@ impl Machine {
     }
 
     // ---------------------------------------------------------------- requests and timers
+
+    /// Subscribes to the upgrade-info record (the current view first, then every change).
+    fn watch_record(&mut self, io: &mut Io) {
+        self.watching = true;
+        io.request_aside(Request::WatchRecord { after: Revision(0) });
+    }
 
     /// Issues the main request; asserts none is in flight.
     fn request(&mut self, io: &mut Io, pending: Pending, request: Request) -> RequestId {
@@ -959,9 +1091,23 @@ impl Machine {
             .unwrap_or(ControllerSet::EMPTY)
     }
 
+    /// True when the current record has every controller ready. Never true while the
+    /// controllers are unknown (no model loaded): an empty set is covered by anything.
     fn all_ready(&self, view: &RecordView) -> bool {
+        let all = self.controllers();
         match view.current {
-            Some((record, _)) => record.controllers_ready.covers(self.controllers()),
+            Some((record, _)) => !all.is_empty() && record.controllers_ready.covers(all),
+            None => false,
+        }
+    }
+
+    /// True when the current record is known not to have every controller ready: the
+    /// condition under which archiving it as aborted proves no database step ran under it.
+    /// False while the controllers are unknown.
+    fn known_not_all_ready(&self, view: &RecordView) -> bool {
+        let all = self.controllers();
+        match view.current {
+            Some((record, _)) => !all.is_empty() && !record.controllers_ready.covers(all),
             None => false,
         }
     }
@@ -995,40 +1141,96 @@ impl Machine {
         {
             return None;
         }
-        let reason = format!(
-            "agent binary {} booted {} times without reaching Ready",
-            trial.binary, trial.boots
-        );
-        Some(self.fall_back(io, reason))
+        self.trial_over_while_booting(io, FallBackCause::BootsExhausted)
+    }
+
+    /// What a cause of giving up a trial says, for status and held reasons.
+    fn fall_back_reason(&self, cause: FallBackCause) -> String {
+        let running = &self.config.running;
+        match cause {
+            FallBackCause::TimedOut => format!(
+                "agent binary {running} did not reach Ready within {}",
+                self.config.limits.trial_ready_timeout
+            ),
+            FallBackCause::BootsExhausted => {
+                let boots = self.snapshot.trial.as_ref().map_or(0, |trial| trial.boots);
+                format!("agent binary {running} booted {boots} times without reaching Ready")
+            }
+            FallBackCause::Operator => {
+                format!("upgrade to {} aborted by the operator", running.number)
+            }
+        }
+    }
+
+    /// The trial is over while Bootstrapping. An agent that is not a controller decides
+    /// now. A controller decides once the model is loaded (it must know the controllers to
+    /// read the record, and never leaves Bootstrapping without them): held then if its
+    /// snapshot says falling back is unsafe, otherwise RunningSteps reads the upgrade-info
+    /// record and retires it before falling back. `None`: bootstrapping goes on.
+    fn trial_over_while_booting(
+        &mut self,
+        io: &mut Io,
+        cause: FallBackCause,
+    ) -> Option<Outcome<State>> {
+        let reason = self.fall_back_reason(cause);
+        if !self.is_controller() {
+            return Some(self.fall_back(io, reason));
+        }
+        if self.fall_back_due.is_none() {
+            self.fall_back_due = Some(cause);
+            self.status_message(
+                io,
+                format!("{reason}; deciding once the model and the upgrade-info record are read"),
+            );
+        }
+        None
     }
 
     fn trial_timed_out(&mut self, io: &mut Io) -> Outcome<State> {
-        let reason = format!(
-            "agent binary {} did not reach Ready within {}",
-            self.config.running, self.config.limits.trial_ready_timeout
-        );
+        let reason = self.fall_back_reason(FallBackCause::TimedOut);
         self.fall_back(io, reason)
     }
 
-    /// Falls back to the previous binary if no database step of the new version has run;
-    /// otherwise holds (rolling back after database steps is unsafe).
+    /// True when the local snapshot allows falling back: a trial whose version's database
+    /// steps this agent never ran or observed as run (as far as it persisted), whose steps
+    /// are not recorded as done, with a previous binary to return to. A controller also
+    /// needs the store's word (see [`Machine::database_steps_evidence`]).
+    fn fall_back_locally_safe(&self) -> bool {
+        let upgraded_to = self.snapshot.upgraded_to_version;
+        self.snapshot
+            .trial
+            .as_ref()
+            .is_some_and(|trial| !trial.past_database_steps && upgraded_to < trial.binary.number)
+            && self.snapshot.previous.is_some()
+    }
+
+    /// Falls back to the previous binary if no step of the new version has run; otherwise
+    /// holds (rolling back after database steps is unsafe).
+    ///
+    /// Only for agents whose fall back needs no store check: agents other than controllers,
+    /// and controllers whose snapshot already says it is unsafe. A controller that could
+    /// fall back goes through the record first ([`AbortReason::FallBack`] in RunningSteps,
+    /// [`HeldIntent::FallBack`] in StepsFailed); one that reaches here anyway is held.
     fn fall_back(&mut self, io: &mut Io, reason: String) -> Outcome<State> {
         // Safe only while the previous binary would find the state it left: no database
         // step of the new version ran, and the new version's steps are not recorded as done.
-        let upgraded_to = self.snapshot.upgraded_to_version;
-        let safe =
-            self.snapshot.trial.as_ref().is_some_and(|trial| {
-                !trial.past_database_steps && upgraded_to < trial.binary.number
-            }) && self.snapshot.previous.is_some();
-        if !safe {
-            return Transition(State::steps_failed(Held {
-                reason: format!(
+        if !self.fall_back_locally_safe() {
+            return Transition(State::steps_failed(Held::new(
+                format!(
                     "{reason}; the new version's steps already ran, so it is held here \
                      rather than rolled back"
                 ),
-                aborting: false,
-                record: RecordView::default(),
-            }));
+                RecordView::default(),
+            )));
+        }
+        if self.is_controller() {
+            return Transition(State::steps_failed(Held::new(
+                format!(
+                    "{reason}; held: a controller falls back only once the upgrade-info \
+                     record says no database step of the new version ran"
+                ),
+                RecordView::default(),
+            )));
         }
         if let Some((_, pending)) = self.pending
             && pending.writes_shared_state()
@@ -1042,6 +1244,13 @@ impl Machine {
             io.set_timer(Timer::TrialReady, self.config.limits.retry_after);
             return Handled;
         }
+        self.fall_back_now(io, reason);
+        Handled
+    }
+
+    /// Persists the snapshot and, once it is durable, restarts into the previous binary.
+    /// The caller has decided that falling back is safe and that no write is in flight.
+    fn fall_back_now(&mut self, io: &mut Io, reason: String) {
         self.status_message(io, format!("{reason}; falling back"));
         // A read awaited no longer matters (a hung store is a reason to fall back): its
         // completion, if it ever comes, is stale.
@@ -1052,7 +1261,88 @@ impl Machine {
             Pending::Persist(PersistFor::FallBack),
             Request::PersistSnapshot(snapshot),
         );
-        Handled
+    }
+
+    /// Whether the store says database steps of the trial version may have run: the
+    /// record of this upgrade (`upgradedToVersion` → the trial's version) current and all
+    /// controllers ready or past pending (the coordinator runs database steps once every
+    /// controller is ready), or archived complete, or archived aborted with every
+    /// controller ready. A record archived aborted while some controller was not ready
+    /// proves that no database step ran under it: `controllers-ready` only grows, and every
+    /// change, the abort included, is a compare-and-set.
+    fn database_steps_evidence(&self, view: &RecordView) -> Option<String> {
+        let trial = self.snapshot.trial.as_ref()?;
+        let (from, to) = (self.snapshot.upgraded_to_version, trial.binary.number);
+        let all = self.controllers();
+        if let Some((record, _)) = view.current
+            && record.describes(from, to)
+            && (record.status != UpgradeStatus::Pending || record.controllers_ready.covers(all))
+        {
+            return Some(format!(
+                "the upgrade-info record {from} -> {to} is {} with controllers ready {:?} of \
+                 {all:?}",
+                record.status, record.controllers_ready
+            ));
+        }
+        if let Some(last) = view.last_archived
+            && last.describes(from, to)
+            && (last.status == UpgradeStatus::Complete
+                || (last.status == UpgradeStatus::Aborted && last.controllers_ready.covers(all)))
+        {
+            return Some(format!(
+                "the upgrade-info record {from} -> {to} was archived {} with controllers ready \
+                 {:?} of {all:?}",
+                last.status, last.controllers_ready
+            ));
+        }
+        None
+    }
+
+    /// Records in the snapshot that database steps of the trial version may have run, so
+    /// that no later decision falls back on a view that no longer shows it (the store keeps
+    /// only the last archived record). Persisted when nothing else is in flight; otherwise
+    /// the next persisted snapshot carries it.
+    fn remember_database_steps(&mut self, io: &mut Io) {
+        let Some(trial) = &mut self.snapshot.trial else {
+            return;
+        };
+        if trial.past_database_steps {
+            return;
+        }
+        trial.past_database_steps = true;
+        if self.pending.is_none() {
+            let snapshot = self.snapshot.clone();
+            self.request(
+                io,
+                Pending::Persist(PersistFor::PastDatabaseSteps),
+                Request::PersistSnapshot(snapshot),
+            );
+        }
+    }
+
+    /// The last word of a controller's fall back, given a fresh view of the record of its
+    /// upgrade (no longer current, or not abortable): hold if the store says database steps
+    /// of the trial version may have run, otherwise fall back.
+    fn fall_back_after_store_check(
+        &mut self,
+        io: &mut Io,
+        cause: FallBackCause,
+        view: &RecordView,
+    ) -> Option<State> {
+        let reason = self.fall_back_reason(cause);
+        if let Some(evidence) = self.database_steps_evidence(view) {
+            self.remember_database_steps(io);
+            return Some(State::steps_failed(Held::new(
+                format!(
+                    "{reason}; {evidence}: database steps of {} may have run, so it is held \
+                     here rather than rolled back",
+                    self.config.running.number
+                ),
+                *view,
+            )));
+        }
+        self.fall_back_now(io, reason);
+        None
     }
 
     fn restart_into_previous(&mut self, io: &mut Io) {
@@ -1062,6 +1352,7 @@ impl Machine {
     }
 
     fn leave_bootstrapping(&mut self) -> Outcome<State> {
+        let fall_back_due = self.fall_back_due.take();
         let upgraded_to = self.snapshot.upgraded_to_version;
         let running = self.config.running.number;
         // Checked before a fall back is honoured: an older binary must never serve state
@@ -1073,35 +1364,48 @@ impl Machine {
                 .as_ref()
                 .is_some_and(|trial| trial.past_database_steps)
         {
-            return Transition(State::steps_failed(Held {
-                reason: format!(
+            return Transition(State::steps_failed(Held::new(
+                format!(
                     "{reason}, but database steps of the new version already ran: {running} \
                      must not serve the migrated store; install the new version again"
                 ),
-                aborting: false,
-                record: RecordView::default(),
-            }));
+                RecordView::default(),
+            )));
         }
         if upgraded_to <= running
             && let Some(reason) = self.fell_back.take()
         {
-            return Transition(State::upgrade_failed(Failure {
-                reason,
-                reset_done: false,
-            }));
+            return Transition(State::upgrade_failed(Failure::new(reason)));
         }
         if upgraded_to > running {
-            return Transition(State::steps_failed(Held {
-                reason: format!(
+            return Transition(State::steps_failed(Held::new(
+                format!(
                     "agent binary {running} is older than upgradedToVersion {upgraded_to}; \
                      install {upgraded_to} or newer"
                 ),
-                aborting: false,
-                record: RecordView::default(),
-            }));
+                RecordView::default(),
+            )));
+        }
+        if let Some(cause) = fall_back_due
+            && !self.fall_back_locally_safe()
+        {
+            return Transition(State::steps_failed(Held::new(
+                format!(
+                    "{}; the new version's steps already ran, so it is held here rather \
+                     than rolled back",
+                    self.fall_back_reason(cause)
+                ),
+                RecordView::default(),
+            )));
         }
         if upgraded_to < running {
-            return Transition(State::running_steps(Steps::default()));
+            // A trial that is over goes through RunningSteps all the same: that is where
+            // the record is read and retired before the fall back (or held, if the store
+            // says database steps of this version may have run).
+            return Transition(State::running_steps(Steps {
+                abort: fall_back_due.map(AbortReason::FallBack),
+                ..Steps::default()
+            }));
         }
         Transition(State::checking_agent_version(Check::default()))
     }
@@ -1207,11 +1511,10 @@ impl Machine {
                 steps.attempts += 1;
                 let target = self.config.running.number;
                 if steps.attempts >= self.config.limits.step_attempts_max {
-                    return Some(State::steps_failed(Held {
-                        reason: format!("upgrade to {target} failed (giving up): {reason}"),
-                        aborting: false,
-                        record: steps.record,
-                    }));
+                    return Some(State::steps_failed(Held::new(
+                        format!("upgrade to {target} failed (giving up): {reason}"),
+                        steps.record,
+                    )));
                 }
                 self.status_message(
                     io,
@@ -1262,6 +1565,15 @@ impl Machine {
             // Persisted checkpoints and markers: the reconcile that follows goes on.
             _ => None,
         }
+    }
+
+    /// Archives `record` (current at `revision`) as aborted, by compare-and-set.
+    fn abort_record(&mut self, io: &mut Io, record: UpgradeInfo, revision: Revision) {
+        let aborted = UpgradeInfo {
+            status: UpgradeStatus::Aborted,
+            ..record
+        };
+        self.write_record(io, revision, aborted, None);
     }
 
     /// Compare-and-set of the upgrade-info record on `expected`, fenced when `fence` is set.
@@ -1323,58 +1635,110 @@ impl Machine {
         );
         if !steps.watching {
             steps.watching = true;
-            io.request_aside(Request::WatchRecord { after: Revision(0) });
+            self.watch_record(io);
             return None;
         }
         if !steps.seen_record {
             return None;
         }
+        let fall_back = match steps.abort {
+            Some(AbortReason::FallBack(cause)) => Some(cause),
+            _ => None,
+        };
         let Some((record, revision)) = steps.record.current else {
             if let Some(last) = steps.record.last_archived
                 && last.describes(from, to)
             {
-                if last.status == UpgradeStatus::Complete && last.controllers_done.contains(me) {
+                if last.controllers_done.contains(me) {
+                    // Finished here already, whatever became of the record afterwards (a
+                    // trial that is over included): go on to Ready.
                     return self.finish_steps(io, steps);
                 }
-                if last.status == UpgradeStatus::Aborted && !steps.retrying {
-                    return Some(State::steps_failed(Held {
-                        reason: format!("upgrade from {from} to {to} was aborted"),
-                        aborting: false,
-                        record: steps.record,
-                    }));
+                if last.status == UpgradeStatus::Aborted && !steps.retrying && fall_back.is_none() {
+                    if self.database_steps_evidence(&steps.record).is_some() {
+                        self.remember_database_steps(io);
+                    }
+                    return Some(State::steps_failed(Held::new(
+                        format!("upgrade from {from} to {to} was aborted"),
+                        steps.record,
+                    )));
                 }
+            }
+            if let Some(cause) = fall_back {
+                return self.fall_back_after_store_check(io, cause, &steps.record);
             }
             if let Some(reason) = steps.abort {
                 return Some(self.held_after_abort(reason, steps));
             }
+            // Created with nobody ready: every controller, this one included, registers by
+            // compare-and-set, so a create that lands late (a driver's retry, a duplicate)
+            // can never count a controller as ready that is not.
             let record = UpgradeInfo {
                 previous_version: from,
                 target_version: to,
                 status: UpgradeStatus::Pending,
-                controllers_ready: ControllerSet::EMPTY.with(me),
+                controllers_ready: ControllerSet::EMPTY,
                 controllers_done: ControllerSet::EMPTY,
             };
             self.request(io, Pending::RecordWrite, Request::CreateRecord(record));
             return None;
         };
         if !record.describes(from, to) {
-            return Some(State::steps_failed(Held {
-                reason: format!(
-                    "current upgrade info mismatch: expected {from} -> {to}, found {} -> {} ({}); \
-                     abort it or finish it first",
+            if let Some(cause) = fall_back {
+                // Not this trial's record: the store check reads the archived one.
+                return self.fall_back_after_store_check(io, cause, &steps.record);
+            }
+            if record.status == UpgradeStatus::Pending
+                && !record.controllers_ready.contains(me)
+                && self.known_not_all_ready(&steps.record)
+            {
+                // Doomed: this controller never registers in another upgrade's record, so
+                // it can never have every controller ready, and no database step ran under
+                // it. Archive it (compare-and-set), then create this upgrade's own.
+                self.status_message(
+                    io,
+                    format!(
+                        "archiving a stale upgrade-info record {} -> {} (pending, ready {:?} \
+                         of {:?}) as aborted",
+                        record.previous_version,
+                        record.target_version,
+                        record.controllers_ready,
+                        self.controllers()
+                    ),
+                );
+                self.abort_record(io, record, revision);
+                return None;
+            }
+            return Some(State::steps_failed(Held::new(
+                format!(
+                    "current upgrade info mismatch: expected {from} -> {to}, found {} -> {} \
+                     ({}); abort it or finish it first",
                     record.previous_version, record.target_version, record.status
                 ),
-                aborting: false,
-                record: steps.record,
-            }));
+                steps.record,
+            )));
         }
-        if steps.abort.is_some() {
-            let aborted = UpgradeInfo {
-                status: UpgradeStatus::Aborted,
-                ..record
-            };
-            self.write_record(io, revision, aborted, None);
-            return None;
+        // A retry overrides the abort archived before it; once this upgrade has a record
+        // again, a later abort stops it like any other.
+        steps.retrying = false;
+        if let Some(cause) = fall_back {
+            if record.status == UpgradeStatus::Pending && self.known_not_all_ready(&steps.record) {
+                // Not every controller is ready, so no database step ran: archive the record
+                // as aborted. The compare-and-set succeeding proves it stayed so; a conflict
+                // brings a newer view, and the decision is taken again.
+                self.abort_record(io, record, revision);
+                return None;
+            }
+            return self.fall_back_after_store_check(io, cause, &steps.record);
+        }
+        if let Some(reason) = steps.abort {
+            if reason == AbortReason::WaitTimedOut && self.all_ready(&steps.record) {
+                // Every controller registered after all (the timer fired on an older view).
+                steps.abort = None;
+            } else {
+                self.abort_record(io, record, revision);
+                return None;
+            }
         }
         if !record.controllers_ready.contains(me) {
             let registered = UpgradeInfo {
@@ -1399,6 +1763,12 @@ impl Machine {
             return None;
         }
         io.cancel_timer(Timer::ControllersWait);
+        // Every controller is ready: the coordinator may run database steps from now on, so
+        // falling back is no longer safe for a binary on trial. Persisted before anything
+        // else happens here.
+        if self.mark_past_database_steps(io) {
+            return None;
+        }
         if steps.retry_wait {
             return None;
         }
@@ -1413,9 +1783,6 @@ impl Machine {
                     }
                     _ => return None,
                 };
-                if self.mark_past_database_steps(io) {
-                    return None;
-                }
                 let plan = self.current_plan(true);
                 self.set_progress(io, u32::from(steps.database_next));
                 let fence = if self.mutations.unfenced_coordinator {
@@ -1444,9 +1811,6 @@ impl Machine {
                 None
             }
             UpgradeStatus::DbComplete => {
-                if self.mark_past_database_steps(io) {
-                    return None;
-                }
                 let running = UpgradeInfo {
                     status: UpgradeStatus::Running,
                     ..record
@@ -1455,9 +1819,6 @@ impl Machine {
                 None
             }
             UpgradeStatus::Running => {
-                if self.mark_past_database_steps(io) {
-                    return None;
-                }
                 if let Some(state) = self.next_host_step(io, steps, Some((record, revision))) {
                     return Some(state);
                 }
@@ -1469,8 +1830,9 @@ impl Machine {
         }
     }
 
-    /// Before this agent runs (or relies on) database steps of a trial binary, persist that
-    /// falling back is no longer safe. True while that write is in flight.
+    /// Before this agent runs (or relies on) database steps of a trial binary, or once it
+    /// saw every controller ready (the coordinator may then run them), persist that falling
+    /// back is no longer safe. True while that write is in flight.
     fn mark_past_database_steps(&mut self, io: &mut Io) -> bool {
         match &mut self.snapshot.trial {
             Some(trial) if trial.binary == self.config.running && !trial.past_database_steps => {
@@ -1540,7 +1902,8 @@ impl Machine {
             let me = self.me();
             if !record.controllers_done.contains(me) {
                 let done = record.controllers_done.with(me);
-                let status = if done.covers(self.controllers()) {
+                let all = self.controllers();
+                let status = if !all.is_empty() && done.covers(all) {
                     UpgradeStatus::Complete
                 } else {
                     record.status
@@ -1591,17 +1954,111 @@ impl Machine {
                 "upgrade to {} aborted by the operator",
                 self.config.running.number
             ),
+            AbortReason::FallBack(cause) => self.fall_back_reason(cause),
         };
-        State::steps_failed(Held {
-            reason: text,
-            aborting: false,
-            record: steps.record,
-        })
+        State::steps_failed(Held::new(text, steps.record))
     }
 
-    /// Abort while held: fall back to the previous binary when that is safe, else stay held.
+    /// Works on what a held agent intends: for a controller, first a fresh view of the
+    /// record, then the operator's abort (archive the current record), then the fall back
+    /// (retire this upgrade's record while no database step can have run under it, and
+    /// fall back unless the store says database steps of this version may have run).
+    fn advance_held(&mut self, io: &mut Io, held: &mut Held) -> Outcome<State> {
+        let Some(intent) = held.intent else {
+            return Handled;
+        };
+        if self.pending.is_some() {
+            return Handled;
+        }
+        if !self.is_controller() {
+            // No record to consult: the snapshot decides.
+            held.intent = None;
+            return self.abort_held(io, held);
+        }
+        let fall_back_possible = self.fall_back_locally_safe()
+            && self
+                .snapshot
+                .trial
+                .as_ref()
+                .is_some_and(|trial| trial.binary == self.config.running);
+        if let HeldIntent::FallBack(cause) = intent
+            && !fall_back_possible
+        {
+            held.intent = None;
+            held.reason = format!(
+                "{}; {}",
+                self.fall_back_reason(cause),
+                self.why_no_fall_back()
+            );
+
+            let message = held.reason.clone();
+            self.status_message(io, message);
+            return Handled;
+        }
+        if !held.seen {
+            if !held.watching {
+                held.watching = true;
+                self.watch_record(io);
+            }
+            return Handled;
+        }
+        let cause = match intent {
+            HeldIntent::OperatorAbort => {
+                if let Some((record, revision)) = held.record.current {
+                    // The operator's word: archived as aborted whatever its status.
+                    self.abort_record(io, record, revision);
+                    return Handled;
+                }
+                held.intent = Some(HeldIntent::FallBack(FallBackCause::Operator));
+                held.reason = self.fall_back_reason(FallBackCause::Operator);
+                if !fall_back_possible {
+                    held.intent = None;
+                    held.reason = format!("{}; {}", held.reason, self.why_no_fall_back());
+                    let message = held.reason.clone();
+                    self.status_message(io, message);
+                    return Handled;
+                }
+                FallBackCause::Operator
+            }
+            HeldIntent::FallBack(cause) => cause,
+        };
+        let from = self.snapshot.upgraded_to_version;
+        let to = self.config.running.number;
+        if let Some((record, revision)) = held.record.current
+            && record.describes(from, to)
+            && record.status == UpgradeStatus::Pending
+            && self.known_not_all_ready(&held.record)
+        {
+            // Retire it first: the compare-and-set proves no database step ran under it.
+            self.abort_record(io, record, revision);
+            return Handled;
+        }
+        held.intent = None;
+        let view = held.record;
+        match self.fall_back_after_store_check(io, cause, &view) {
+            Some(State::StepsFailed { held: hold }) => {
+                held.reason = hold.reason;
+                let message = held.reason.clone();
+                self.status_message(io, message);
+                Handled
+            }
+            Some(other) => Transition(other),
+            None => Handled,
+        }
+    }
+
+    fn why_no_fall_back(&self) -> &'static str {
+        match &self.snapshot.trial {
+            Some(trial) if trial.binary == self.config.running => {
+                "the new version's steps already ran, so it is held here rather than rolled back"
+            }
+            _ => "held: no binary on trial here to fall back from",
+        }
+    }
+
+    /// Abort while held, for an agent with no record to consult: fall back to the previous
+    /// binary when the snapshot says it is safe, else stay held.
     fn abort_held(&mut self, io: &mut Io, held: &mut Held) -> Outcome<State> {
-        held.aborting = false;
         held.reason = format!(
             "upgrade to {} aborted by the operator",
             self.config.running.number
@@ -1703,10 +2160,7 @@ impl Machine {
                             .map(|model| model.agent_version)
                             .unwrap_or(self.config.running.number)
                     );
-                    return Transition(State::upgrade_failed(Failure {
-                        reason,
-                        reset_done: false,
-                    }));
+                    return Transition(State::upgrade_failed(Failure::new(reason)));
                 }
                 if upgrade_available != self.upgrade_available {
                     self.upgrade_available = upgrade_available;
@@ -1736,10 +2190,7 @@ impl Machine {
             }
             Err(error) => {
                 let reason = error.to_string();
-                Transition(State::upgrade_failed(Failure {
-                    reason,
-                    reset_done: false,
-                }))
+                Transition(State::upgrade_failed(Failure::new(reason)))
             }
         }
     }
@@ -1777,9 +2228,6 @@ impl Machine {
                 let version = plan.binary.number;
                 check.chosen = Some(plan.clone());
                 if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
-                    if let Some(model) = &mut self.model {
-                        model.agent_version = version;
-                    }
                     self.request(
                         io,
                         Pending::SetAgentVersion,
@@ -1795,6 +2243,226 @@ impl Machine {
                 Handled
             }
         }
+    }
+
+    /// Ready's own handling of an event; [`Machine::ready`] then retires a doomed record.
+    fn ready_event(&mut self, io: &mut Io, check: &mut Check, event: &Event) -> Outcome<State> {
+        match event {
+            Event::Timer(Timer::CatalogueCheck) => {
+                io.set_timer(
+                    Timer::CatalogueCheck,
+                    self.config.limits.catalogue_check_interval,
+                );
+                if self.pending.is_none() {
+                    check.occasion = Some(OccasionKey::Periodic);
+                    self.start_check(io);
+                }
+                Handled
+            }
+            Event::Input(Input::UpgradeRequested { version }) => {
+                self.request_upgrade(io, check, *version);
+                Handled
+            }
+            Event::Input(Input::AgentVersionChanged(version)) => {
+                if *version != self.config.running.number {
+                    self.request_upgrade(io, check, Some(*version));
+                }
+                Handled
+            }
+            Event::Input(Input::CatalogueFound { id, result })
+                if self.completes(*id, Pending::Catalogue) =>
+            {
+                match result {
+                    Ok(catalogue) => self.decide_in_ready(io, check, catalogue),
+                    Err(reason) => {
+                        self.status_message(io, format!("agent binary lookup failed: {reason}"));
+                        Handled
+                    }
+                }
+            }
+            Event::Input(Input::DesiredBinary { id, plan })
+                if self.completes(*id, Pending::DesiredBinary) =>
+            {
+                if let Some(reason) = self.refuse_downgrade(plan) {
+                    self.status_message(io, reason);
+                } else if plan.binary.number != self.config.running.number {
+                    check.chosen = Some(plan.clone());
+                    self.request(io, Pending::Stage, Request::StageBinary(plan.clone()));
+                }
+                Handled
+            }
+            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
+                // Pre-stage while still Ready: the gate closes only once the binary is verified.
+                if let Some(plan) = check.chosen.clone() {
+                    if let Some(model) = &mut self.model {
+                        model.agent_version = plan.binary.number;
+                    }
+                    self.request(io, Pending::Stage, Request::StageBinary(plan));
+                }
+                Handled
+            }
+            Event::Input(Input::AgentVersionRefused { id, view })
+                if self.completes(*id, Pending::SetAgentVersion) =>
+            {
+                if let Some(plan) = check.chosen.take() {
+                    self.status_message(
+                        io,
+                        upgrade_refused_message(plan.binary.number, &view.normalized()),
+                    );
+                }
+                Handled
+            }
+            // The view itself is kept by `before_dispatch` (`record_seen`).
+            Event::Input(Input::RecordChanged(_)) if self.is_controller() => Handled,
+            Event::Input(Input::RecordWritten { id, .. })
+                if self.completes(*id, Pending::RecordWrite) =>
+            {
+                Handled
+            }
+            Event::Input(Input::ModelLoaded { id, model })
+                if self.completes(*id, Pending::LoadModel) =>
+            {
+                self.model = Some(model.clone());
+                Handled
+            }
+            Event::Input(Input::Staged { id, result }) if self.completes(*id, Pending::Stage) => {
+                match result {
+                    Ok(()) => match check.chosen.take() {
+                        Some(plan) => Transition(State::upgrading(Upgrade::new(plan, true))),
+                        None => Handled,
+                    },
+                    Err(reason) => {
+                        check.chosen = None;
+                        self.status_message(
+                            io,
+                            format!("upgrade not started: staging failed: {reason}"),
+                        );
+                        Handled
+                    }
+                }
+            }
+            Event::Input(Input::Done { id })
+                if self.completes(*id, Pending::Report)
+                    || self.completes(*id, Pending::Persist(PersistFor::ClearTrial)) =>
+            {
+                Handled
+            }
+            _ => Super,
+        }
+    }
+
+    /// A Ready controller tends the current upgrade-info record, which nobody else may be
+    /// able to move on:
+    /// - a record of an upgrade to the version it runs: it finished that upgrade (its steps
+    ///   ran, the database steps of that version are applied), so it joins the record as
+    ///   ready and done. A controller that must still finish the upgrade (a straggler, whose
+    ///   earlier record was aborted) can then complete it; a record everybody is done with is
+    ///   archived (see [`Machine::join_finished_upgrade`]).
+    /// - a pending record that not every controller is ready for, of an upgrade this
+    ///   controller will never register in, can never proceed: it is archived as aborted. A
+    ///   Ready controller registers only after upgrading from its version to the model's
+    ///   `agent-version`; so a record of an upgrade from another version is doomed, and one
+    ///   from its version is doomed when `agent-version` (read again, after the record was
+    ///   seen) names another target: the store freezes `agent-version` while a record is
+    ///   current, so that record was created after its upgrade was given up (a create that
+    ///   landed late). The compare-and-set on the revision seen proves the record stayed
+    ///   not-all-ready: no database step ran under it.
+    fn retire_doomed_record(&mut self, io: &mut Io, check: &mut Check) {
+        if !self.is_controller() || self.pending.is_some() || check.chosen.is_some() {
+            return;
+        }
+        let view = self.record_seen;
+        let Some((record, revision)) = view.current else {
+            return;
+        };
+        let me = self.me();
+        let running = self.config.running.number;
+        if record.target_version == running {
+            if !record.controllers_done.contains(me) && self.snapshot.upgraded_to_version == running
+            {
+                self.join_finished_upgrade(io, record, revision);
+            }
+            return;
+        }
+        if record.status != UpgradeStatus::Pending || !self.known_not_all_ready(&view) {
+            return;
+        }
+        let agent_version = self.model.as_ref().map(|model| model.agent_version);
+        let doomed = record.previous_version != running
+            || (check.model_read_for == Some(revision)
+                && agent_version != Some(record.target_version));
+        if doomed {
+            self.status_message(
+                io,
+                format!(
+                    "archiving a stale upgrade-info record {} -> {} (pending, ready {:?} of {:?}) \
+                     as aborted: no controller can proceed with it",
+                    record.previous_version,
+                    record.target_version,
+                    record.controllers_ready,
+                    self.controllers()
+                ),
+            );
+            self.abort_record(io, record, revision);
+            return;
+        }
+        if check.model_read_for != Some(revision) {
+            check.model_read_for = Some(revision);
+            self.request(io, Pending::LoadModel, Request::LoadModel);
+        }
+    }
+
+    /// Joins the record of an upgrade to the version this controller runs and finished (its
+    /// `upgradedToVersion` is that version), as ready and done: it has nothing left to do for
+    /// that upgrade, and the database steps of that version are applied. When that makes
+    /// every controller done, the record is archived: complete if running, otherwise aborted
+    /// (nobody was left to move it on).
+    fn join_finished_upgrade(&mut self, io: &mut Io, record: UpgradeInfo, revision: Revision) {
+        let me = self.me();
+        let all = self.controllers();
+        let ready = record.controllers_ready.with(me);
+        let done = record.controllers_done.with(me);
+        let status = if !all.is_empty() && done.covers(all) {
+            match record.status {
+                UpgradeStatus::Running => UpgradeStatus::Complete,
+                _ => UpgradeStatus::Aborted,
+            }
+        } else {
+            record.status
+        };
+        self.status_message(
+            io,
+            format!(
+                "joining the upgrade-info record {} -> {} ({}) as ready and done: this \
+                 controller already runs {}",
+                record.previous_version,
+                record.target_version,
+                record.status,
+                record.target_version
+            ),
+        );
+        let joined = UpgradeInfo {
+            controllers_ready: ready,
+            controllers_done: done,
+            status,
+            ..record
+        };
+        self.write_record(io, revision, joined, None);
+    }
+
+    /// A machine agent never switches to a binary older than its `upgradedToVersion`: that
+    /// binary would find state a newer one migrated and hold (as `policy::select` refuses an
+    /// implicit downgrade for controllers). `agent-version` goes down when a controller gives
+    /// an upgrade up, after this agent already upgraded.
+    fn refuse_downgrade(&self, plan: &StagePlan) -> Option<String> {
+        let upgraded_to = self.snapshot.upgraded_to_version;
+        (plan.binary.number < upgraded_to).then(|| {
+            format!(
+                "not switching to agent binary {}: it is older than upgradedToVersion \
+                 {upgraded_to} (agent-version went down after this agent upgraded)",
+                plan.binary
+            )
+        })
     }
 
     // ---------------------------------------------------------------- Upgrading and failure
@@ -1832,6 +2500,18 @@ impl Machine {
         }
         if self.is_controller() && !failure.reset_done {
             // Juju's fix for a controller that restarted forever: agent-version back to ours.
+            // The store refuses that while an upgrade-info record is current, and this
+            // controller is giving its upgrade up: it first retires what stands in the way.
+            if !failure.seen {
+                if !failure.watching {
+                    failure.watching = true;
+                    self.watch_record(io);
+                }
+                return Handled;
+            }
+            if let Some(outcome) = self.retire_before_reset(io, failure) {
+                return outcome;
+            }
             self.request(
                 io,
                 Pending::SetAgentVersion,
@@ -1850,6 +2530,89 @@ impl Machine {
         );
         Handled
     }
+
+    /// Before a controller that gave its upgrade up resets `agent-version`: `None` when
+    /// nothing stands in the way. A pending record that not every controller is ready for
+    /// can never proceed (this controller will not register in it) and no database step ran
+    /// under it: it is archived as aborted, by compare-and-set. A record that may have had
+    /// database steps run for a newer version than this binary, current or (for the trial
+    /// this controller fell back from) archived, means this binary must not serve: held.
+    /// Any other record (someone's upgrade to this version, past pending) is waited out.
+    fn retire_before_reset(
+        &mut self,
+        io: &mut Io,
+        failure: &mut Failure,
+    ) -> Option<Outcome<State>> {
+        let running = self.config.running.number;
+        if let Some((record, revision)) = failure.record.current {
+            if record.target_version == running {
+                // An upgrade to the version this controller runs and finished: it joins it
+                // as ready and done (a straggler can then complete it), then waits it out.
+                if !record.controllers_done.contains(self.me())
+                    && self.snapshot.upgraded_to_version == running
+                {
+                    self.join_finished_upgrade(io, record, revision);
+                    return Some(Handled);
+                }
+            } else if record.status == UpgradeStatus::Pending
+                && self.known_not_all_ready(&failure.record)
+            {
+                self.status_message(
+                    io,
+                    format!(
+                        "archiving the upgrade-info record {} -> {} (pending, ready {:?} of \
+                         {:?}) as aborted before resetting agent-version to {running}",
+                        record.previous_version,
+                        record.target_version,
+                        record.controllers_ready,
+                        self.controllers()
+                    ),
+                );
+                self.abort_record(io, record, revision);
+                return Some(Handled);
+            }
+            if record.target_version > running {
+                self.remember_database_steps(io);
+                return Some(Transition(State::steps_failed(Held::new(
+                    format!(
+                        "{}; but the upgrade-info record {} -> {} is {} with controllers \
+                         ready {:?} of {:?}: database steps of {} may have run, and {running} \
+                         must not serve that store; install {} again",
+                        failure.reason,
+                        record.previous_version,
+                        record.target_version,
+                        record.status,
+                        record.controllers_ready,
+                        self.controllers(),
+                        record.target_version,
+                        record.target_version
+                    ),
+                    failure.record,
+                ))));
+            }
+            self.status_message(
+                io,
+                format!(
+                    "waiting for the upgrade {} -> {} ({}) to end before resetting \
+                     agent-version to {running}",
+                    record.previous_version, record.target_version, record.status
+                ),
+            );
+            return Some(Handled);
+        }
+        if let Some(evidence) = self.database_steps_evidence(&failure.record) {
+            self.remember_database_steps(io);
+            return Some(Transition(State::steps_failed(Held::new(
+                format!(
+                    "{}; but {evidence}: database steps of the new version may have run, and \
+                     {running} must not serve that store; install the new version again",
+                    failure.reason
+                ),
+                failure.record,
+            ))));
+        }
+        None
+    }
 }
 
 impl Upgrade {
@@ -1861,6 +2624,21 @@ impl Upgrade {
             retry_wait: false,
             restarting: false,
         }
+    }
+}
+
+/// Why an upgrade did not start: the store refused to change `agent-version`.
+fn upgrade_refused_message(version: Version, view: &RecordView) -> String {
+    match view.current {
+        Some((record, _)) => format!(
+            "upgrade to {version} not started: agent-version cannot change while the \
+             upgrade {} -> {} is recorded as {} (controllers ready {:?})",
+            record.previous_version, record.target_version, record.status, record.controllers_ready
+        ),
+        None => format!(
+            "upgrade to {version} not started: agent-version cannot change while an upgrade \
+             is in progress"
+        ),
     }
 }
 

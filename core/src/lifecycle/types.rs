@@ -87,7 +87,10 @@ pub struct Trial {
     /// Boots of that binary so far.
     pub boots: u8,
     /// Set (and persisted) before this agent runs or observes database steps of the new
-    /// version: from then on, falling back to the previous binary is unsafe (Juju's lesson).
+    /// version (a controller: once it saw every controller ready, or the store said they
+    /// may have run): from then on, falling back to the previous binary is unsafe (Juju's
+    /// lesson). A crash can lose this write, so a controller also reads the upgrade-info
+    /// record before it falls back.
     pub past_database_steps: bool,
     /// Times the previous binary found the switch persisted but the new binary never
     /// booted (a crash between persisting the switch and restarting, or a binary that dies
@@ -257,6 +260,16 @@ pub enum Input {
         id: RequestId,
         result: Result<(), String>,
     },
+    /// The store refused `SetAgentVersion` because an upgrade-info record is current (Juju's
+    /// rule: no `agent-version` change while an upgrade is in progress); `view` is the
+    /// record as the refusal found it. The core decides what to do about that record (archive
+    /// it as aborted when no controller can ever proceed with it, or wait); a driver must not
+    /// retry the write by itself. A refused write whose value the model already holds is not
+    /// refused: the driver answers it with `Done`.
+    AgentVersionRefused {
+        id: RequestId,
+        view: RecordView,
+    },
     /// The model's `agent-version` changed (an operator ran `upgrade-controller`).
     AgentVersionChanged(Version),
     /// The operator asked for an upgrade now, to a version or to the newest patch.
@@ -279,6 +292,7 @@ pub enum InputKind {
     CatalogueFound,
     DesiredBinary,
     Staged,
+    AgentVersionRefused,
     AgentVersionChanged,
     UpgradeRequested,
     Operator,
@@ -298,6 +312,7 @@ impl Input {
             Input::CatalogueFound { .. } => InputKind::CatalogueFound,
             Input::DesiredBinary { .. } => InputKind::DesiredBinary,
             Input::Staged { .. } => InputKind::Staged,
+            Input::AgentVersionRefused { .. } => InputKind::AgentVersionRefused,
             Input::AgentVersionChanged(_) => InputKind::AgentVersionChanged,
             Input::UpgradeRequested { .. } => InputKind::UpgradeRequested,
             Input::Operator(_) => InputKind::Operator,
@@ -320,7 +335,9 @@ pub enum Request {
     WatchRecord {
         after: crate::lifecycle::record::Revision,
     },
-    /// Create the record if none is current. → `RecordWritten`
+    /// Create the record if none is current. The core creates it with no controller ready
+    /// and then registers by compare-and-set, so a create that lands late (a driver's retry, a
+    /// duplicate) never registers anyone. → `RecordWritten`
     CreateRecord(crate::lifecycle::record::UpgradeInfo),
     /// Compare-and-set on the record's revision, fenced on a lease when given. A final
     /// status archives the record. → `RecordWritten`
@@ -347,7 +364,8 @@ pub enum Request {
     LookupCatalogue { streams: &'static [Stream] },
     /// Ask the controller for this agent's desired binary. → `DesiredBinary`
     DesiredBinary,
-    /// Set the model's `agent-version`. → `Done`
+    /// Set the model's `agent-version`. → `Done`, or `AgentVersionRefused` while an
+    /// upgrade-info record is current
     SetAgentVersion(Version),
     /// Record (or clear) the model's `upgrade-available`. → `Done`
     ReportUpgradeAvailable(Option<Version>),

@@ -1672,14 +1672,18 @@ impl Sim {
                         if model.agent_version == version {
                             Some(reply(Input::Done { id }))
                         } else {
-                            // Juju's rule holds it back while a record is current; the driver
-                            // asks again after its timeout (as lockstep-agent's driver does).
+                            // Juju's rule holds it back while a record is current: the driver
+                            // hands the refusal, with the record as it is, to the core, which
+                            // decides what to do about that record.
                             self.agent_version_refusals += 1;
                             self.trace.note(
-                            self.now,
-                            &format!("store refused agent-version {version}: an upgrade is in progress"),
-                        );
-                            None
+                                self.now,
+                                &format!(
+                                    "store refused agent-version {version}: an upgrade is in progress"
+                                ),
+                            );
+                            let view = store.record_view().expect("the store reads");
+                            Some(reply(Input::AgentVersionRefused { id, view }))
                         }
                     }
                     Err(error) => panic!("set agent-version: {error}"),
@@ -1960,6 +1964,19 @@ impl Sim {
             }),
             Some(Request::DesiredBinary) => {
                 let running = &self.hosts[host].config.running;
+                // Juju's controllers-first rule, as lockstep-transport's `desired_version`
+                // keeps it: an agent other than a controller is offered agent-version only
+                // once every controller runs it (this API server included); until then, the
+                // version it runs.
+                let wanted = model.agent_version;
+                let controllers_run_it = (0..usize::from(self.scenario.controllers))
+                    .chain([controller])
+                    .all(|index| self.hosts[index].config.running.number >= wanted);
+                let desired = if controllers_run_it {
+                    wanted
+                } else {
+                    running.number
+                };
                 let catalogue = if self.published {
                     &self.catalogue_after.as_ref().expect("published").0
                 } else {
@@ -1967,7 +1984,7 @@ impl Sim {
                 };
                 let Some(entry) = catalogue
                     .find(
-                        model.agent_version,
+                        desired,
                         &running.release,
                         &running.arch,
                         Stream::preferred(None, &running.number),
@@ -2073,10 +2090,9 @@ impl Sim {
         let phase = self.hosts[host].process.as_ref().map(Lifecycle::phase);
         if controller {
             // Resume the record watch after the last revision seen (a lost notification
-            // is found again).
-            if self.hosts[host].watching
-                && matches!(phase, Some(Phase::RunningSteps | Phase::StepsFailed))
-            {
+            // is found again), in every phase: a subscription lasts as long as the process,
+            // and lockstep-agent's watch thread reads the record again by itself.
+            if self.hosts[host].watching {
                 let after = self.hosts[host].record_delivered.unwrap_or(Revision(0));
                 let message = Message::StoreRequest {
                     host,

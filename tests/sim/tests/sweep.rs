@@ -6,7 +6,8 @@
 //! shows it). `.ci/run` runs a larger range with the release binary:
 //! `cargo run -p lockstep-sim --release -- --seeds 0..2000`.
 
-use lockstep_sim::scenario::{Caps, Overrides, Scenario};
+use lockstep_core::lifecycle::Mutations;
+use lockstep_sim::scenario::{Caps, FaultKind, Overrides, Scenario};
 use lockstep_sim::sweep::{self, check_determinism, known_issue};
 use lockstep_sim::{FailureKind, RunOptions, run};
 
@@ -66,20 +67,27 @@ fn different_seeds_make_different_runs() {
 
 #[test]
 fn a_failing_seed_reproduces_exactly_with_its_printed_command_and_shrinks() {
-    // Seed 574 without lease expiries shows the known issue `fall-back-onto-migrated-store`.
-    let issue = sweep::KNOWN_ISSUES
-        .iter()
-        .find(|issue| issue.name == "fall-back-onto-migrated-store")
-        .unwrap();
-    let scenario = issue.example();
-    let report = run(scenario.clone(), RunOptions::default());
-    let failure = report.failure.clone().expect("seed 574 fails");
+    // No known issue is left to show a failure: a planted defect does (a host checkpoint
+    // made durable before its step ran), on seed 2 without lease expiries.
+    let mutations = Mutations {
+        checkpoint_before_effects: true,
+        ..Mutations::default()
+    };
+    let overrides = Overrides {
+        without: vec![FaultKind::LeaseExpiry],
+        ..Overrides::default()
+    };
+    let scenario = Scenario::with_overrides(2, Caps::CI, &overrides);
+    let options = RunOptions {
+        mutations,
+        ..RunOptions::default()
+    };
+    let report = run(scenario.clone(), options);
+    let failure = report.failure.clone().expect("seed 2 fails");
     assert_eq!(failure.kind, FailureKind::Correctness);
-    assert_eq!(
-        known_issue(&failure).map(|issue| issue.name),
-        Some("fall-back-onto-migrated-store")
-    );
-    let (shrunk, shrunk_report) = sweep::shrink(&scenario, &failure, Caps::CI, Default::default());
+    assert_eq!(failure.checker, "host-steps");
+    assert!(known_issue(&failure).is_none(), "not a known issue");
+    let (shrunk, shrunk_report) = sweep::shrink(&scenario, &failure, Caps::CI, mutations);
     let again = shrunk_report
         .failure
         .clone()
@@ -89,7 +97,7 @@ fn a_failing_seed_reproduces_exactly_with_its_printed_command_and_shrinks() {
     // at the same moment.
     let rebuilt = Scenario::with_overrides(shrunk.seed, Caps::CI, &shrunk.overrides);
     assert_eq!(rebuilt, shrunk);
-    let replay = run(rebuilt, RunOptions::default());
+    let replay = run(rebuilt, options);
     assert_eq!(replay.failure, shrunk_report.failure);
     assert_eq!(replay.trace_hash, shrunk_report.trace_hash);
     let text = sweep::failure_report(
@@ -98,12 +106,13 @@ fn a_failing_seed_reproduces_exactly_with_its_printed_command_and_shrinks() {
         &shrunk,
         &shrunk_report,
         Caps::CI,
-        Default::default(),
+        mutations,
     );
     assert!(text.contains(
-        "reproduce: cargo run -p lockstep-sim --release -- --seed 574 --without lease-expiry"
+        "reproduce: cargo run -p lockstep-sim --release -- --seed 2 --without lease-expiry \
+         --mutation checkpoint-before-effects"
     ));
-    assert!(text.contains("Correctness failure, checker `ready`"));
+    assert!(text.contains("Correctness failure, checker `host-steps`"));
 }
 
 /// Each known issue still shows on its example seed. Ignored: when a fix lands, this
