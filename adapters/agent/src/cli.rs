@@ -237,7 +237,21 @@ pub async fn abort_upgrade(session: &Session) -> Result<(), String> {
     session
         .call("Client", CLIENT_VERSION, "AbortCurrentUpgrade", json!({}))
         .await?;
-    say("upgrade aborted");
+    let status = session.call("Upgrade", 1, "Status", json!({})).await?;
+    let progress = Progress::from_json(&status);
+    match progress.phase.as_str() {
+        // As Juju's: the abort applies to the current upgrade-info record (an upgrade's
+        // steps). Staging a binary gives up by itself after its bounded attempts.
+        "upgrading" => say(&format!(
+            "abort requested; the controller is staging its new binary ({}), which \
+             is not aborted: staging gives up by itself after its attempts",
+            progress.describe()
+        )),
+        _ => say(&format!(
+            "abort requested; the controller is {}",
+            progress.describe()
+        )),
+    }
     Ok(())
 }
 

@@ -172,3 +172,30 @@ async fn a_deadline_expires_with_the_phase_named() {
         "the message names the phase: {error}"
     );
 }
+
+/// The CLI against a controller that is upgrading: a command waits through it with a
+/// note, and gives up at its `--timeout` naming the phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_commands_wait_through_an_upgrade_with_a_note_and_name_the_phase() {
+    let mirror = Mirror::n_and_next(Published::Tampered);
+    let source = mirror.source();
+    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    controller.assert_bootstrapped();
+    controller.kill_9();
+    controller.set_agent_version_in_store(next());
+    controller.start(&[("LOCKSTEPD_STAGE_RETRY_SEC", "120")]);
+    controller
+        .wait_phase("upgrading", Duration::from_secs(60))
+        .await;
+
+    let bundle = controller.dir.path().join("bundle.yaml");
+    std::fs::write(&bundle, lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    let deploy = controller.run(&["deploy", bundle.to_str().unwrap(), "--timeout", "3"]);
+    let said = common::text(&deploy);
+    assert!(!deploy.status.success(), "{said}");
+    assert!(said.contains("waiting up to"), "a visible note: {said}");
+    assert!(said.contains("upgrading"), "the phase is named: {said}");
+    // Status is served in every phase, and says what the controller is doing.
+    let status = controller.run(&["status", "--format", "json"]);
+    assert!(status.status.success(), "{}", common::text(&status));
+}

@@ -544,3 +544,53 @@ async fn a_new_binary_failing_after_its_database_steps_is_held_not_rolled_back()
     );
     assert_eq!(checkpoints.get(&step), Some(&1), "{checkpoints:?}");
 }
+
+/// `lockstep watch` streams deltas as JSON lines; `lockstep metadata
+/// generate-agent-binaries` writes a mirror's metadata that bootstrap then reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_json_lines_and_the_metadata_command_makes_a_usable_mirror() {
+    let mirror = tempfile::tempdir().unwrap();
+    let released = mirror.path().join("tools/released");
+    std::fs::create_dir_all(&released).unwrap();
+    let binary = lockstep_agent::datadir::host_binary(own());
+    lockstep_agent::unpack::pack_tgz(
+        &[("lockstepd", std::path::Path::new(common::LOCKSTEPD), 0o755)],
+        &released.join(format!("juju-{binary}.tgz")),
+    )
+    .unwrap();
+    let generate = lockstep(
+        mirror.path(),
+        &[
+            "metadata",
+            "generate-agent-binaries",
+            "-d",
+            mirror.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(generate.status.success(), "{}", text(&generate));
+    assert!(mirror.path().join("tools/streams/v1/index2.json").is_file());
+
+    let source = mirror.path().to_str().unwrap().to_owned();
+    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    controller.assert_bootstrapped();
+    let said = String::from_utf8_lossy(&controller.bootstrap.stdout).into_owned();
+    assert!(
+        said.contains(&controller.binary_dir(own()).display().to_string()),
+        "{said}"
+    );
+
+    // The first batch is the whole state: the model and machine 0.
+    let watch = controller.run(&["watch", "--limit", "2"]);
+    assert!(watch.status.success(), "{}", text(&watch));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&watch.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", text(&watch));
+    assert!(
+        lines
+            .iter()
+            .all(|line| line["revision"].is_u64() && line["delta"].is_array())
+    );
+}

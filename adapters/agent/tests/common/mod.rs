@@ -239,6 +239,27 @@ impl Controller {
         }
     }
 
+    /// Waits until the controller reports `phase`, up to `deadline`.
+    pub async fn wait_phase(&self, phase: &str, deadline: Duration) {
+        let client = self.client();
+        let started = Instant::now();
+        loop {
+            if let Ok(status) = client
+                .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(5))
+                .await
+                && status["phase"] == phase
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "not {phase} within {deadline:?}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until the controller is Ready running `version`, up to `deadline`.
     pub async fn wait_running(&self, version: Version, deadline: Duration) {
         let client = self.client();
