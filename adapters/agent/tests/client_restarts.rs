@@ -11,6 +11,22 @@ use common::{Controller, Mirror, Published, next};
 use lockstep_transport::client::ClientError;
 use serde_json::{Value, json};
 
+/// A controller asked to upgrade to a tampered binary, with staging retried only every two
+/// minutes: it stays `upgrading` for as long as a test needs.
+async fn stuck_upgrading() -> (Mirror, Controller) {
+    let mirror = Mirror::n_and_next(Published::Tampered);
+    let source = mirror.source();
+    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    controller.assert_bootstrapped();
+    controller.kill_9();
+    controller.set_agent_version_in_store(next());
+    controller.start(&[("LOCKSTEPD_STAGE_RETRY_SEC", "120")]);
+    controller
+        .wait_phase("upgrading", Duration::from_secs(60))
+        .await;
+    (mirror, controller)
+}
+
 fn deploy_params(name: &str, units: u64) -> Value {
     json!({"applications": [{"application": name, "charm-url": "ubuntu", "num-units": units}]})
 }
@@ -140,14 +156,7 @@ async fn a_client_waiting_for_ready_proceeds_when_ready() {
 /// A call that cannot be served before its deadline fails naming the phase it was stuck in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_expires_with_the_phase_named() {
-    // A tampered binary with long staging retries keeps the controller upgrading.
-    let mirror = Mirror::n_and_next(Published::Tampered);
-    let source = mirror.source();
-    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
-    controller.assert_bootstrapped();
-    controller.kill_9();
-    controller.set_agent_version_in_store(next());
-    controller.start(&[("LOCKSTEPD_STAGE_RETRY_SEC", "120")]);
+    let (_mirror, controller) = stuck_upgrading().await;
     let client = controller.client();
     let error = client
         .mutate(
@@ -177,16 +186,7 @@ async fn a_deadline_expires_with_the_phase_named() {
 /// note, and gives up at its `--timeout` naming the phase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_commands_wait_through_an_upgrade_with_a_note_and_name_the_phase() {
-    let mirror = Mirror::n_and_next(Published::Tampered);
-    let source = mirror.source();
-    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
-    controller.assert_bootstrapped();
-    controller.kill_9();
-    controller.set_agent_version_in_store(next());
-    controller.start(&[("LOCKSTEPD_STAGE_RETRY_SEC", "120")]);
-    controller
-        .wait_phase("upgrading", Duration::from_secs(60))
-        .await;
+    let (_mirror, controller) = stuck_upgrading().await;
 
     let bundle = controller.dir.path().join("bundle.yaml");
     std::fs::write(&bundle, lockstep_agent::demo::DEMO_BUNDLE).unwrap();

@@ -115,10 +115,9 @@ fn a_failing_seed_reproduces_exactly_with_its_printed_command_and_shrinks() {
     assert!(text.contains("Correctness failure, checker `host-steps`"));
 }
 
-/// Each known issue still shows on its example seed. Ignored: when a fix lands, this
-/// fails and names the entry to remove from `sweep::KNOWN_ISSUES`.
+/// Each known issue still shows on its example seed: when a fix lands, this fails and
+/// names the entry to remove from `sweep::KNOWN_ISSUES` (empty today: nothing is known).
 #[test]
-#[ignore = "documents open defects of the core; run when fixing one"]
 fn known_issues_still_reproduce() {
     for issue in sweep::KNOWN_ISSUES {
         let report = run(issue.example(), RunOptions::default());
