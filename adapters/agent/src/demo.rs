@@ -278,6 +278,9 @@ pub struct Watched {
     pub entities: BTreeMap<(String, String), Value>,
     pub revisions: Vec<u64>,
     pub deltas: usize,
+    /// Deltas delivered again: the same entity at the same revision.
+    pub repeated: Vec<(u64, String, String)>,
+    delivered: BTreeSet<(u64, String, String)>,
 }
 
 fn entity_key(delta: &Value) -> Option<(String, String)> {
@@ -311,7 +314,12 @@ pub async fn watcher(
         for delta in &deltas {
             watched.deltas += 1;
             watched.revisions.push(delta.revision.0);
-            if let Some(key) = entity_key(&delta.delta) {
+            if let Some((kind, id)) = entity_key(&delta.delta) {
+                let delivery = (delta.revision.0, kind.clone(), id.clone());
+                if !watched.delivered.insert(delivery.clone()) {
+                    watched.repeated.push(delivery);
+                }
+                let key = (kind, id);
                 if delta.delta[1] == "remove" {
                     watched.entities.remove(&key);
                 } else {
@@ -390,14 +398,16 @@ pub fn check_watcher(watched: &Watched, status: &Value) -> Vec<Result<String, St
     let mut claims = Vec::new();
     let ordered = watched.revisions.windows(2).all(|pair| pair[0] <= pair[1]);
     let distinct: BTreeSet<_> = watched.revisions.iter().collect();
-    claims.push(if ordered {
+    claims.push(if !ordered {
+        Err(format!("deltas out of order: {:?}", watched.revisions))
+    } else if !watched.repeated.is_empty() {
+        Err(format!("deltas delivered twice: {:?}", watched.repeated))
+    } else {
         Ok(format!(
-            "the watcher's {} deltas came in revision order ({} revisions)",
+            "the watcher's {} deltas came once each, in revision order ({} revisions)",
             watched.deltas,
             distinct.len()
         ))
-    } else {
-        Err(format!("deltas out of order: {:?}", watched.revisions))
     });
     let applications = status["applications"].as_object();
     let expected: BTreeSet<(String, String)> = applications

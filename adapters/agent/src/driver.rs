@@ -46,6 +46,27 @@ pub struct AgentStatus {
     pub last_failure: Option<String>,
 }
 
+/// Why an operation run by the driver did not complete.
+#[derive(Debug)]
+enum Failed {
+    /// An I/O failure the core has no input for: tried again with backoff.
+    Retry(String),
+    /// A condition no retry fixes (a bug): the driver ends, and the process restarts.
+    Fatal(String),
+}
+
+impl From<String> for Failed {
+    fn from(error: String) -> Failed {
+        Failed::Retry(error)
+    }
+}
+
+impl From<&str> for Failed {
+    fn from(error: &str) -> Failed {
+        Failed::Retry(error.to_owned())
+    }
+}
+
 /// How a driver run ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Exit {
@@ -429,7 +450,7 @@ impl Driver {
                             let view = store.record_view().map_err(|e| e.to_string())?;
                             Ok(Input::AgentVersionRefused { id, view })
                         }
-                        Err(error) => Err(error.to_string()),
+                        Err(error) => Err(error.to_string().into()),
                     }
                 });
             }
@@ -468,9 +489,10 @@ impl Driver {
         &mut self,
         id: RequestId,
         what: &'static str,
-        operation: impl Fn() -> Result<Input, String> + Send + Sync + 'static,
+        operation: impl Fn() -> Result<Input, Failed> + Send + Sync + 'static,
     ) {
         let inputs = self.inputs_tx.clone();
+        let fatal = self.fatal_tx.clone();
         let status = self.status.clone();
         let stopping = Arc::clone(&self.stopping);
         self.tasks.spawn(async move {
@@ -480,13 +502,18 @@ impl Driver {
                 let attempt = Arc::clone(&operation);
                 let result = tokio::task::spawn_blocking(move || attempt())
                     .await
-                    .unwrap_or_else(|error| Err(format!("panicked: {error}")));
+                    .unwrap_or_else(|error| Err(Failed::Retry(format!("panicked: {error}"))));
                 match result {
                     Ok(input) => {
                         let _ = inputs.send(input);
                         return;
                     }
-                    Err(error) => {
+                    Err(Failed::Fatal(reason)) => {
+                        // The driver ends on this message; the core re-plans after restart.
+                        let _ = fatal.send(reason);
+                        return;
+                    }
+                    Err(Failed::Retry(error)) => {
                         tracing::warn!(
                             target: "lockstep::agent",
                             %id,
@@ -516,18 +543,15 @@ impl Driver {
         what: &'static str,
         operation: impl Fn() -> Result<Input, lockstep_store::StoreError> + Send + Sync + 'static,
     ) {
-        let fatal = self.fatal_tx.clone();
         self.blocking(id, what, move || match operation() {
             Ok(input) => Ok(input),
             Err(lockstep_store::StoreError::InvalidTransition { from, to }) => {
-                let _ = fatal.send(format!(
+                Err(Failed::Fatal(format!(
                     "the lifecycle asked for an invalid upgrade-info transition \
                      from {from:?} to {to:?}"
-                ));
-                // Never completes: the driver ends on the message just sent.
-                Err("refused".to_owned())
+                )))
             }
-            Err(error) => Err(error.to_string()),
+            Err(error) => Err(error.to_string().into()),
         });
     }
 

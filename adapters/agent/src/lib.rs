@@ -19,7 +19,6 @@ pub mod launcher;
 pub mod logging;
 pub mod notify;
 pub mod paths;
-pub mod probe;
 pub mod status;
 pub mod steps;
 pub mod unpack;
