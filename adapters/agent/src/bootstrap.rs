@@ -15,7 +15,7 @@ use lockstep_core::jobs::Capabilities;
 use lockstep_core::lifecycle::{ControllerSet, Snapshot};
 use lockstep_core::policy::{Sha256, Stream, UpgradePolicy};
 use lockstep_core::{Binary, Role, Roles, Version};
-use lockstep_store::{Machine, Model, SqliteStore, Store};
+use lockstep_store::{Machine, Model};
 use lockstep_transport::client::{Client, ClientConfig};
 use lockstep_transport::tls::Credentials;
 use serde::{Deserialize, Serialize};
@@ -71,6 +71,18 @@ impl ControllerFile {
         serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// Writes `<data>/controller.yaml` (mode 0600).
+    pub fn write(&self, data: &DataDir) -> Result<(), String> {
+        datadir::write_file_atomically(
+            &data.controller_config_path(),
+            serde_saphyr::to_string(self)
+                .map_err(|e| e.to_string())?
+                .as_bytes(),
+            0o600,
+        )
+        .map_err(|e| e.to_string())
+    }
+
     /// A client of this controller, with a fresh client id.
     pub fn client(&self, retry: lockstep_core::client::RetryPolicy) -> Client {
         Client::new(ClientConfig {
@@ -99,6 +111,10 @@ pub struct BootstrapOptions {
     pub api_port: u16,
     /// The `lockstepd` executable to install when no published binary is used.
     pub local_agent: PathBuf,
+    /// Where the shared state lives: SQLite in the data dir, or etcd.
+    pub store: crate::store::StoreEngine,
+    /// etcd's client endpoints, with `store` etcd.
+    pub etcd_endpoints: Vec<String>,
 }
 
 /// What `prepare` made.
@@ -134,7 +150,7 @@ fn uuid() -> String {
 }
 
 /// A free port on 127.0.0.1 (bound, then released for the daemon to bind).
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let socket = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| format!("cannot find a free port: {e}"))?;
     Ok(socket.local_addr().map_err(|e| e.to_string())?.port())
@@ -159,6 +175,24 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
                 .map_err(|e| format!("cannot use --api-port {port} on 127.0.0.1: {e}"))?;
             port
         }
+    };
+    // Also before anything is written: an unreachable etcd or a bad endpoint.
+    let controller_uuid = uuid();
+    let model_uuid = uuid();
+    let settings = match options.store {
+        crate::store::StoreEngine::Sqlite => crate::store::StoreSettings::default(),
+        crate::store::StoreEngine::Etcd => {
+            crate::store::StoreSettings::etcd(&options.etcd_endpoints, &controller_uuid)?
+        }
+    };
+    let shared = if settings.engine == crate::store::StoreEngine::Etcd {
+        let store = crate::store::open(&data, &settings)?;
+        store
+            .revision()
+            .map_err(|e| format!("cannot use {}: {e}", settings.describe(&data)))?;
+        Some(store)
+    } else {
+        None
     };
     std::fs::create_dir_all(data.root())
         .map_err(|e| format!("cannot create {}: {e}", data.root().display()))?;
@@ -243,11 +277,11 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
     )
     .map_err(|e| e.to_string())?;
 
-    let controller_uuid = uuid();
-    let model_uuid = uuid();
-    let store = SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadWrite)
-        .map_err(|e| e.to_string())?;
-    store
+    let store = match shared {
+        Some(store) => store,
+        None => crate::store::open(&data, &settings)?,
+    };
+    let created = store
         .create_model(&Model {
             uuid: model_uuid.clone(),
             name: "controller".to_owned(),
@@ -261,6 +295,12 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
             upgrade_available: None,
         })
         .map_err(|e| e.to_string())?;
+    if !created {
+        return Err(format!(
+            "{} already holds a model; not bootstrapping over it",
+            settings.describe(&data)
+        ));
+    }
     let mut machine = Machine::with_roles("0", Roles::of(&[Role::Controller]));
     machine.agent_binary = Some(binary.clone());
     store.add_machine(&machine).map_err(|e| e.to_string())?;
@@ -275,14 +315,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
         user: "admin".to_owned(),
         password,
     };
-    datadir::write_file_atomically(
-        &data.controller_config_path(),
-        serde_saphyr::to_string(&controller)
-            .map_err(|e| e.to_string())?
-            .as_bytes(),
-        0o600,
-    )
-    .map_err(|e| e.to_string())?;
+    controller.write(&data)?;
     // agent.conf last: its presence marks a bootstrapped data dir.
     let mut conf = AgentConf::new(AGENT_TAG, Snapshot::bootstrapped(&binary));
     conf.controller = controller_uuid.clone();
@@ -291,6 +324,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
     conf.api_listen = address.clone();
     conf.apiaddresses = vec![address.clone()];
     conf.cacert = credentials.ca_pem.clone();
+    settings.apply(&mut conf);
     data.write_agent_conf(&conf).map_err(|e| e.to_string())?;
     Ok(Prepared {
         data,
@@ -385,7 +419,11 @@ pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, String
         .append(true)
         .open(&log_path)
         .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
-    let exe = data.agent_link(AGENT_TAG).join("lockstepd");
+    let tag = data
+        .read_agent_conf()
+        .map_err(|e| e.to_string())?
+        .map_or_else(|| AGENT_TAG.to_owned(), |conf| conf.tag);
+    let exe = data.agent_link(&tag).join("lockstepd");
     let child = std::process::Command::new(&exe)
         .arg("--data-dir")
         .arg(data.root())

@@ -328,14 +328,24 @@ pub async fn upgrade_controller(
     Ok(())
 }
 
-/// `kill-controller`: SIGTERM to the launcher, then waits for it to exit.
+/// `kill-controller`: SIGTERM to the launcher of the controller in `data_dir` and of every
+/// controller `enable-ha` added beside it, then waits for them to exit.
 pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), String> {
     let data = DataDir::new(data_dir);
-    let path = crate::paths::pid_path(&data);
+    for (_, member) in crate::ha::members(&data) {
+        if crate::paths::pid_path(&member).exists() {
+            stop_daemon(&member, timeout)?;
+        }
+    }
+    stop_daemon(&data, timeout)
+}
+
+fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), String> {
+    let path = crate::paths::pid_path(data);
     let text = std::fs::read_to_string(&path).map_err(|e| {
         format!(
             "no lockstepd runs on {} ({}: {e})",
-            data_dir.display(),
+            data.root().display(),
             path.display()
         )
     })?;
@@ -344,6 +354,13 @@ pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), String>
         .parse()
         .map_err(|_| format!("{} holds {:?}, not a pid", path.display(), text.trim()))?;
     let target = rustix::process::Pid::from_raw(pid).ok_or("pid 0")?;
+    if !crate::bootstrap::alive(pid as u32) {
+        say(&format!(
+            "controller in {} is not running",
+            data.root().display()
+        ));
+        return Ok(());
+    }
     rustix::process::kill_process(target, rustix::process::Signal::TERM)
         .map_err(|e| format!("cannot signal lockstepd (pid {pid}): {e}"))?;
     let started = Instant::now();
@@ -357,7 +374,7 @@ pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), String>
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    say(&format!("controller in {} stopped", data_dir.display()));
+    say(&format!("controller in {} stopped", data.root().display()));
     Ok(())
 }
 

@@ -294,6 +294,23 @@ pub struct AgentConf {
     /// Set once the agent first reached Ready.
     #[serde(rename = "bootstrap-complete", default)]
     pub bootstrap_complete: bool,
+    /// The engine holding the controllers' shared state (`sqlite`, the default, or `etcd`).
+    #[serde(default, skip_serializing_if = "crate::store::StoreEngine::is_sqlite")]
+    pub store: crate::store::StoreEngine,
+    /// etcd's client URLs, when `store` is `etcd`.
+    #[serde(
+        rename = "etcd-endpoints",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// The prefix of every key of this controller's state in etcd.
+    #[serde(
+        rename = "etcd-prefix",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub etcd_prefix: String,
 }
 
 impl AgentConf {
@@ -313,6 +330,9 @@ impl AgentConf {
             trial: None,
             host_checkpoints: Vec::new(),
             bootstrap_complete: false,
+            store: crate::store::StoreEngine::Sqlite,
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: String::new(),
         };
         conf.set_snapshot(snapshot);
         conf

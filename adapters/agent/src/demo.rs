@@ -489,6 +489,8 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
         metadata_source: Some(mirror.display().to_string()),
         api_port: 0,
         local_agent: lockstepd.clone(),
+        store: crate::store::StoreEngine::Sqlite,
+        etcd_endpoints: Vec::new(),
     };
     let prepared = bootstrap::prepare(&options).await?;
     let pid = bootstrap::spawn_daemon(

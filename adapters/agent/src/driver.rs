@@ -116,6 +116,8 @@ pub struct Driver {
     notifier: Notifier,
     /// Cancels the record watch's thread.
     watch_cancel: Option<Arc<AtomicBool>>,
+    /// The model's agent-version as the model watch last read it.
+    model_version: Arc<std::sync::Mutex<Option<lockstep_core::Version>>>,
     /// Requests running (each completes by sending an input).
     tasks: tokio::task::JoinSet<()>,
     /// Set when the driver ends: operations being retried give up.
@@ -161,6 +163,7 @@ impl Driver {
             status,
             notifier,
             watch_cancel: None,
+            model_version: Arc::default(),
             tasks: tokio::task::JoinSet::new(),
             stopping: Arc::new(AtomicBool::new(false)),
         };
@@ -178,6 +181,7 @@ impl Driver {
 
     /// Runs the lifecycle from `Start` until it asks to restart, or `shutdown` fires.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Exit {
+        self.watch_model();
         let now = self.now();
         self.core.handle(now, Input::Start);
         let mut watchdog = tokio::time::interval(Duration::from_secs(1));
@@ -241,9 +245,13 @@ impl Driver {
                         limited = view.is_limited(),
                         "gate"
                     );
+                    let was_ready = self.gate.borrow().phase == Phase::Ready;
                     self.gate.send_replace(view);
                     if view.phase == Phase::Ready {
                         self.notifier.ready();
+                        if !was_ready {
+                            self.agent_version_on_ready();
+                        }
                     }
                 }
                 Output::Status(report) => {
@@ -378,12 +386,41 @@ impl Driver {
                 });
             }
             Request::KeepAliveLease(token) => {
+                // Unlike other requests, a keep-alive is not retried until it gets through:
+                // the lease was last extended one interval ago, so once the rest of its TTL
+                // has passed without an answer it may be gone, and this controller stops
+                // acting as coordinator at once (the store's fencing refuses its writes
+                // anyway; this spares them). The core campaigns again after its delay.
                 let holder = self.controller();
-                self.blocking(id, "keep the lease alive", move || {
-                    let lease = store
-                        .keep_alive_lease(holder, token)
-                        .map_err(|e| e.to_string())?;
-                    Ok(Input::LeaseAnswered { id, lease })
+                let bound = Duration::from_millis(
+                    config
+                        .lease_ttl
+                        .0
+                        .saturating_sub(self.core.config().limits.lease_keepalive_interval.0),
+                );
+                let inputs = self.inputs_tx.clone();
+                self.tasks.spawn(async move {
+                    let answer = tokio::time::timeout(
+                        bound,
+                        tokio::task::spawn_blocking(move || store.keep_alive_lease(holder, token)),
+                    )
+                    .await;
+                    let lease = match answer {
+                        Ok(Ok(Ok(lease))) => lease,
+                        Ok(Ok(Err(error))) => {
+                            tracing::warn!(target: "lockstep::agent", %error, "lease keep-alive failed; giving the lease up");
+                            None
+                        }
+                        Ok(Err(error)) => {
+                            tracing::warn!(target: "lockstep::agent", %error, "lease keep-alive panicked; giving the lease up");
+                            None
+                        }
+                        Err(_) => {
+                            tracing::warn!(target: "lockstep::agent", bound_ms = bound.as_millis() as u64, "lease keep-alive unanswered; giving the lease up");
+                            None
+                        }
+                    };
+                    let _ = inputs.send(Input::LeaseAnswered { id, lease });
                 });
             }
             Request::ReleaseLease(token) => {
@@ -553,6 +590,60 @@ impl Driver {
             }
             Err(error) => Err(error.to_string().into()),
         });
+    }
+
+    /// Watches the model's agent-version, as Juju's upgrader does: every controller, not
+    /// only the one an operator asked, hears that the model moved to a new version. A
+    /// change is sent as `AgentVersionChanged` (the core acts on it in Ready only); the
+    /// version last read is kept for [`Driver::agent_version_on_ready`].
+    fn watch_model(&mut self) {
+        let store = Arc::clone(&self.store);
+        let inputs = self.inputs_tx.clone();
+        let stopping = Arc::clone(&self.stopping);
+        let latest = Arc::clone(&self.model_version);
+        let mut sent = self.core.config().running.number;
+        std::thread::Builder::new()
+            .name("model-watch".into())
+            .spawn(move || {
+                let mut seen = lockstep_core::lifecycle::Revision(0);
+                while !stopping.load(Ordering::SeqCst) {
+                    let read = store
+                        .revision()
+                        .and_then(|revision| Ok((revision, store.load_model()?)));
+                    match read {
+                        Ok((revision, model)) => {
+                            seen = revision;
+                            if let Some(model) = model {
+                                *latest.lock().expect("not poisoned") = Some(model.agent_version);
+                                if model.agent_version != sent {
+                                    sent = model.agent_version;
+                                    tracing::info!(target: "lockstep::agent", version = %sent, "the model's agent-version changed");
+                                    if inputs.send(Input::AgentVersionChanged(sent)).is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(target: "lockstep::agent", %error, "model watch read failed");
+                            std::thread::sleep(Duration::from_millis(500));
+                        }
+                    }
+                    store.wait_for_change(seen, Duration::from_secs(1));
+                }
+            })
+            .expect("a thread can be started");
+    }
+
+    /// On entering Ready: a change the model watch sent while the core was busy elsewhere
+    /// was ignored there; if the model still names another version, say it again.
+    fn agent_version_on_ready(&mut self) {
+        let latest = *self.model_version.lock().expect("not poisoned");
+        if let Some(version) = latest
+            && version != self.core.config().running.number
+        {
+            let _ = self.inputs_tx.send(Input::AgentVersionChanged(version));
+        }
     }
 
     /// Subscribes to the upgrade-info record: the current view first, then one per change.

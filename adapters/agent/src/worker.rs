@@ -18,7 +18,7 @@ use std::sync::Arc;
 use lockstep_core::lifecycle::{Config, ControllerId, Input, Limits, OperatorAction};
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
 use lockstep_core::{Binary, Lifecycle, Role, Roles, Version};
-use lockstep_store::{SqliteStore, Store};
+use lockstep_store::Store;
 use lockstep_transport::server::{Api, ApiConfig, Backend, StatusDetail};
 use lockstep_transport::tls::Credentials;
 use tokio::sync::{mpsc, watch};
@@ -59,6 +59,34 @@ pub struct WorkerOptions {
     pub limits: Limits,
     /// Capabilities the local provider reports.
     pub capabilities: String,
+    /// `--store`: overrides `agent.conf`'s engine.
+    pub store: Option<crate::store::StoreEngine>,
+    /// `--etcd-endpoints`: override `agent.conf`'s.
+    pub etcd_endpoints: Vec<String>,
+}
+
+impl WorkerOptions {
+    /// The store `conf` names, with this run's overrides.
+    pub fn store_settings(&self, conf: &AgentConf) -> Result<crate::store::StoreSettings, String> {
+        let mut settings = crate::store::StoreSettings::of(conf);
+        if let Some(engine) = self.store {
+            settings.engine = engine;
+        }
+        if !self.etcd_endpoints.is_empty() {
+            settings.etcd_endpoints = crate::store::parse_endpoints(&self.etcd_endpoints)?;
+        }
+        if settings.engine == crate::store::StoreEngine::Etcd {
+            if settings.etcd_endpoints.is_empty() {
+                crate::store::parse_endpoints(&[])?;
+            }
+            if settings.etcd_prefix.is_empty() {
+                // A controller bootstrapped on SQLite and pointed at etcd: its state is
+                // under its controller's uuid, as bootstrap would have put it.
+                settings.etcd_prefix = format!("lockstep/{}/", conf.controller);
+            }
+        }
+        Ok(settings)
+    }
 }
 
 /// The version this executable reports: its `FORCE-VERSION` file if there is one beside it
@@ -230,11 +258,9 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
                 options.data_dir.display()
             )
         })?;
-    tracing::info!(target: "lockstep::agent", %running, tag = %conf.tag, pid = std::process::id(), "worker starting");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadWrite)
-            .map_err(|e| e.to_string())?,
-    );
+    let settings = options.store_settings(&conf)?;
+    tracing::info!(target: "lockstep::agent", %running, tag = %conf.tag, pid = std::process::id(), store = %settings.describe(&data), "worker starting");
+    let store: Arc<dyn Store> = crate::store::open(&data, &settings)?;
     let tls = credentials(&data)?
         .server_config()
         .map_err(|e| e.to_string())?;

@@ -654,6 +654,12 @@ fn full_conf() -> AgentConf {
     conf.api_listen = "0.0.0.0:17070".into();
     conf.apiaddresses = vec!["10.0.0.1:17070".into(), "10.0.0.2:17070".into()];
     conf.cacert = "-----BEGIN CERTIFICATE-----\nMIIB\nAAAA\n-----END CERTIFICATE-----\n".into();
+    conf.store = lockstep_agent::store::StoreEngine::Etcd;
+    conf.etcd_endpoints = vec![
+        "http://127.0.0.1:2379".into(),
+        "http://127.0.0.1:22379".into(),
+    ];
+    conf.etcd_prefix = "lockstep/deadbeef-0000-4000-8000-000000000002/".into();
     conf
 }
 
@@ -682,6 +688,9 @@ fn agent_conf_round_trips_with_juju_s_keys_written_atomically_0600() {
         "trial:",
         "host-checkpoints:",
         "bootstrap-complete:",
+        "store: etcd",
+        "etcd-endpoints:",
+        "etcd-prefix:",
     ] {
         assert!(text.contains(key), "{key} in\n{text}");
     }

@@ -2264,7 +2264,11 @@ impl Machine {
                 Handled
             }
             Event::Input(Input::AgentVersionChanged(version)) => {
-                if *version != self.config.running.number {
+                // Another controller (or an operator's client) moved the model; a change this
+                // controller made itself is already in its model and under way.
+                let known = self.model.as_ref().map(|model| model.agent_version);
+                let own_change = self.is_controller() && known == Some(*version);
+                if *version != self.config.running.number && !own_change {
                     self.request_upgrade(io, check, Some(*version));
                 }
                 Handled

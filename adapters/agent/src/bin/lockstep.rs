@@ -9,6 +9,7 @@ use lockstep_agent::bootstrap::BootstrapOptions;
 use lockstep_agent::cli::{self, Session};
 use lockstep_agent::logging::{self, LogFormat, complain, say};
 use lockstep_agent::status::Format;
+use lockstep_agent::store::StoreEngine;
 use lockstep_core::Version;
 use lockstep_core::policy::Stream;
 
@@ -57,6 +58,13 @@ enum Command {
         /// The controller's name.
         #[arg(long, default_value = "lockstep")]
         name: String,
+        /// Where the controllers' shared state lives: sqlite (in the data dir) or etcd
+        /// (needed by enable-ha; a lockstep built with `--features etcd`).
+        #[arg(long, value_enum, default_value_t = StoreEngine::Sqlite)]
+        store: StoreEngine,
+        /// etcd's client endpoints, comma-separated host:port, with `--store etcd`.
+        #[arg(long, value_delimiter = ',')]
+        etcd_endpoints: Vec<String>,
     },
     /// Show the controller's phase, versions, machines, applications and units.
     Status {
@@ -88,6 +96,13 @@ enum Command {
     },
     /// Give up the upgrade in progress.
     AbortUpgrade,
+    /// Run more controllers beside this one on this machine, sharing its etcd store
+    /// (bootstrap with --store etcd); waits until they are ready.
+    EnableHa {
+        /// How many controllers in all (3, 5 or 7).
+        #[arg(short = 'n', default_value_t = 3)]
+        count: u8,
+    },
     /// Stop the controller's processes.
     KillController,
     /// Simplestreams metadata for a mirror.
@@ -150,6 +165,8 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
             metadata_source,
             api_port,
             name,
+            store,
+            etcd_endpoints,
         } => {
             let options = BootstrapOptions {
                 data_dir: args.data_dir.clone(),
@@ -161,6 +178,8 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
                 metadata_source,
                 api_port,
                 local_agent: lockstep_agent::paths::sibling_executable("lockstepd")?,
+                store,
+                etcd_endpoints,
             };
             bootstrap_command(&options, timeout).await
         }
@@ -177,6 +196,16 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
                 .await
         }
         Command::AbortUpgrade => cli::abort_upgrade(&session()?).await,
+        Command::EnableHa { count } => {
+            let primary = lockstep_agent::datadir::DataDir::new(&args.data_dir);
+            let added = lockstep_agent::ha::enable_ha(&primary, count, timeout, say).await?;
+            say(&format!(
+                "enable-ha complete: {} controllers ({} added)",
+                count,
+                added.len()
+            ));
+            Ok(())
+        }
         Command::KillController => cli::kill_controller(&args.data_dir, Duration::from_secs(60)),
         Command::Metadata {
             command: MetadataCommand::GenerateAgentBinaries { dir },

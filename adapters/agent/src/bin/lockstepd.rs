@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use lockstep_agent::launcher::{self, LauncherOptions};
 use lockstep_agent::logging::{self, LogFormat};
 use lockstep_agent::notify::Notifier;
+use lockstep_agent::store::StoreEngine;
 use lockstep_agent::worker::{self, RestartMode, WorkerOptions};
 use lockstep_core::Millis;
 use lockstep_core::lifecycle::Limits;
@@ -59,6 +60,25 @@ struct Args {
         global = true
     )]
     capabilities: String,
+    /// The engine holding the controllers' shared state, overriding agent.conf's `store`.
+    #[arg(long, value_enum, env = "LOCKSTEPD_STORE", global = true)]
+    store: Option<StoreEngine>,
+    /// etcd's client endpoints (comma-separated host:port), overriding agent.conf's.
+    #[arg(
+        long,
+        env = "LOCKSTEPD_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        global = true
+    )]
+    etcd_endpoints: Vec<String>,
+    /// Seconds controllers wait for each other to join an upgrade before it is aborted.
+    #[arg(
+        long,
+        env = "LOCKSTEPD_CONTROLLERS_WAIT_SEC",
+        default_value_t = 900,
+        global = true
+    )]
+    controllers_wait_sec: u64,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -88,6 +108,7 @@ fn main() -> ExitCode {
             let limits = Limits {
                 trial_ready_timeout: Millis(args.trial_ready_timeout_sec * 1000),
                 stage_retry_delay: Millis(args.stage_retry_sec * 1000),
+                controllers_wait: Millis(args.controllers_wait_sec * 1000),
                 ..Limits::default()
             };
             let options = WorkerOptions {
@@ -95,11 +116,13 @@ fn main() -> ExitCode {
                 restart: args.restart,
                 limits,
                 capabilities: args.capabilities.clone(),
+                store: args.store,
+                etcd_endpoints: args.etcd_endpoints.clone(),
             };
             runtime.block_on(worker::run(options, Notifier::from_env()))
         }
         None => {
-            let worker_args = vec![
+            let mut worker_args = vec![
                 "--data-dir".to_owned(),
                 args.data_dir.display().to_string(),
                 "--log-format".to_owned(),
@@ -112,7 +135,17 @@ fn main() -> ExitCode {
                 args.stage_retry_sec.to_string(),
                 "--capabilities".to_owned(),
                 args.capabilities.clone(),
+                "--controllers-wait-sec".to_owned(),
+                args.controllers_wait_sec.to_string(),
             ];
+            if let Some(store) = args.store {
+                worker_args.push("--store".to_owned());
+                worker_args.push(format!("{store:?}").to_lowercase());
+            }
+            if !args.etcd_endpoints.is_empty() {
+                worker_args.push("--etcd-endpoints".to_owned());
+                worker_args.push(args.etcd_endpoints.join(","));
+            }
             runtime.block_on(launcher::run(LauncherOptions {
                 data_dir: args.data_dir.clone(),
                 watchdog: Duration::from_secs(args.watchdog_sec.max(1)),

@@ -3,6 +3,8 @@
 //! by its pid when the test ends, pass or fail.
 #![allow(dead_code, clippy::print_stderr)]
 
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

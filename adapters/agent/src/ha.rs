@@ -1,0 +1,223 @@
+//! `lockstep enable-ha`: more controllers for a controller bootstrapped on etcd, on this
+//! machine, for trying highly available controllers out (Juju's `enable-ha` adds machines;
+//! here the new controllers are processes beside the first).
+//!
+//! Controller N (machine N, `controller-id` N) gets its own data dir,
+//! `<data>/ha/machine-N/`, with its own API port, binary and `agent.conf`; it shares the
+//! first controller's CA, server certificate, users and etcd store. The model's controller
+//! set grows to N in the same store transaction that adds the machines, so the next
+//! upgrade's record waits for all of them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lockstep_core::lifecycle::{ControllerId, ControllerSet, Snapshot};
+use lockstep_core::{Role, Roles};
+use lockstep_store::{Machine, StoreError};
+
+use crate::bootstrap::{ControllerFile, spawn_daemon, wait_until_ready};
+use crate::datadir::{self, AgentConf, DataDir};
+use crate::store::{StoreEngine, StoreSettings};
+
+/// Where controller `id`'s data dir is, under the first controller's.
+pub fn member_dir(primary: &DataDir, id: u8) -> PathBuf {
+    primary.root().join("ha").join(format!("machine-{id}"))
+}
+
+/// The data dirs of the controllers `enable-ha` added under `primary`, by id.
+pub fn members(primary: &DataDir) -> Vec<(u8, DataDir)> {
+    (1..ControllerId::COUNT_MAX)
+        .map(|id| (id, DataDir::new(member_dir(primary, id))))
+        .filter(|(_, data)| data.agent_conf_path().exists())
+        .collect()
+}
+
+/// What `enable-ha` started.
+#[derive(Debug)]
+pub struct Added {
+    pub id: u8,
+    pub data: DataDir,
+    pub pid: u32,
+    pub address: String,
+}
+
+/// Grows the controller in `primary` to `count` controllers and waits until every new one
+/// is Ready. `count` is odd (a majority must survive one loss) and at most
+/// [`ControllerId::COUNT_MAX`].
+pub async fn enable_ha(
+    primary: &DataDir,
+    count: u8,
+    timeout: Duration,
+    mut on_line: impl FnMut(&str),
+) -> Result<Vec<Added>, String> {
+    if count < 3 || count.is_multiple_of(2) || count > ControllerId::COUNT_MAX {
+        return Err(format!(
+            "-n {count}: enable-ha needs an odd number of controllers from 3 to {}",
+            ControllerId::COUNT_MAX
+        ));
+    }
+    let conf = primary
+        .read_agent_conf()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| {
+            format!(
+                "no controller is bootstrapped in {}",
+                primary.root().display()
+            )
+        })?;
+    let settings = StoreSettings::of(&conf);
+    if settings.engine != StoreEngine::Etcd {
+        return Err(format!(
+            "the controller in {} keeps its state in SQLite, which one controller owns: \
+             enable-ha needs a controller bootstrapped with --store etcd --etcd-endpoints ...",
+            primary.root().display()
+        ));
+    }
+    let mut file = ControllerFile::read(primary)?;
+    let store = crate::store::open(primary, &settings)?;
+    let model = store
+        .load_model()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} holds no model", settings.describe(primary)))?;
+    let existing = model.controllers.len() as u8;
+    if existing >= count {
+        return Err(format!(
+            "the controller already has {existing} controllers (asked for {count})"
+        ));
+    }
+    if let Some(record) = store.record_view().map_err(|e| e.to_string())?.current {
+        return Err(format!(
+            "an upgrade to {} is in progress ({}); run enable-ha when it has finished",
+            record.0.target_version,
+            record.0.status.as_str()
+        ));
+    }
+    // The new controllers run what the first one runs now.
+    let binary = primary
+        .current_binary(&conf.tag)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} has no current binary", primary.root().display()))?;
+    let binary_dir = primary.binary_dir(&binary);
+    let forced = datadir::read_force_version(&binary_dir)
+        .map_err(|e| e.to_string())?
+        .is_some();
+    let exe = binary_dir.join("lockstepd");
+
+    let ids: Vec<u8> = (existing..count).collect();
+    let mut prepared = Vec::new();
+    for &id in &ids {
+        let data = DataDir::new(member_dir(primary, id));
+        if data.agent_conf_path().exists() {
+            return Err(format!(
+                "{} already holds controller {id}; remove it first",
+                data.root().display()
+            ));
+        }
+        let port = crate::bootstrap::free_port()?;
+        prepared.push((id, data, format!("127.0.0.1:{port}")));
+    }
+    let addresses: Vec<String> = file
+        .api_endpoints
+        .iter()
+        .take(usize::from(existing))
+        .cloned()
+        .chain(prepared.iter().map(|(_, _, address)| address.clone()))
+        .collect();
+
+    for (id, data, address) in &prepared {
+        std::fs::create_dir_all(data.tools_dir())
+            .map_err(|e| format!("cannot create {}: {e}", data.tools_dir().display()))?;
+        for (from, to, mode) in [
+            (primary.ca_cert_path(), data.ca_cert_path(), 0o644),
+            (primary.server_cert_path(), data.server_cert_path(), 0o644),
+            (primary.server_key_path(), data.server_key_path(), 0o600),
+            (
+                crate::paths::users_path(primary),
+                crate::paths::users_path(data),
+                0o600,
+            ),
+        ] {
+            let bytes =
+                std::fs::read(&from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
+            datadir::write_file_atomically(&to, &bytes, mode).map_err(|e| e.to_string())?;
+        }
+        data.install_local_binary(&binary, &exe, forced)
+            .map_err(|e| e.to_string())?;
+        let tag = format!("machine-{id}");
+        data.switch_to(&tag, &binary).map_err(|e| e.to_string())?;
+        let member_file = ControllerFile {
+            api_endpoints: std::iter::once(address.clone())
+                .chain(addresses.iter().filter(|a| *a != address).cloned())
+                .collect(),
+            ..file.clone()
+        };
+        member_file.write(data)?;
+        let mut member = AgentConf::new(&tag, Snapshot::bootstrapped(&binary));
+        member.controller = conf.controller.clone();
+        member.model = conf.model.clone();
+        member.controller_id = *id;
+        member.api_listen = address.clone();
+        member.apiaddresses = addresses.clone();
+        member.cacert = conf.cacert.clone();
+        settings.apply(&mut member);
+        data.write_agent_conf(&member).map_err(|e| e.to_string())?;
+        on_line(&format!(
+            "Prepared controller {id} in {} (API {address}, {binary})",
+            data.root().display()
+        ));
+    }
+
+    // One transaction: the machines and the larger controller set appear together.
+    store
+        .update_model(&mut |tx, model| {
+            for &id in &ids {
+                let mut machine =
+                    Machine::with_roles(id.to_string(), Roles::of(&[Role::Controller]));
+                machine.agent_binary = Some(binary.clone());
+                if tx.machine(&machine.id)?.is_none() {
+                    tx.put_machine(&machine)?;
+                }
+            }
+            model.controllers = ControllerSet::first(count);
+            Ok::<(), StoreError>(())
+        })
+        .map_err(|e| e.to_string())?;
+    on_line(&format!(
+        "The model now has controllers {:?}",
+        ControllerSet::first(count)
+            .iter()
+            .map(|ControllerId(id)| id)
+            .collect::<Vec<_>>()
+    ));
+
+    let mut added = Vec::new();
+    for (id, data, address) in prepared {
+        let pid = spawn_daemon(&data, &[])?;
+        on_line(&format!(
+            "Started controller {id}: lockstepd (pid {pid}) on {address}"
+        ));
+        added.push(Added {
+            id,
+            data,
+            pid,
+            address,
+        });
+    }
+    for member in &added {
+        let client = ControllerFile::read(&member.data)?
+            .client(lockstep_core::client::RetryPolicy::default());
+        wait_until_ready(&client, Some(member.pid), timeout, |_| {})
+            .await
+            .map_err(|error| {
+                format!(
+                    "controller {}: {error}\nlast lines of its log:\n{}",
+                    member.id,
+                    crate::bootstrap::log_tail(&member.data, 15)
+                )
+            })?;
+        on_line(&format!("Controller {} is ready", member.id));
+    }
+    file.api_endpoints = addresses;
+    file.write(primary)?;
+    Ok(added)
+}
