@@ -605,14 +605,19 @@ impl Driver {
         std::thread::Builder::new()
             .name("model-watch".into())
             .spawn(move || {
-                let mut seen = lockstep_core::lifecycle::Revision(0);
+                let mut seen = None;
                 while !stopping.load(Ordering::SeqCst) {
-                    let read = store
-                        .revision()
-                        .and_then(|revision| Ok((revision, store.load_model()?)));
+                    // The model is read again only when the store moved on since the last
+                    // read (a timeout of `wait_for_change` wakes this loop too).
+                    let read = store.revision().and_then(|revision| {
+                        if seen == Some(revision) {
+                            return Ok((revision, None));
+                        }
+                        Ok((revision, store.load_model()?))
+                    });
                     match read {
                         Ok((revision, model)) => {
-                            seen = revision;
+                            seen = Some(revision);
                             if let Some(model) = model {
                                 *latest.lock().expect("not poisoned") = Some(model.agent_version);
                                 if model.agent_version != sent {
@@ -629,7 +634,10 @@ impl Driver {
                             std::thread::sleep(Duration::from_millis(500));
                         }
                     }
-                    store.wait_for_change(seen, Duration::from_secs(1));
+                    store.wait_for_change(
+                        seen.unwrap_or(lockstep_core::lifecycle::Revision(0)),
+                        Duration::from_secs(1),
+                    );
                 }
             })
             .expect("a thread can be started");

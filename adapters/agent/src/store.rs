@@ -54,7 +54,7 @@ impl StoreSettings {
         Ok(StoreSettings {
             engine: StoreEngine::Etcd,
             etcd_endpoints: parse_endpoints(endpoints)?,
-            etcd_prefix: format!("lockstep/{controller_uuid}/"),
+            etcd_prefix: etcd_prefix(controller_uuid),
         })
     }
 
@@ -76,6 +76,11 @@ impl StoreSettings {
             ),
         }
     }
+}
+
+/// The prefix of controller `controller_uuid`'s keys in etcd.
+pub fn etcd_prefix(controller_uuid: &str) -> String {
+    format!("lockstep/{controller_uuid}/")
 }
 
 /// Splits comma-separated endpoints, adds `http://` where no scheme is given, and refuses

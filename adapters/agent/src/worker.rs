@@ -77,12 +77,12 @@ impl WorkerOptions {
         }
         if settings.engine == crate::store::StoreEngine::Etcd {
             if settings.etcd_endpoints.is_empty() {
-                crate::store::parse_endpoints(&[])?;
+                return Err("--store etcd needs --etcd-endpoints (e.g. 127.0.0.1:2379)".to_owned());
             }
             if settings.etcd_prefix.is_empty() {
                 // A controller bootstrapped on SQLite and pointed at etcd: its state is
                 // under its controller's uuid, as bootstrap would have put it.
-                settings.etcd_prefix = format!("lockstep/{}/", conf.controller);
+                settings.etcd_prefix = crate::store::etcd_prefix(&conf.controller);
             }
         }
         Ok(settings)
