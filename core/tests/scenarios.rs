@@ -724,3 +724,58 @@ fn a_retry_with_no_steps_left_checks_the_version_instead() {
     let _unused: Option<RecordView> = None;
     let _spec: Option<WorldSpec> = None;
 }
+
+/// Every controller hears the model's agent-version move, the one that moved it too. While
+/// its own upgrade to that version is under way the news is not a second request (no new
+/// lookup, no "already in progress" message); once that attempt has failed (staging refused),
+/// the same news starts a new check although the model already names the version: a
+/// controller must never conclude "the model says so, so it is under way" (sweep seed 17).
+#[test]
+fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way() {
+    let mut world = world(controllers_upgrading(1, V42, V42, registry()));
+    run(&mut world);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    world.deliver(0, Input::UpgradeRequested { version: Some(V43) });
+    let mut heard_while_staging = false;
+    run_with(&mut world, 1_000, |world| {
+        let staging = world.hosts[0]
+            .in_flight
+            .iter()
+            .position(|(_, request)| matches!(request, Request::StageBinary(_)));
+        let Some(index) = staging else {
+            return false;
+        };
+        if !heard_while_staging {
+            heard_while_staging = true;
+            world.hosts[0].status_message = None;
+            let before = world.hosts[0].in_flight.len();
+            world.deliver(0, Input::AgentVersionChanged(V43));
+            assert_eq!(world.hosts[0].in_flight.len(), before, "no second request");
+            assert_eq!(world.hosts[0].status_message, None);
+            return true;
+        }
+        let (id, _) = world.hosts[0].in_flight.remove(index);
+        world.deliver(
+            0,
+            Input::Staged {
+                id,
+                result: Err("disk full".to_owned()),
+            },
+        );
+        true
+    });
+    assert!(heard_while_staging);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    assert_eq!(world.store.model.agent_version, V43);
+    assert_eq!(world.hosts[0].config.running.number, V42);
+    // The attempt failed; the model still names 2.9.43. The news must start a new check.
+    world.deliver(0, Input::AgentVersionChanged(V43));
+    assert!(
+        !world.hosts[0].in_flight.is_empty(),
+        "a new check starts; status: {:?}",
+        world.hosts[0].status_message
+    );
+    run(&mut world);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    assert_eq!(world.hosts[0].config.running.number, V43);
+}

@@ -2264,11 +2264,15 @@ impl Machine {
                 Handled
             }
             Event::Input(Input::AgentVersionChanged(version)) => {
-                // Another controller (or an operator's client) moved the model; a change this
-                // controller made itself is already in its model and under way.
-                let known = self.model.as_ref().map(|model| model.agent_version);
-                let own_change = self.is_controller() && known == Some(*version);
-                if *version != self.config.running.number && !own_change {
+                // Every controller hears the model move, the one that moved it too: an upgrade
+                // to this version already chosen here is under way, not a new request. The
+                // model's own agent-version says nothing of that (a restarted controller, or
+                // one whose staging failed, still has to act on it).
+                let under_way = check
+                    .chosen
+                    .as_ref()
+                    .is_some_and(|plan| plan.binary.number == *version);
+                if *version != self.config.running.number && !under_way {
                     self.request_upgrade(io, check, Some(*version));
                 }
                 Handled
