@@ -132,10 +132,21 @@ async fn a_client_waiting_for_ready_proceeds_when_ready() {
     // Stop it, ask for the upgrade in the store, and start it again: it boots limited.
     controller.kill_9();
     controller.set_agent_version_in_store(next());
+    // The client must subscribe while the controller is still limited. Without help it may
+    // not: `start` returns once the pid file is written, before the launcher binds the API
+    // port, so the client's first connect can be refused and back off (100 ms, doubling to
+    // 3 s), while the whole upgrade takes about a second; a client that answers late sees
+    // only Ready. So the new binary pauses 3 s inside its database step (the failpoint
+    // holds it in `running-steps`, under the 4 s the lease keep-alive may wait for the
+    // store), the test waits until the controller serves that phase, and only then starts
+    // waiting: its first call goes to a listening controller and is answered at once,
+    // within the pause, with a limited phase.
     let client = controller.client();
-    let waiting = client.wait_ready(Duration::from_secs(120));
-    controller.start(&[]);
-    let phases = waiting.await.unwrap();
+    controller.start(&[(lockstep_agent::steps::PAUSE_DATABASE_STEP_MS, "3000")]);
+    controller
+        .wait_phase("running-steps", Duration::from_secs(60))
+        .await;
+    let phases = client.wait_ready(Duration::from_secs(120)).await.unwrap();
     assert_eq!(
         phases.last(),
         Some(&lockstep_core::Phase::Ready),

@@ -1943,10 +1943,13 @@ impl Machine {
                 "upgrade to {} aborted: timed out after {} waiting for controllers (ready {:?} of {:?})",
                 self.config.running.number,
                 self.config.limits.controllers_wait,
+                // The record as this controller last saw it: the abort may have archived it.
                 steps
                     .record
                     .current
-                    .map(|(record, _)| record.controllers_ready)
+                    .map(|(record, _)| record)
+                    .or(steps.record.last_archived)
+                    .map(|record| record.controllers_ready)
                     .unwrap_or_default(),
                 self.controllers()
             ),
@@ -2271,7 +2274,8 @@ impl Machine {
                 let under_way = check
                     .chosen
                     .as_ref()
-                    .is_some_and(|plan| plan.binary.number == *version);
+                    .is_some_and(|plan| plan.binary.number == *version)
+                    || check.occasion == Some(OccasionKey::Operator(Some(*version)));
                 if *version != self.config.running.number && !under_way {
                     self.request_upgrade(io, check, Some(*version));
                 }

@@ -149,6 +149,26 @@ impl Controller {
         }
     }
 
+    /// A view of a controller someone else set up in `data_dir` (such as one `lockstep
+    /// enable-ha` added); `dir` is scratch space for this view's own files.
+    pub fn attach(data_dir: PathBuf) -> Controller {
+        Controller {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            data_dir,
+            bootstrap: Command::new("true").output().expect("true runs"),
+            children: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The agent's tag from its `agent.conf` (`machine-0` for the first controller).
+    pub fn tag(&self) -> String {
+        self.data()
+            .read_agent_conf()
+            .expect("agent.conf reads")
+            .expect("agent.conf exists")
+            .tag
+    }
+
     pub fn assert_bootstrapped(&self) {
         assert!(
             self.bootstrap.status.success()
@@ -339,7 +359,7 @@ impl Controller {
             .append(true)
             .open(self.data_dir.join("logs/lockstepd.log"))
             .unwrap();
-        let mut command = Command::new(self.data().agent_link("machine-0").join("lockstepd"));
+        let mut command = Command::new(self.data().agent_link(&self.tag()).join("lockstepd"));
         command
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -392,12 +412,19 @@ impl Drop for Controller {
     }
 }
 
-/// Counts the checkpoints recorded for each database step, from the store's event log.
+/// Counts the checkpoints recorded for each database step, from the SQLite store's event
+/// log.
 pub fn checkpoint_events(data: &DataDir) -> std::collections::BTreeMap<String, usize> {
-    use lockstep_store::Store;
     let store =
         lockstep_store::SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadOnly)
             .expect("open the store read-only");
+    checkpoint_events_in(&store)
+}
+
+/// Counts the checkpoints recorded for each database step, from any store's event log.
+pub fn checkpoint_events_in(
+    store: &dyn lockstep_store::Store,
+) -> std::collections::BTreeMap<String, usize> {
     let lockstep_store::Changes::Events { events, .. } = store
         .changes_since(lockstep_core::lifecycle::Revision(0), 1_000_000)
         .expect("the event log")
