@@ -41,11 +41,7 @@ async fn takeover_time() -> Duration {
         lockstep_agent::steps::PAUSE_DATABASE_STEP_MS,
         DB_STEP_PAUSE_MS,
     )]);
-    let before = ha.db_step_lines();
-    ha.upgrade();
-    let coordinator = ha.wait_database_step(&before).await;
-    ha.controllers[coordinator].kill_9();
-    let (_, takeover) = ha.wait_takeover(coordinator, Instant::now()).await;
+    let (_, _, takeover) = ha.kill_coordinator_in_database_step().await;
     takeover
 }
 

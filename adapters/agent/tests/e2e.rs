@@ -6,16 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Controller, Mirror, Published, lockstep, next, own, text};
+use common::{Controller, Mirror, Published, bundle_file, lockstep, next, own, text};
 use serde_json::json;
 
 const READY_WITHIN: Duration = Duration::from_secs(120);
-
-fn bundle_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let path = dir.join("bundle.yaml");
-    std::fs::write(&path, lockstep_agent::demo::DEMO_BUNDLE).unwrap();
-    path
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_bootstrap_then_deploy() {
@@ -31,22 +25,7 @@ async fn plain_bootstrap_then_deploy() {
     let status = controller.run(&["status", "--format", "json"]);
     assert!(status.status.success(), "{}", text(&status));
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    let expected =
-        lockstep_agent::bundle::Bundle::parse(lockstep_agent::demo::DEMO_BUNDLE).unwrap();
-    for change in expected.plan() {
-        if let lockstep_agent::bundle::BundleChange::Deploy {
-            application,
-            num_units,
-            ..
-        } = change
-        {
-            let units = status["applications"][&application]["units"]
-                .as_object()
-                .map(|units| units.len())
-                .unwrap_or(0);
-            assert_eq!(units, num_units as usize, "{application}: {status:#}");
-        }
-    }
+    common::assert_bundle_deployed_once(&status);
     let machines_before = status["machines"].as_object().map(|m| m.len()).unwrap_or(0);
     let add = controller.run(&["add-machine", "-n", "2"]);
     assert!(add.status.success(), "{}", text(&add));

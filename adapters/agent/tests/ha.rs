@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
-use common::{lockstep, next, own, text};
+use common::{next, own};
 use ha_harness::*;
 use lockstep_core::Phase;
 use lockstep_core::lifecycle::UpgradeStatus;
@@ -38,19 +38,11 @@ async fn three_controllers_upgrade_together_while_a_client_deploys_through_them(
     ha.upgrade();
     // A client deploys through controller 1 while all three upgrade: its calls wait through
     // the upgrade and each is applied once.
-    let bundle = bundle_file(ha.controllers[1].dir.path());
-    let member = ha.controllers[1].data_dir.clone();
-    let deploy =
-        std::thread::spawn(move || lockstep(&member, &["deploy", bundle.to_str().unwrap()], &[]));
+    let deploy = ha.deploy_in_background(1);
     ha.assert_upgraded_once().await;
     eprintln!("three controllers upgraded in {:?}", started.elapsed());
-    let deploy = deploy.join().unwrap();
-    assert!(deploy.status.success(), "{}", text(&deploy));
-    for controller in &ha.controllers {
-        let status = controller.full_status().await;
-        assert_bundle_deployed_once(&status);
-    }
-    // The store fenced every write of the coordinator: nobody holds the lease once done.
+    ha.assert_deployed_once(deploy).await;
+    // The coordinator released its lease when its steps were done.
     assert_eq!(ha.coordinator(), None);
 }
 
@@ -61,15 +53,12 @@ async fn kill_9_of_the_coordinator_in_a_database_step_hands_over_within_the_leas
         DB_STEP_PAUSE_MS,
     )]);
     let before = ha.db_step_lines();
-    ha.upgrade();
-    let coordinator = ha.wait_database_step(&before).await;
-    // Mid-transaction: nothing of the step is committed yet.
-    ha.controllers[coordinator].kill_9();
-    let killed = Instant::now();
-    let (successor, takeover) = ha.wait_takeover(coordinator, killed).await;
+    // A client deploys through controller 0, which may be the one killed.
+    let deploy = ha.deploy_in_background(0);
+    let (coordinator, successor, takeover) = ha.kill_coordinator_in_database_step().await;
     eprintln!("controller {successor} took over from {coordinator} in {takeover:?}");
     assert!(
-        takeover <= LEASE_TTL + LEASE_RETRY + TAKEOVER_SLACK,
+        takeover <= lease_ttl() + lease_retry() + TAKEOVER_SLACK,
         "took {takeover:?} to take over"
     );
     // The successor runs the step itself: the killed one's transaction never committed.
@@ -80,6 +69,7 @@ async fn kill_9_of_the_coordinator_in_a_database_step_hands_over_within_the_leas
     }
     ha.restart(coordinator, &[]);
     ha.assert_upgraded_once().await;
+    ha.assert_deployed_once(deploy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,6 +77,7 @@ async fn the_upgrade_waits_for_a_killed_controller_then_completes_when_it_return
     let ha = Ha::start(&[]);
     ha.controllers[2].kill_9();
     ha.upgrade();
+    let deploy = ha.deploy_in_background(0);
     // Controllers 0 and 1 restart into N+1, say they are ready, and wait for 2.
     let started = Instant::now();
     loop {
@@ -101,15 +92,10 @@ async fn the_upgrade_waits_for_a_killed_controller_then_completes_when_it_return
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // They keep waiting: no database step runs, nobody opens its API.
-    tokio::time::sleep(2 * LEASE_TTL).await;
+    tokio::time::sleep(2 * lease_ttl()).await;
     let record = ha.record_to(next()).unwrap();
     assert_eq!(record.status, UpgradeStatus::Pending, "{record:?}");
-    let step = format!(
-        "{}@{}",
-        lockstep_agent::steps::RECORD_AGENT_BINARIES,
-        next()
-    );
-    assert!(!common::checkpoint_events_in(&*ha.store).contains_key(&step));
+    assert!(!next_step_checkpointed(&*ha.store));
     for id in [0, 1] {
         let status = ha.controllers[id].status().await;
         assert_ne!(status["phase"], "ready", "{status}");
@@ -122,6 +108,7 @@ async fn the_upgrade_waits_for_a_killed_controller_then_completes_when_it_return
     // Controller 2 returns on N, learns the model wants N+1, upgrades and joins.
     ha.restart(2, &[]);
     ha.assert_upgraded_once().await;
+    ha.assert_deployed_once(deploy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,6 +119,7 @@ async fn the_upgrade_aborts_saying_why_when_a_killed_controller_does_not_return(
     ]);
     ha.controllers[2].kill_9();
     ha.upgrade();
+    let deploy = ha.deploy_in_background(1);
     // Controllers 0 and 1 wait for 2 for LOCKSTEPD_CONTROLLERS_WAIT_SEC, then abort.
     let started = Instant::now();
     let mut messages = [String::new(), String::new()];
@@ -156,12 +144,7 @@ async fn the_upgrade_aborts_saying_why_when_a_killed_controller_does_not_return(
     );
     let record = ha.record_to(next()).expect("the record");
     assert_eq!(record.status, UpgradeStatus::Aborted, "{record:?}");
-    let step = format!(
-        "{}@{}",
-        lockstep_agent::steps::RECORD_AGENT_BINARIES,
-        next()
-    );
-    assert!(!common::checkpoint_events_in(&*ha.store).contains_key(&step));
+    assert!(!next_step_checkpointed(&*ha.store));
     ha.assert_database_steps_once();
     // Then, at their trial deadline, they fall back (no database step ran) onto N.
     for id in [0, 1] {
@@ -175,6 +158,7 @@ async fn the_upgrade_aborts_saying_why_when_a_killed_controller_does_not_return(
     ha.restart(2, &[]);
     ha.controllers[2].wait_running(own(), READY_WITHIN).await;
     ha.assert_database_steps_once();
+    ha.assert_deployed_once(deploy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,11 +166,16 @@ async fn killing_the_etcd_leader_mid_upgrade_is_ridden_through() {
     let mut ha = Ha::start(&[(lockstep_agent::steps::PAUSE_DATABASE_STEP_MS, "3000")]);
     let before = ha.db_step_lines();
     ha.upgrade();
+    let deploy = ha.deploy_in_background(0);
     ha.wait_database_step(&before).await;
     let leader = ha.etcd.leader().expect("etcd has a leader");
     ha.etcd.kill(leader);
     ha.assert_upgraded_once().await;
+    ha.assert_deployed_once(deploy).await;
 }
+
+/// The application a cut-off controller is asked to deploy, and must not.
+const REFUSED_APPLICATION: &str = "refused-while-cut-off";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
@@ -215,6 +204,7 @@ async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
 
     let before = ha.db_step_lines();
     ha.upgrade();
+    let deploy = ha.deploy_in_background(0);
     let coordinator = ha.wait_database_step(&before).await;
     for proxy in &proxies[coordinator] {
         proxy.blackhole();
@@ -223,7 +213,7 @@ async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
     // Its keep-alive goes unanswered: it gives the lease up and stops coordinating.
     while ha.log_lines(coordinator, LEASE_GIVEN_UP_LINE) == 0 {
         assert!(
-            cut.elapsed() < LEASE_TTL + TAKEOVER_SLACK,
+            cut.elapsed() < lease_ttl() + TAKEOVER_SLACK,
             "controller {coordinator} kept acting as coordinator\n{}",
             ha.logs()
         );
@@ -232,23 +222,22 @@ async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
     let (successor, takeover) = ha.wait_takeover(coordinator, cut).await;
     eprintln!("controller {successor} took over from cut-off {coordinator} in {takeover:?}");
     // The successor commits the step; the cut-off one answers no full-API call meanwhile.
-    let step = format!(
-        "{}@{}",
-        lockstep_agent::steps::RECORD_AGENT_BINARIES,
-        next()
-    );
     let started = Instant::now();
-    while !common::checkpoint_events_in(&*ha.store).contains_key(&step) {
+    while !next_step_checkpointed(&*ha.store) {
         assert!(started.elapsed() < UPGRADED_WITHIN, "{}", ha.logs());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let client = ha.controllers[coordinator].client();
     let refused = client
         .mutate(
-            "Client",
-            8,
-            "AddMachines",
-            json!({"params": [{"jobs": ["JobHostUnits"]}]}),
+            "Application",
+            lockstep_agent::cli::APPLICATION_VERSION,
+            "Deploy",
+            json!({"applications": [{
+                "application": REFUSED_APPLICATION,
+                "charm-url": "ch:amd64/jammy/ubuntu",
+                "num-units": 1,
+            }]}),
             Duration::from_secs(3),
         )
         .await;
@@ -269,13 +258,13 @@ async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
         proxy.heal();
     }
     ha.assert_upgraded_once().await;
-    // The refused call was never applied: only the controllers are machines.
-    let status = ha.controllers[0].full_status().await;
-    let hosts = status["machines"]
-        .as_object()
-        .unwrap()
-        .values()
-        .filter(|machine| machine["jobs"] == json!(["JobHostUnits"]))
-        .count();
-    assert_eq!(hosts, 0, "{status:#}");
+    ha.assert_deployed_once(deploy).await;
+    // The refused call was never applied, on any controller.
+    for controller in &ha.controllers {
+        let status = controller.full_status().await;
+        assert!(
+            status["applications"].get(REFUSED_APPLICATION).is_none(),
+            "{status:#}"
+        );
+    }
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code, clippy::print_stderr)]
 
 use std::collections::BTreeSet;
+use std::process::Output;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,19 +13,24 @@ use crate::common::{self, Controller, Mirror, Published, lockstep, next, text};
 use crate::etcd_cluster::EtcdCluster;
 use lockstep_agent::store::StoreSettings;
 use lockstep_core::Version;
-use lockstep_core::lifecycle::{UpgradeInfo, UpgradeStatus};
+use lockstep_core::lifecycle::{Limits, UpgradeInfo, UpgradeStatus};
 use lockstep_store::Store;
-use serde_json::Value;
 
 /// Bootstrap, enable-ha, and each restart of a controller on a busy 2-core machine.
 pub const READY_WITHIN: Duration = Duration::from_secs(180);
 /// A whole coordinated upgrade of three controllers, database step pauses included.
 pub const UPGRADED_WITHIN: Duration = Duration::from_secs(300);
-/// The etcd lease's TTL the agent asks for (`lockstep-store`'s etcd engine) and the delay
-/// before a controller campaigns again (`Limits::lease_retry_delay`): a deposed or dead
-/// coordinator's lease lapses within the TTL, and another controller asks within a retry.
-pub const LEASE_TTL: Duration = Duration::from_secs(5);
-pub const LEASE_RETRY: Duration = Duration::from_secs(1);
+/// The lease's TTL the agent asks etcd for (five keep-alive intervals, 5 s): a dead or
+/// cut-off coordinator's lease lapses within it.
+pub fn lease_ttl() -> Duration {
+    let keepalive = Limits::default().lease_keepalive_interval;
+    Duration::from_millis(lockstep_agent::driver::lease_ttl(keepalive).0)
+}
+
+/// The delay before a controller campaigns again (1 s): another one asks within it.
+pub fn lease_retry() -> Duration {
+    Duration::from_millis(Limits::default().lease_retry_delay.0)
+}
 /// Scheduling and etcd round trips on a loaded machine, on top of the lease bound.
 pub const TAKEOVER_SLACK: Duration = Duration::from_secs(5);
 /// How long the database step pauses inside its transaction (the failpoint), long enough
@@ -173,6 +179,49 @@ impl Ha {
         }
     }
 
+    /// `lockstep deploy <the demo bundle>` through controller `id`, on a thread: a client
+    /// whose calls wait through whatever the controllers go through. [`Ha::assert_deployed_once`]
+    /// joins it.
+    pub fn deploy_in_background(&self, id: usize) -> std::thread::JoinHandle<Output> {
+        let bundle = common::bundle_file(self.controllers[id].dir.path());
+        let data_dir = self.controllers[id].data_dir.clone();
+        std::thread::spawn(move || {
+            lockstep(
+                &data_dir,
+                &["deploy", bundle.to_str().expect("a UTF-8 path")],
+                &[],
+            )
+        })
+    }
+
+    /// The deploy succeeded, and every controller shows each of its operations applied once.
+    pub async fn assert_deployed_once(&self, deploy: std::thread::JoinHandle<Output>) {
+        let deploy = deploy.join().expect("the deploy thread");
+        assert!(
+            deploy.status.success(),
+            "deploy: {}\n{}",
+            text(&deploy),
+            self.logs()
+        );
+        for controller in &self.controllers {
+            let status = controller.full_status().await;
+            common::assert_bundle_deployed_once(&status);
+        }
+    }
+
+    /// Upgrades to N+1, kills -9 the coordinator once it is inside its database step (run
+    /// with the step's pause failpoint), and waits until another controller holds the lease:
+    /// returns the killed one, its successor, and the time from the kill to the takeover.
+    pub async fn kill_coordinator_in_database_step(&self) -> (usize, usize, Duration) {
+        let before = self.db_step_lines();
+        self.upgrade();
+        let coordinator = self.wait_database_step(&before).await;
+        // Mid-transaction: nothing of the step is committed yet.
+        self.controllers[coordinator].kill_9();
+        let (successor, takeover) = self.wait_takeover(coordinator, Instant::now()).await;
+        (coordinator, successor, takeover)
+    }
+
     /// Waits until another controller than `deposed` holds the lease; returns it and how
     /// long that took from `since`.
     pub async fn wait_takeover(&self, deposed: usize, since: Instant) -> (usize, Duration) {
@@ -226,13 +275,11 @@ impl Ha {
         let all: BTreeSet<u8> = (0..self.controllers.len() as u8).collect();
         assert_eq!(done, all, "{record:?}");
         self.assert_database_steps_once();
-        let step = format!(
-            "{}@{}",
-            lockstep_agent::steps::RECORD_AGENT_BINARIES,
-            next()
-        );
         let checkpoints = common::checkpoint_events_in(&*self.store);
-        assert!(checkpoints.contains_key(&step), "{checkpoints:?}");
+        assert!(
+            checkpoints.contains_key(&next_database_step()),
+            "{checkpoints:?}"
+        );
     }
 
     pub fn assert_database_steps_once(&self) {
@@ -265,30 +312,16 @@ impl Ha {
     }
 }
 
-/// A bundle file in `dir`.
-pub fn bundle_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let path = dir.join("bundle.yaml");
-    std::fs::write(&path, lockstep_agent::demo::DEMO_BUNDLE).unwrap();
-    path
+/// The key of N+1's database step, as checkpoint events name it.
+pub fn next_database_step() -> String {
+    format!(
+        "{}@{}",
+        lockstep_agent::steps::RECORD_AGENT_BINARIES,
+        next()
+    )
 }
 
-/// Every application of the demo bundle has exactly its units: a deploy applied twice (or
-/// half) would show here.
-pub fn assert_bundle_deployed_once(status: &Value) {
-    let expected =
-        lockstep_agent::bundle::Bundle::parse(lockstep_agent::demo::DEMO_BUNDLE).unwrap();
-    for change in expected.plan() {
-        if let lockstep_agent::bundle::BundleChange::Deploy {
-            application,
-            num_units,
-            ..
-        } = change
-        {
-            let units = status["applications"][&application]["units"]
-                .as_object()
-                .map(|units| units.len())
-                .unwrap_or(0);
-            assert_eq!(units, num_units as usize, "{application}: {status:#}");
-        }
-    }
+/// Whether N+1's database step has been checkpointed.
+pub fn next_step_checkpointed(store: &dyn Store) -> bool {
+    common::checkpoint_events_in(store).contains_key(&next_database_step())
 }

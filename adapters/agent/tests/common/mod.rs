@@ -439,3 +439,31 @@ pub fn checkpoint_events_in(
     }
     counts
 }
+
+/// The demo bundle written to `dir/bundle.yaml`.
+pub fn bundle_file(dir: &Path) -> PathBuf {
+    let path = dir.join("bundle.yaml");
+    std::fs::write(&path, lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    path
+}
+
+/// Every application of the demo bundle has exactly its units in `status` (FullStatus or
+/// `lockstep status --format json`): a deploy applied twice, or half, shows here.
+pub fn assert_bundle_deployed_once(status: &Value) {
+    let expected =
+        lockstep_agent::bundle::Bundle::parse(lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    for change in expected.plan() {
+        if let lockstep_agent::bundle::BundleChange::Deploy {
+            application,
+            num_units,
+            ..
+        } = change
+        {
+            let units = status["applications"][&application]["units"]
+                .as_object()
+                .map(|units| units.len())
+                .unwrap_or(0);
+            assert_eq!(units, num_units as usize, "{application}: {status:#}");
+        }
+    }
+}
