@@ -68,7 +68,15 @@ impl ControllerFile {
                 data.root().display()
             )
         })?;
-        serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let file: ControllerFile =
+            serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if file.api_endpoints.is_empty() {
+            return Err(format!(
+                "{}: api-endpoints is empty: no controller address to connect to",
+                path.display()
+            ));
+        }
+        Ok(file)
     }
 
     /// Writes `<data>/controller.yaml` (mode 0600).
@@ -83,10 +91,29 @@ impl ControllerFile {
         .map_err(|e| e.to_string())
     }
 
-    /// A client of this controller, with a fresh client id.
+    /// A client of this controller, with a fresh client id. With several controllers
+    /// (`enable-ha`) it connects to the first endpoint and, when that cannot be reached, to
+    /// the others in turn: they serve one model, so calls, waits and watchers carry on.
     pub fn client(&self, retry: lockstep_core::client::RetryPolicy) -> Client {
+        self.client_of(self.api_endpoints.clone(), retry)
+    }
+
+    /// A client of the first endpoint only, the controller this data dir belongs to: for
+    /// asking one controller about itself (its phase, its version), where another
+    /// controller's answer would mislead.
+    pub fn direct_client(&self, retry: lockstep_core::client::RetryPolicy) -> Client {
+        self.client_of(self.api_endpoints[..1].to_vec(), retry)
+    }
+
+    fn client_of(
+        &self,
+        mut endpoints: Vec<String>,
+        retry: lockstep_core::client::RetryPolicy,
+    ) -> Client {
+        let first = endpoints.remove(0);
         Client::new(ClientConfig {
-            address: self.api_endpoints[0].clone(),
+            address: first,
+            fallback_addresses: endpoints,
             ca_pem: self.ca_cert.clone(),
             model_uuid: Some(self.model_uuid.clone()),
             user: self.user.clone(),

@@ -205,7 +205,7 @@ pub async fn enable_ha(
     }
     for member in &added {
         let client = ControllerFile::read(&member.data)?
-            .client(lockstep_core::client::RetryPolicy::default());
+            .direct_client(lockstep_core::client::RetryPolicy::default());
         wait_until_ready(&client, Some(member.pid), timeout, |_| {})
             .await
             .map_err(|error| {

@@ -46,6 +46,28 @@ async fn three_controllers_upgrade_together_while_a_client_deploys_through_them(
     assert_eq!(ha.coordinator(), None);
 }
 
+/// `controller.yaml` lists every controller after enable-ha: with the first one down, the
+/// CLI carries on through another (they serve one model), and what it did is there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_carries_on_through_another_controller_when_the_first_is_down() {
+    let ha = Ha::start(&[]);
+    let endpoints = ha.controllers[0].controller_file().api_endpoints;
+    assert_eq!(endpoints.len(), 3, "{endpoints:?}");
+    ha.controllers[0].kill_9();
+    let deploy = ha.deploy_in_background(0);
+    let deploy = deploy.join().expect("the deploy thread");
+    assert!(deploy.status.success(), "{}", common::text(&deploy));
+    let status = ha.controllers[0].run(&["status", "--format", "json"]);
+    assert!(status.status.success(), "{}", common::text(&status));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    common::assert_bundle_deployed_once(&status);
+    ha.restart(0, &[]);
+    ha.controllers[0].wait_ready(READY_WITHIN).await;
+    for controller in &ha.controllers {
+        common::assert_bundle_deployed_once(&controller.full_status().await);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_coordinator_in_a_database_step_hands_over_within_the_lease_bound() {
     let ha = Ha::start(&[(

@@ -85,6 +85,7 @@ async fn lockstep_client(
 ) -> Duration {
     let client = Client::new(ClientConfig {
         address: format!("127.0.0.1:{port}"),
+        fallback_addresses: Vec::new(),
         ca_pem: ca,
         model_uuid: None,
         user: "admin".into(),

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,11 +33,19 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 
+/// How long one connect (TCP, TLS, websocket) may take before the client counts it failed
+/// and, with fallback addresses, tries the next controller: a call's own deadline still
+/// bounds everything.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where and as whom to connect.
 #[derive(Clone)]
 pub struct ClientConfig {
     /// `host:port` of the controller's API.
     pub address: String,
+    /// The other controllers' API addresses (highly available controllers serve one model):
+    /// when a connection to one cannot be made, the next connect tries the next, in turn.
+    pub fallback_addresses: Vec<String>,
     /// The controller's CA, as handed out at bootstrap.
     pub ca_pem: String,
     pub model_uuid: Option<String>,
@@ -53,6 +61,7 @@ impl fmt::Debug for ClientConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientConfig")
             .field("address", &self.address)
+            .field("fallback_addresses", &self.fallback_addresses)
             .field("user", &self.user)
             .field("client_id", &self.client_id)
             .finish_non_exhaustive()
@@ -97,29 +106,32 @@ struct Connection {
 }
 
 impl Connection {
-    async fn open(config: &ClientConfig, generation: u64) -> Result<Connection, String> {
+    async fn open(
+        config: &ClientConfig,
+        address: &str,
+        generation: u64,
+    ) -> Result<Connection, String> {
         let tls = crate::tls::client_config(
             &config.ca_pem,
             &[&rustls::version::TLS13, &rustls::version::TLS12],
         )
         .map_err(|error| error.to_string())?;
-        let tcp = TcpStream::connect(&config.address)
+        let tcp = TcpStream::connect(address)
             .await
-            .map_err(|error| format!("connecting to {}: {error}", config.address))?;
+            .map_err(|error| format!("connecting to {address}: {error}"))?;
         let _ = tcp.set_nodelay(true);
         let name = rustls::pki_types::ServerName::try_from("juju-apiserver").expect("a valid name");
         let stream = tokio_rustls::TlsConnector::from(tls)
             .connect(name, tcp)
             .await
-            .map_err(|error| format!("TLS with {}: {error}", config.address))?;
+            .map_err(|error| format!("TLS with {address}: {error}"))?;
         let path = match &config.model_uuid {
             Some(uuid) => format!("/model/{uuid}/api"),
             None => "/api".to_owned(),
         };
-        let (socket, _) =
-            tokio_tungstenite::client_async(format!("wss://{}{path}", config.address), stream)
-                .await
-                .map_err(|error| format!("websocket with {}: {error}", config.address))?;
+        let (socket, _) = tokio_tungstenite::client_async(format!("wss://{address}{path}"), stream)
+            .await
+            .map_err(|error| format!("websocket with {address}: {error}"))?;
         let (mut sink, mut stream) = socket.split();
         let (outgoing, mut queued) = mpsc::channel::<Message>(64);
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
@@ -199,6 +211,9 @@ impl Connection {
 /// The client. Cheap to share: calls may run concurrently over its one connection.
 pub struct Client {
     config: ClientConfig,
+    /// Which of `address` and then `fallback_addresses` the next connect tries: it moves on
+    /// only when a connect fails, so a client stays with a controller that answers.
+    address_index: AtomicUsize,
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
     generations: AtomicU64,
     request_ids: AtomicU64,
@@ -249,6 +264,7 @@ impl Client {
         Client {
             operations: Mutex::new(OperationIds::new(config.client_id.clone())),
             config,
+            address_index: AtomicUsize::new(0),
             connection: tokio::sync::Mutex::new(None),
             generations: AtomicU64::new(1),
             request_ids: AtomicU64::new(1),
@@ -275,11 +291,29 @@ impl Client {
             return Ok(Arc::clone(connection));
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        let connection = Arc::new(Connection::open(&self.config, generation).await.map_err(
-            |error| {
-                tracing::debug!(target: "lockstep::client", %error, "connect failed");
-            },
-        )?);
+        let count = 1 + self.config.fallback_addresses.len();
+        let index = self.address_index.load(Ordering::Relaxed) % count;
+        let address = match index {
+            0 => &self.config.address,
+            n => &self.config.fallback_addresses[n - 1],
+        };
+        let opened = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::open(&self.config, address, generation),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "connecting to {address}: no answer in {CONNECT_TIMEOUT:?}"
+            ))
+        });
+        let connection = Arc::new(opened.map_err(|error| {
+            tracing::debug!(target: "lockstep::client", %error, "connect failed");
+            if count > 1 {
+                self.address_index
+                    .store((index + 1) % count, Ordering::Relaxed);
+            }
+        })?);
         let login = json!({"auth-tag": format!("user-{}", self.config.user), "credentials": self.config.password,
                            "client-version": "3.6.1"});
         let id = self.request_ids.fetch_add(1, Ordering::Relaxed);

@@ -19,8 +19,13 @@ use serde_json::json;
 use support::*;
 
 fn client(fixture: &Fixture) -> Client {
-    Client::new(ClientConfig {
+    Client::new(client_config(fixture))
+}
+
+fn client_config(fixture: &Fixture) -> ClientConfig {
+    ClientConfig {
         address: format!("127.0.0.1:{}", fixture.port),
+        fallback_addresses: Vec::new(),
         ca_pem: fixture.ca_pem.clone(),
         model_uuid: Some(MODEL_UUID.into()),
         user: "admin".into(),
@@ -31,7 +36,7 @@ fn client(fixture: &Fixture) -> Client {
             attempts_max: 1_000,
         },
         client_id: "test-client".into(),
-    })
+    }
 }
 
 fn deploy(name: &str) -> serde_json::Value {
@@ -223,4 +228,82 @@ async fn across_a_restart_a_deploy_is_applied_once_and_the_watcher_loses_nothing
     );
     drop(second);
     let _ = std::fs::remove_file(&path);
+}
+
+/// Two controllers serving one model (one store, as highly available controllers share
+/// etcd): a client whose first address is dead connects to the next, and when the controller
+/// it uses goes away it carries on through the other: each deploy applied once, its watcher
+/// losing nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_fails_over_to_another_controller_of_the_same_model() {
+    let store: Arc<dyn Store> = Arc::new(lockstep_store::MemoryStore::new(
+        lockstep_store::Durability::Full,
+    ));
+    let credentials = Credentials::generate("test", &[]).unwrap();
+    let first = start_with(Phase::Ready, Arc::clone(&store), 0, credentials.clone()).await;
+    let second = start_with(Phase::Ready, Arc::clone(&store), 0, credentials).await;
+    // Nothing listens on the first address: a port bound, then freed.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let client = Client::new(ClientConfig {
+        address: dead,
+        fallback_addresses: vec![
+            format!("127.0.0.1:{}", first.port),
+            format!("127.0.0.1:{}", second.port),
+        ],
+        ..client_config(&first)
+    });
+    let mut watcher = client.watch();
+    assert_eq!(watcher.next(LONG).await.unwrap().len(), 1, "the model");
+    client
+        .mutate("Application", 20, "Deploy", deploy("a"), LONG)
+        .await
+        .unwrap();
+    assert!(client.stats().disconnected >= 1, "{:?}", client.stats());
+
+    // The controller in use dies: the next call and the watcher go to the other one.
+    first.server.abort();
+    drop(first);
+    client
+        .mutate("Application", 20, "Deploy", deploy("b"), LONG)
+        .await
+        .unwrap();
+    let mut delivered: Vec<Revision> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    while names
+        .iter()
+        .filter(|name| name.starts_with("application:"))
+        .count()
+        < 2
+    {
+        collect(
+            watcher.next(LONG).await.unwrap(),
+            &mut delivered,
+            &mut names,
+        );
+    }
+    assert!(
+        delivered.windows(2).all(|pair| pair[0] < pair[1]),
+        "in order, none twice: {delivered:?}"
+    );
+    assert_eq!(
+        names,
+        [
+            "application:a",
+            "machine:0",
+            "unit:a/0",
+            "application:b",
+            "machine:1",
+            "unit:b/0"
+        ]
+    );
+    let status = client
+        .call("Client", 8, "FullStatus", json!({}), LONG)
+        .await
+        .unwrap();
+    assert_eq!(status["applications"].as_object().unwrap().len(), 2);
+    drop(second);
 }

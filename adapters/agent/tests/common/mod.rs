@@ -191,8 +191,10 @@ impl Controller {
         ControllerFile::read(&self.data()).expect("controller.yaml")
     }
 
+    /// A client of this controller alone (never another controller of an HA set: the tests
+    /// ask each about itself).
     pub fn client(&self) -> Client {
-        self.controller_file().client(RetryPolicy::default())
+        self.controller_file().direct_client(RetryPolicy::default())
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
