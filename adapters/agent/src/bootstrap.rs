@@ -142,6 +142,8 @@ pub struct BootstrapOptions {
     pub store: crate::store::StoreEngine,
     /// etcd's client endpoints, with `store` etcd.
     pub etcd_endpoints: Vec<String>,
+    /// TLS to etcd (its CA; a client certificate and key if it asks for one).
+    pub etcd_tls: crate::store::EtcdTlsFiles,
 }
 
 /// What `prepare` made.
@@ -208,9 +210,11 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
     let model_uuid = uuid();
     let settings = match options.store {
         crate::store::StoreEngine::Sqlite => crate::store::StoreSettings::default(),
-        crate::store::StoreEngine::Etcd => {
-            crate::store::StoreSettings::etcd(&options.etcd_endpoints, &controller_uuid)?
-        }
+        crate::store::StoreEngine::Etcd => crate::store::StoreSettings::etcd(
+            &options.etcd_endpoints,
+            options.etcd_tls.clone(),
+            &controller_uuid,
+        )?,
     };
     let shared = if settings.engine == crate::store::StoreEngine::Etcd {
         let store = crate::store::open(&data, &settings)?;

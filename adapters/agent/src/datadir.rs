@@ -311,6 +311,19 @@ pub struct AgentConf {
         skip_serializing_if = "String::is_empty"
     )]
     pub etcd_prefix: String,
+    /// TLS to etcd: the CA of its members (PEM file), as etcdctl's `--cacert`.
+    #[serde(
+        rename = "etcd-cacert",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub etcd_cacert: Option<PathBuf>,
+    /// This controller's client certificate for etcd (PEM file), as etcdctl's `--cert`.
+    #[serde(rename = "etcd-cert", default, skip_serializing_if = "Option::is_none")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Its private key (PEM file), as etcdctl's `--key`.
+    #[serde(rename = "etcd-key", default, skip_serializing_if = "Option::is_none")]
+    pub etcd_key: Option<PathBuf>,
 }
 
 impl AgentConf {
@@ -333,6 +346,9 @@ impl AgentConf {
             store: crate::store::StoreEngine::Sqlite,
             etcd_endpoints: Vec::new(),
             etcd_prefix: String::new(),
+            etcd_cacert: None,
+            etcd_cert: None,
+            etcd_key: None,
         };
         conf.set_snapshot(snapshot);
         conf

@@ -491,6 +491,7 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
         local_agent: lockstepd.clone(),
         store: crate::store::StoreEngine::Sqlite,
         etcd_endpoints: Vec::new(),
+        etcd_tls: Default::default(),
     };
     let prepared = bootstrap::prepare(&options).await?;
     let pid = bootstrap::spawn_daemon(

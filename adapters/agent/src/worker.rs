@@ -73,7 +73,8 @@ impl WorkerOptions {
             settings.engine = engine;
         }
         if !self.etcd_endpoints.is_empty() {
-            settings.etcd_endpoints = crate::store::parse_endpoints(&self.etcd_endpoints)?;
+            settings.etcd_endpoints =
+                crate::store::parse_endpoints(&self.etcd_endpoints, settings.etcd_tls.is_tls())?;
         }
         if settings.engine == crate::store::StoreEngine::Etcd {
             if settings.etcd_endpoints.is_empty() {

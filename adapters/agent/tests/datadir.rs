@@ -656,10 +656,13 @@ fn full_conf() -> AgentConf {
     conf.cacert = "-----BEGIN CERTIFICATE-----\nMIIB\nAAAA\n-----END CERTIFICATE-----\n".into();
     conf.store = lockstep_agent::store::StoreEngine::Etcd;
     conf.etcd_endpoints = vec![
-        "http://127.0.0.1:2379".into(),
-        "http://127.0.0.1:22379".into(),
+        "https://127.0.0.1:2379".into(),
+        "https://127.0.0.1:22379".into(),
     ];
     conf.etcd_prefix = "lockstep/deadbeef-0000-4000-8000-000000000002/".into();
+    conf.etcd_cacert = Some("/etc/etcd/ca.pem".into());
+    conf.etcd_cert = Some("/etc/etcd/client.pem".into());
+    conf.etcd_key = Some("/etc/etcd/client-key.pem".into());
     conf
 }
 
@@ -691,6 +694,9 @@ fn agent_conf_round_trips_with_juju_s_keys_written_atomically_0600() {
         "store: etcd",
         "etcd-endpoints:",
         "etcd-prefix:",
+        "etcd-cacert: /etc/etcd/ca.pem",
+        "etcd-cert: /etc/etcd/client.pem",
+        "etcd-key: /etc/etcd/client-key.pem",
     ] {
         assert!(text.contains(key), "{key} in\n{text}");
     }

@@ -46,6 +46,27 @@ async fn three_controllers_upgrade_together_while_a_client_deploys_through_them(
     assert_eq!(ha.coordinator(), None);
 }
 
+/// etcd over TLS with client certificates (`--client-cert-auth` on every member): three
+/// controllers bootstrapped with `--etcd-cacert`, `--etcd-cert` and `--etcd-key` upgrade as
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_controllers_on_etcd_over_tls_upgrade_together() {
+    let ha = Ha::start_on(etcd_cluster::EtcdCluster::start_tls(3, &[]), 3, &[]);
+    let conf = ha.controllers[2].data().read_agent_conf().unwrap().unwrap();
+    assert!(
+        conf.etcd_endpoints
+            .iter()
+            .all(|url| url.starts_with("https://")),
+        "{:?}",
+        conf.etcd_endpoints
+    );
+    assert!(conf.etcd_cacert.is_some() && conf.etcd_cert.is_some() && conf.etcd_key.is_some());
+    ha.upgrade();
+    let deploy = ha.deploy_in_background(2);
+    ha.assert_upgraded_once().await;
+    ha.assert_deployed_once(deploy).await;
+}
+
 /// `controller.yaml` lists every controller after enable-ha: with the first one down, the
 /// CLI carries on through another (they serve one model), and what it did is there once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,6 +79,15 @@
 //!   still logged). A transaction over [`EtcdConfig::max_txn_ops`] (etcd's `--max-txn-ops`,
 //!   128 by default) is refused before it is sent, with an error that says so: split a large
 //!   step into checkpointed chunks, or raise the cluster's limit and this setting together.
+//! - **TLS.** `https://` endpoints need [`EtcdConfig::tls`] ([`EtcdTls`]): the CA that signed
+//!   the members' certificates, which must name the host each endpoint gives (an IP such as
+//!   `127.0.0.1`, or a DNS name), and this client's certificate and key when the cluster
+//!   asks for one (`--client-cert-auth`); rustls over ring, as the rest of the workspace.
+//!   The scheme and the setting must agree: an `https://` endpoint without `tls`, or `tls`
+//!   with an `http://` endpoint, is refused at connect, naming the endpoint (an endpoint
+//!   without a scheme follows the setting). PEM that does not parse is refused at connect,
+//!   saying which (CA, certificate or key); a certificate the cluster rejects fails the first
+//!   call, after the retries.
 //!
 //! ## Sync over async
 //!
@@ -99,8 +108,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use lockstep_core::lifecycle::{ControllerId, LeaseToken, Revision, UpgradeInfo};
 use lockstep_core::steps::StepKey;
@@ -142,6 +152,44 @@ pub struct EtcdConfig {
     /// call's TTL rounded up to whole seconds). Tests that expire leases with a manual
     /// clock raise it so that the server never expires one first.
     pub server_ttl_min: Duration,
+    /// TLS to the members (`https://` endpoints); `None`: plain `http://`.
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS to etcd (endpoints `https://...`): the CA that signed the members' certificates, and
+/// this client's own certificate and key for a cluster that asks for one (`--client-cert-auth`).
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The CA certificate(s), PEM: the members' certificates must chain to one of them.
+    pub ca_pem: String,
+    /// This client's certificate and key, for `--client-cert-auth`.
+    pub identity: Option<EtcdIdentity>,
+}
+
+/// A client certificate and its private key, PEM.
+#[derive(Clone)]
+pub struct EtcdIdentity {
+    /// The certificate, possibly followed by intermediates.
+    pub cert_pem: String,
+    /// The private key (PKCS#8, PKCS#1 or SEC1): never printed.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for EtcdIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdIdentity")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .finish_non_exhaustive()
+    }
 }
 
 impl EtcdConfig {
@@ -155,6 +203,7 @@ impl EtcdConfig {
             retry_for: Duration::from_secs(20),
             request_timeout: Duration::from_secs(3),
             server_ttl_min: Duration::ZERO,
+            tls: None,
         }
     }
 
@@ -162,6 +211,86 @@ impl EtcdConfig {
         self.prefix = prefix.into();
         self
     }
+
+    pub fn with_tls(mut self, tls: EtcdTls) -> EtcdConfig {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The client's TLS options, after checking that every endpoint's scheme agrees with
+    /// [`EtcdConfig::tls`] and that its PEM parses; the error says what is wrong.
+    fn tls_options(&self) -> Result<Option<TlsOptions>, String> {
+        for endpoint in &self.endpoints {
+            let scheme = endpoint
+                .split_once("://")
+                .map(|(scheme, _)| scheme.to_ascii_lowercase());
+            match (scheme.as_deref(), &self.tls) {
+                (Some("https"), None) => {
+                    return Err(format!(
+                        "endpoint {endpoint} is https but no TLS is configured: give the CA \
+                         that signed the members' certificates"
+                    ));
+                }
+                (Some("http"), Some(_)) => {
+                    return Err(format!(
+                        "endpoint {endpoint} is plain http but TLS is configured: use https://"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let Some(tls) = &self.tls else {
+            return Ok(None);
+        };
+        check_ca(&tls.ca_pem)
+            .map_err(|detail| format!("the TLS CA certificate (ca_pem) {detail}"))?;
+        let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+        if let Some(identity) = &tls.identity {
+            check_certificates(&identity.cert_pem)
+                .map_err(|detail| format!("the TLS client certificate (cert_pem) {detail}"))?;
+            check_key(&identity.key_pem)
+                .map_err(|detail| format!("the TLS client key (key_pem) {detail}"))?;
+            options = options.identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
+        }
+        Ok(Some(options))
+    }
+}
+
+/// The certificates in `pem`; an error (to follow the name of what was read) when a block
+/// is malformed or there is none. (The client takes bad PEM silently, or fails late
+/// without saying which file.)
+fn check_certificates(
+    pem: &str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let certificates = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| format!("is not PEM: {error}"))?;
+    if certificates.is_empty() {
+        return Err("is not PEM: no CERTIFICATE block".to_owned());
+    }
+    Ok(certificates)
+}
+
+/// A CA whose every certificate can be a trust anchor.
+fn check_ca(pem: &str) -> Result<(), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in check_certificates(pem)? {
+        roots
+            .add(certificate)
+            .map_err(|error| format!("is not a usable CA certificate: {error}"))?;
+    }
+    Ok(())
+}
+
+/// A private key the client's TLS (rustls on ring) can sign with.
+fn check_key(pem: &str) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(pem.as_bytes())
+        .map_err(|error| format!("is not PEM: {error}"))?;
+    rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|error| format!("is not a usable private key: {error}"))?;
+    Ok(())
 }
 
 /// The etcd store. Clones are handles sharing one client and runtime; another
@@ -333,6 +462,7 @@ impl EtcdStore {
         if config.endpoints.is_empty() {
             return Err(engine("no etcd endpoints given".to_owned()));
         }
+        let tls = config.tls_options().map_err(engine)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("lockstep-etcd")
@@ -341,10 +471,15 @@ impl EtcdStore {
             .map_err(|error| engine(format!("cannot start the etcd client's runtime: {error}")))?;
         let handle = runtime.handle().clone();
         let endpoints = config.endpoints.clone();
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(config.request_timeout)
             .with_timeout(config.request_timeout)
             .with_keep_alive(Duration::from_secs(1), config.request_timeout);
+        // The server name each member's certificate is checked against is its endpoint's
+        // host (tonic's default): an IP endpoint needs an IP SAN, a named one a DNS SAN.
+        if let Some(tls) = tls {
+            options = options.with_tls(tls);
+        }
         // On the store's runtime, waited for on a channel: `block_on` here would panic when
         // the caller is itself inside a runtime. The channel connects lazily; a failure here
         // is a bad endpoint.

@@ -122,7 +122,7 @@ mod suite;
 
 pub use error::StoreError;
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdConfig, EtcdStore};
+pub use etcd::{EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls};
 pub use lease::{Clock, Lease, ManualClock, SystemClock};
 pub use memory::{Durability, MemoryStore};
 pub use sqlite::{OpenMode, SqliteStore};

@@ -2,7 +2,8 @@
 //! `cargo test -p lockstep-store --features etcd --test etcd`). The generic suite runs on
 //! etcd in `src/suite.rs`; these are what only a real server shows: the lease's TTL on the
 //! server, a deposed coordinator's late write, etcd's max-txn-ops, calls from a runtime's
-//! blocking pool, and a 3-member cluster losing its leader under a stream of writes.
+//! blocking pool, a 3-member cluster losing its leader under a stream of writes, and TLS
+//! (a cluster that requires client certificates, and the configuration's checks).
 
 #![allow(clippy::print_stderr)]
 
@@ -18,8 +19,8 @@ use lockstep_core::lifecycle::{ControllerId, Revision, StepOutcome};
 use lockstep_core::steps::{StepId, StepKey};
 use lockstep_core::{Millis, Timestamp, Version};
 use lockstep_store::{
-    Application, Changes, EntityKind, EtcdConfig, EtcdStore, Life, ManualClock, OperationOutcome,
-    Store, StoreError, Tx,
+    Application, Changes, EntityKind, EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls, Life,
+    ManualClock, OperationOutcome, Store, StoreError, Tx,
 };
 
 fn key(name: &str) -> StepKey {
@@ -42,6 +43,30 @@ fn all_events(store: &dyn Store) -> Vec<lockstep_store::Event> {
     match store.changes_since(Revision(0), usize::MAX).unwrap() {
         Changes::Events { events, .. } => events,
         other => panic!("{other:?}"),
+    }
+}
+
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+/// The CA of a TLS cluster, and its client certificate when `identity`.
+fn tls_of(cluster: &EtcdCluster, identity: bool) -> EtcdTls {
+    let files = cluster.tls().expect("a TLS cluster");
+    EtcdTls {
+        ca_pem: read(&files.ca),
+        identity: identity.then(|| EtcdIdentity {
+            cert_pem: read(&files.cert),
+            key_pem: read(&files.key),
+        }),
+    }
+}
+
+/// The detail of an engine error (the test fails on any other).
+fn engine_detail(error: StoreError) -> String {
+    match error {
+        StoreError::Engine { detail, .. } => detail,
+        other => panic!("not an engine error: {other}"),
     }
 }
 
@@ -290,4 +315,171 @@ fn etcd_writes_ride_through_a_leader_kill_in_a_three_member_cluster() {
         Some(token),
         "the lease survived the failover"
     );
+}
+
+/// A 1-member cluster over TLS that requires client certificates: a store with the CA and
+/// the client's certificate writes, reads, holds the lease and hears a commit on its watch.
+#[test]
+fn etcd_over_tls_with_a_client_certificate_writes_reads_and_watches() {
+    let cluster = EtcdCluster::start_tls(1, &[]);
+    let endpoints = cluster.endpoints();
+    assert!(
+        endpoints
+            .iter()
+            .all(|endpoint| endpoint.starts_with("https://"))
+    );
+    let config = EtcdConfig::new(endpoints)
+        .with_prefix("tls")
+        .with_tls(tls_of(&cluster, true));
+    let debug = format!("{config:?}");
+    assert!(
+        !debug.contains("PRIVATE KEY"),
+        "the key is never printed: {debug}"
+    );
+    let store = EtcdStore::connect(config).unwrap();
+
+    store.transaction(None, &mut |tx| add(tx, "first")).unwrap();
+    let token = store
+        .acquire_lease(ControllerId(0), Millis(5000))
+        .unwrap()
+        .expect("free");
+    assert_eq!(
+        store
+            .run_database_step(key("over-tls"), Some(token), &mut |tx| add(tx, "stepped"))
+            .unwrap(),
+        StepOutcome::Applied
+    );
+    let at = store.revision().unwrap();
+    assert_eq!(at, Revision(3), "two applications and a checkpoint");
+
+    // A watcher from `at` hears the next commit, from another handle over TLS.
+    let watcher = {
+        let store = store.clone();
+        std::thread::spawn(move || store.wait_for_change(at, Duration::from_secs(30)))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    store
+        .transaction(None, &mut |tx| add(tx, "watched"))
+        .unwrap();
+    assert!(watcher.join().unwrap(), "woken by the commit");
+    let events = match store.changes_since(at, usize::MAX).unwrap() {
+        Changes::Events { events, current } => {
+            assert_eq!(current, Revision(4));
+            events
+        }
+        other => panic!("{other:?}"),
+    };
+    let ids: Vec<&str> = events.iter().map(|event| event.id.as_str()).collect();
+    assert_eq!(ids, ["watched"]);
+    let applications: Vec<String> = all_events(&store)
+        .into_iter()
+        .filter(|event| event.kind == EntityKind::Application)
+        .map(|event| event.id)
+        .collect();
+    assert_eq!(applications, ["first", "stepped", "watched"]);
+    assert!(store.release_lease(ControllerId(0), token).unwrap());
+}
+
+/// The same cluster refuses a client that trusts its CA but shows no certificate: the
+/// first call fails once its retries run out, and writes nothing.
+#[test]
+fn etcd_over_tls_refuses_a_client_without_a_certificate() {
+    let cluster = EtcdCluster::start_tls(1, &[]);
+    let mut config = EtcdConfig::new(cluster.endpoints())
+        .with_prefix("anonymous")
+        .with_tls(tls_of(&cluster, false));
+    config.retry_for = Duration::from_secs(2);
+    config.request_timeout = Duration::from_secs(1);
+    let bound = config.retry_for + config.request_timeout + Duration::from_secs(2);
+    let anonymous = EtcdStore::connect(config).unwrap();
+    let started = Instant::now();
+    let error = anonymous
+        .transaction(None, &mut |tx| add(tx, "anonymous"))
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    eprintln!("refused after {elapsed:?}: {error}");
+    assert!(matches!(error, StoreError::Engine { .. }), "{error}");
+    assert!(elapsed < bound, "{elapsed:?}");
+    // For want of a client certificate, not for anything else.
+    let log = read(&cluster.dir().join("m0.log"));
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("rejected connection"))
+        .collect();
+    assert!(
+        !refusals.is_empty()
+            && refusals
+                .iter()
+                .all(|line| line.contains("didn't provide a certificate")),
+        "{refusals:#?}"
+    );
+
+    // With the client certificate, the cluster answers: nothing was written.
+    let store = EtcdStore::connect(
+        EtcdConfig::new(cluster.endpoints())
+            .with_prefix("anonymous")
+            .with_tls(tls_of(&cluster, true)),
+    )
+    .unwrap();
+    assert_eq!(store.revision().unwrap(), Revision(0));
+}
+
+/// The scheme and the TLS setting must agree, and PEM must parse: refused at connect with
+/// an error naming the endpoint, or what did not parse. No cluster needed.
+#[test]
+fn etcd_tls_configuration_is_checked_at_connect() {
+    let https = "https://127.0.0.1:1";
+    let detail = engine_detail(EtcdStore::connect(EtcdConfig::new([https])).unwrap_err());
+    assert!(
+        detail.contains(https) && detail.contains("no TLS"),
+        "{detail}"
+    );
+
+    // Real PEM, made without a cluster.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster_files = etcd_cluster::write_certificates(dir.path()).unwrap();
+    let tls = EtcdTls {
+        ca_pem: read(&cluster_files.ca),
+        identity: Some(EtcdIdentity {
+            cert_pem: read(&cluster_files.cert),
+            key_pem: read(&cluster_files.key),
+        }),
+    };
+    let http = "http://127.0.0.1:1";
+    let detail = engine_detail(
+        EtcdStore::connect(EtcdConfig::new([https, http]).with_tls(tls.clone())).unwrap_err(),
+    );
+    assert!(
+        detail.contains(http) && detail.contains("plain http"),
+        "{detail}"
+    );
+
+    // Good PEM connects (lazily: nothing listens there).
+    EtcdStore::connect(EtcdConfig::new([https]).with_tls(tls.clone())).unwrap();
+    // A scheme-less endpoint follows the setting.
+    EtcdStore::connect(EtcdConfig::new(["127.0.0.1:1"]).with_tls(tls.clone())).unwrap();
+
+    let broken = |change: &dyn Fn(&mut EtcdTls)| {
+        let mut tls = tls.clone();
+        change(&mut tls);
+        engine_detail(EtcdStore::connect(EtcdConfig::new([https]).with_tls(tls)).unwrap_err())
+    };
+    let detail = broken(&|tls| tls.ca_pem = "not a certificate".to_owned());
+    assert!(detail.contains("CA certificate"), "{detail}");
+    let detail = broken(&|tls| {
+        let identity = tls.identity.as_mut().unwrap();
+        identity.cert_pem = identity.cert_pem.replacen('M', "!", 1);
+    });
+    assert!(detail.contains("client certificate"), "{detail}");
+    let detail = broken(&|tls| {
+        let identity = tls.identity.as_mut().unwrap();
+        identity.key_pem = identity.cert_pem.clone();
+    });
+    assert!(detail.contains("client key"), "{detail}");
+    let detail = broken(&|tls| {
+        let identity = tls.identity.as_mut().unwrap();
+        let lines: Vec<&str> = identity.key_pem.lines().collect();
+        identity.key_pem = [&lines[..2], &lines[3..]].concat().join("\n");
+    });
+    assert!(detail.contains("client key"), "{detail}");
 }

@@ -2274,8 +2274,7 @@ impl Machine {
                 let under_way = check
                     .chosen
                     .as_ref()
-                    .is_some_and(|plan| plan.binary.number == *version)
-                    || check.occasion == Some(OccasionKey::Operator(Some(*version)));
+                    .is_some_and(|plan| plan.binary.number == *version);
                 if *version != self.config.running.number && !under_way {
                     self.request_upgrade(io, check, Some(*version));
                 }

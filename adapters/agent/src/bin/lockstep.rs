@@ -65,6 +65,15 @@ enum Command {
         /// etcd's client endpoints, comma-separated host:port, with `--store etcd`.
         #[arg(long, value_delimiter = ',')]
         etcd_endpoints: Vec<String>,
+        /// TLS to etcd: the CA certificate (PEM) of its members; endpoints are then https.
+        #[arg(long, value_name = "FILE")]
+        etcd_cacert: Option<PathBuf>,
+        /// TLS to etcd: this controller's client certificate (PEM), for --client-cert-auth.
+        #[arg(long, value_name = "FILE", requires = "etcd_key")]
+        etcd_cert: Option<PathBuf>,
+        /// TLS to etcd: the client certificate's private key (PEM).
+        #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+        etcd_key: Option<PathBuf>,
     },
     /// Show the controller's phase, versions, machines, applications and units.
     Status {
@@ -167,6 +176,9 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
             name,
             store,
             etcd_endpoints,
+            etcd_cacert,
+            etcd_cert,
+            etcd_key,
         } => {
             let options = BootstrapOptions {
                 data_dir: args.data_dir.clone(),
@@ -180,6 +192,11 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
                 local_agent: lockstep_agent::paths::sibling_executable("lockstepd")?,
                 store,
                 etcd_endpoints,
+                etcd_tls: lockstep_agent::store::EtcdTlsFiles {
+                    cacert: etcd_cacert,
+                    cert: etcd_cert,
+                    key: etcd_key,
+                },
             };
             bootstrap_command(&options, timeout).await
         }

@@ -54,6 +54,16 @@ pub struct Ha {
     pub etcd: EtcdCluster,
 }
 
+impl Drop for Ha {
+    /// Stops the added controllers before the first one: their data dirs (and pid files)
+    /// live in the first one's temporary directory, which its own drop removes.
+    fn drop(&mut self) {
+        for controller in self.controllers.iter().rev() {
+            controller.stop();
+        }
+    }
+}
+
 impl Ha {
     /// Starts etcd, bootstraps controller 0 on it with a mirror holding this build (N) and
     /// the next patch (N+1), then `lockstep enable-ha -n 3`. `env` reaches every controller
@@ -65,21 +75,35 @@ impl Ha {
     /// As [`Ha::start`] with `count` controllers: 1 (no enable-ha, one controller on etcd)
     /// or 3.
     pub fn start_n(count: u8, env: &[(&str, &str)]) -> Ha {
-        let etcd = EtcdCluster::start(3, &[]);
+        Ha::start_on(EtcdCluster::start(3, &[]), count, env)
+    }
+
+    /// As [`Ha::start_n`] on `etcd`; over TLS (`--etcd-cacert`, `--etcd-cert`, `--etcd-key`)
+    /// when the cluster was started with it.
+    pub fn start_on(etcd: EtcdCluster, count: u8, env: &[(&str, &str)]) -> Ha {
         let mirror = Mirror::n_and_next(Published::Lockstepd);
         let source = mirror.source();
         let endpoints = etcd.endpoints().join(",");
-        let primary = Controller::bootstrap(
-            &[
-                "--metadata-source",
-                &source,
-                "--store",
-                "etcd",
-                "--etcd-endpoints",
-                &endpoints,
-            ],
-            env,
-        );
+        let mut args = vec![
+            "--metadata-source".to_owned(),
+            source,
+            "--store".to_owned(),
+            "etcd".to_owned(),
+            "--etcd-endpoints".to_owned(),
+            endpoints,
+        ];
+        if let Some(tls) = etcd.tls() {
+            for (flag, path) in [
+                ("--etcd-cacert", &tls.ca),
+                ("--etcd-cert", &tls.cert),
+                ("--etcd-key", &tls.key),
+            ] {
+                args.push(flag.to_owned());
+                args.push(path.to_str().expect("a UTF-8 path").to_owned());
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let primary = Controller::bootstrap(&args, env);
         primary.assert_bootstrapped();
         if count > 1 {
             let count = count.to_string();

@@ -3,6 +3,11 @@
 //! (SIGKILL, as `STORES.md` advises) when the cluster is dropped, a panicking test
 //! included. Shared by the engine suite (`src/suite.rs`, through `#[path]`) and
 //! `tests/etcd.rs`.
+//!
+//! [`EtcdCluster::start_tls`] starts one over TLS: a CA made with rcgen for the run, one
+//! server certificate (127.0.0.1 and localhost) every member serves to clients and peers,
+//! client certificates required on both (`--client-cert-auth`, `--peer-client-cert-auth`),
+//! and one client certificate for the tests ([`EtcdCluster::tls`]).
 
 #![allow(dead_code)]
 
@@ -19,6 +24,16 @@ const HEALTHY_WITHIN: Duration = Duration::from_secs(60);
 pub struct EtcdCluster {
     dir: tempfile::TempDir,
     members: Vec<Member>,
+    tls: Option<TlsFiles>,
+}
+
+/// A TLS cluster's files for its clients (PEM, in the cluster's dir): the CA that signed
+/// the members' certificate, and the client certificate and key the members accept.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug)]
@@ -57,6 +72,76 @@ pub fn require_etcd() {
     );
 }
 
+/// Writes into `dir` a CA (`ca.pem`), a server certificate for 127.0.0.1 and localhost,
+/// good for serving and for dialling peers (`server.pem`, `server-key.pem`), and a client
+/// certificate (`client.pem`, `client-key.pem`), all made with rcgen.
+pub fn write_certificates(dir: &Path) -> Result<TlsFiles, String> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+        IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    let failed = |what: &'static str| move |error: rcgen::Error| format!("{what}: {error}");
+    let ca_key = KeyPair::generate().map_err(failed("generating the CA key"))?;
+    let mut ca_params =
+        CertificateParams::new(Vec::<String>::new()).map_err(failed("the CA's parameters"))?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, "lockstep etcd test CA");
+    ca_params.distinguished_name = name;
+    let ca = ca_params
+        .self_signed(&ca_key)
+        .map_err(failed("signing the CA"))?;
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let signed = |common_name: &str,
+                  names: Vec<String>,
+                  usages: Vec<ExtendedKeyUsagePurpose>|
+     -> Result<(String, String), String> {
+        let key = KeyPair::generate().map_err(failed("generating a key"))?;
+        let mut params = CertificateParams::new(names).map_err(failed("a certificate's names"))?;
+        let mut name = DistinguishedName::new();
+        name.push(DnType::CommonName, common_name);
+        params.distinguished_name = name;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = usages;
+        let certificate = params
+            .signed_by(&key, &issuer)
+            .map_err(failed("signing a certificate"))?;
+        Ok((certificate.pem(), key.serialize_pem()))
+    };
+    // Peers dial each other with the same certificate: it is a client's too.
+    let (server, server_key) = signed(
+        "etcd",
+        vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    )?;
+    let (client, client_key) = signed(
+        "lockstep",
+        Vec::new(),
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    )?;
+    let write = |file: &str, pem: &str| -> Result<PathBuf, String> {
+        let path = dir.join(file);
+        std::fs::write(&path, pem).map_err(|error| format!("write {}: {error}", path.display()))?;
+        Ok(path)
+    };
+    let ca = write("ca.pem", &ca.pem())?;
+    write("server.pem", &server)?;
+    write("server-key.pem", &server_key)?;
+    Ok(TlsFiles {
+        ca,
+        cert: write("client.pem", &client)?,
+        key: write("client-key.pem", &client_key)?,
+    })
+}
+
 impl EtcdCluster {
     /// Starts `size` members with `extra` flags each, and waits until the cluster is
     /// healthy. Ports collide rarely (chosen free, then bound by etcd): then it starts over.
@@ -64,7 +149,7 @@ impl EtcdCluster {
         require_etcd();
         let mut last = String::new();
         for _ in 0..3 {
-            match EtcdCluster::try_start(size, extra) {
+            match EtcdCluster::try_start(size, extra, false) {
                 Ok(cluster) => return cluster,
                 Err(error) => last = error,
             }
@@ -72,8 +157,45 @@ impl EtcdCluster {
         panic!("etcd did not start: {last}");
     }
 
-    fn try_start(size: usize, extra: &[&str]) -> Result<EtcdCluster, String> {
+    /// [`EtcdCluster::start`] over TLS: `https://` client and peer URLs, one server
+    /// certificate for every member, client certificates required from clients and peers;
+    /// [`EtcdCluster::tls`] gives the CA and a client certificate the members accept.
+    pub fn start_tls(size: usize, extra: &[&str]) -> EtcdCluster {
+        require_etcd();
+        let mut last = String::new();
+        for _ in 0..3 {
+            match EtcdCluster::try_start(size, extra, true) {
+                Ok(cluster) => return cluster,
+                Err(error) => last = error,
+            }
+        }
+        panic!("etcd did not start over TLS: {last}");
+    }
+
+    fn try_start(size: usize, extra: &[&str], tls: bool) -> Result<EtcdCluster, String> {
         let dir = tempfile::tempdir().map_err(|error| error.to_string())?;
+        let files = if tls {
+            Some(write_certificates(dir.path())?)
+        } else {
+            None
+        };
+        let scheme = if tls { "https" } else { "http" };
+        let mut tls_flags: Vec<String> = Vec::new();
+        if let Some(files) = &files {
+            let ca = files.ca.display().to_string();
+            let cert = dir.path().join("server.pem").display().to_string();
+            let key = dir.path().join("server-key.pem").display().to_string();
+            tls_flags = vec![
+                format!("--cert-file={cert}"),
+                format!("--key-file={key}"),
+                format!("--trusted-ca-file={ca}"),
+                "--client-cert-auth".to_owned(),
+                format!("--peer-cert-file={cert}"),
+                format!("--peer-key-file={key}"),
+                format!("--peer-trusted-ca-file={ca}"),
+                "--peer-client-cert-auth".to_owned(),
+            ];
+        }
         let token = format!(
             "lockstep-test-{}-{}",
             std::process::id(),
@@ -82,8 +204,8 @@ impl EtcdCluster {
         let mut members: Vec<Member> = (0..size)
             .map(|index| Member {
                 name: format!("m{index}"),
-                client_url: format!("http://127.0.0.1:{}", free_port()),
-                peer_url: format!("http://127.0.0.1:{}", free_port()),
+                client_url: format!("{scheme}://127.0.0.1:{}", free_port()),
+                peer_url: format!("{scheme}://127.0.0.1:{}", free_port()),
                 child: None,
             })
             .collect();
@@ -121,6 +243,7 @@ impl EtcdCluster {
                     "--auto-compaction-mode=revision",
                     "--auto-compaction-retention=10000",
                 ])
+                .args(&tls_flags)
                 .args(extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -129,7 +252,11 @@ impl EtcdCluster {
                 .map_err(|error| format!("spawn etcd: {error}"))?;
             member.child = Some(child);
         }
-        let mut cluster = EtcdCluster { dir, members };
+        let mut cluster = EtcdCluster {
+            dir,
+            members,
+            tls: files,
+        };
         let deadline = Instant::now() + HEALTHY_WITHIN;
         loop {
             if cluster.healthy() {
@@ -174,15 +301,32 @@ impl EtcdCluster {
         self.dir.path()
     }
 
+    /// The CA and client certificate of a cluster from [`EtcdCluster::start_tls`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// `etcdctl` for the running members, with the client certificate when over TLS.
+    fn etcdctl(&self) -> Command {
+        let mut command = Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints().join(",")));
+        if let Some(files) = &self.tls {
+            command.arg(format!("--cacert={}", files.ca.display()));
+            command.arg(format!("--cert={}", files.cert.display()));
+            command.arg(format!("--key={}", files.key.display()));
+        }
+        command
+    }
+
     /// `etcdctl endpoint health` over the running members.
     pub fn healthy(&self) -> bool {
         let endpoints = self.endpoints();
         if endpoints.is_empty() {
             return false;
         }
-        Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", endpoints.join(",")))
+        self.etcdctl()
             .args(["--command-timeout=2s", "endpoint", "health"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -202,9 +346,8 @@ impl EtcdCluster {
 
     /// The index of the raft leader among the running members (`etcdctl endpoint status`).
     pub fn leader(&self) -> Option<usize> {
-        let output = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoints().join(",")))
+        let output = self
+            .etcdctl()
             .args(["--command-timeout=2s", "endpoint", "status", "-w", "json"])
             .stderr(Stdio::null())
             .output()
