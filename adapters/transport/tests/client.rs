@@ -62,6 +62,28 @@ fn collect(
 
 const LONG: Duration = Duration::from_secs(30);
 
+/// Reads `watcher` until `applications` applications have been delivered in all, then checks
+/// that every revision came once and in order.
+async fn watch_until_applications(
+    watcher: &mut lockstep_transport::client::Watcher<'_>,
+    delivered: &mut Vec<Revision>,
+    names: &mut Vec<String>,
+    applications: usize,
+) {
+    while names
+        .iter()
+        .filter(|name| name.starts_with("application:"))
+        .count()
+        < applications
+    {
+        collect(watcher.next(LONG).await.unwrap(), delivered, names);
+    }
+    assert!(
+        delivered.windows(2).all(|pair| pair[0] < pair[1]),
+        "in order, none twice: {delivered:?}"
+    );
+}
+
 #[tokio::test]
 async fn wait_ready_follows_the_phases_by_subscription() {
     let fixture = start(Phase::RunningSteps).await;
@@ -183,22 +205,7 @@ async fn across_a_restart_a_deploy_is_applied_once_and_the_watcher_loses_nothing
         .await
         .unwrap();
 
-    while names
-        .iter()
-        .filter(|name| name.starts_with("application:"))
-        .count()
-        < 3
-    {
-        collect(
-            watcher.next(LONG).await.unwrap(),
-            &mut delivered,
-            &mut names,
-        );
-    }
-    assert!(
-        delivered.windows(2).all(|pair| pair[0] < pair[1]),
-        "in order, none twice: {delivered:?}"
-    );
+    watch_until_applications(&mut watcher, &mut delivered, &mut names, 3).await;
     assert_eq!(
         names,
         [
@@ -273,22 +280,7 @@ async fn a_client_fails_over_to_another_controller_of_the_same_model() {
         .unwrap();
     let mut delivered: Vec<Revision> = Vec::new();
     let mut names: Vec<String> = Vec::new();
-    while names
-        .iter()
-        .filter(|name| name.starts_with("application:"))
-        .count()
-        < 2
-    {
-        collect(
-            watcher.next(LONG).await.unwrap(),
-            &mut delivered,
-            &mut names,
-        );
-    }
-    assert!(
-        delivered.windows(2).all(|pair| pair[0] < pair[1]),
-        "in order, none twice: {delivered:?}"
-    );
+    watch_until_applications(&mut watcher, &mut delivered, &mut names, 2).await;
     assert_eq!(
         names,
         [
