@@ -1,5 +1,7 @@
 //! lockstep's agent: the `lockstepd` daemon and the `lockstep` CLI.
 //!
+//! - [`api`]: the API's shared state over the store (the transport's `SharedState`), one
+//!   module per facade's share of it.
 //! - [`driver`]: one task owns the lifecycle core and runs its requests with the store,
 //!   streams and data-dir adapters.
 //! - [`worker`]: the process that serves the API and runs the driver; restarts into a new
@@ -11,6 +13,7 @@
 //! - [`ha`]: `enable-ha`, more controllers on one machine sharing an etcd store.
 //! - [`bootstrap`], [`cli`], [`demo`], [`bundle`], [`status`]: the `lockstep` commands.
 
+pub mod api;
 pub mod bootstrap;
 pub mod bundle;
 pub mod cli;

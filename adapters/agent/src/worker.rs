@@ -12,17 +12,20 @@
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
+
+use async_trait::async_trait;
 
 use lockstep_core::lifecycle::{Config, ControllerId, Input, Limits, OperatorAction};
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
 use lockstep_core::{Binary, Lifecycle, Role, Roles, Version};
 use lockstep_store::Store;
-use lockstep_transport::server::{Api, ApiConfig, Backend, StatusDetail};
+use lockstep_transport::api::{Api, ApiConfig};
+use lockstep_transport::backend::{Backend, StatusDetail};
 use lockstep_transport::tls::Credentials;
 use tokio::sync::{mpsc, watch};
 
+use crate::api::StoreState;
 use crate::datadir::{self, AgentConf, DataDir};
 use crate::driver::{self, AgentStatus, Driver, DriverConfig, Exit, MetadataSource};
 use crate::notify::Notifier;
@@ -147,6 +150,7 @@ struct AgentBackend {
 /// How long the API reuses a catalogue it read.
 pub const CATALOGUE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
+#[async_trait]
 impl Backend for AgentBackend {
     fn abort_current_upgrade(&self) -> Result<(), String> {
         self.inputs
@@ -182,40 +186,34 @@ impl Backend for AgentBackend {
         let _ = self.inputs.send(Input::AgentVersionChanged(version));
     }
 
-    fn catalogue(
-        &self,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<Catalogue, String>> + Send + '_>> {
-        Box::pin(async move {
-            let mut cached = self.catalogue.lock().await;
-            if let Some((read_at, catalogue)) = &*cached
-                && read_at.elapsed() < CATALOGUE_CACHE_TTL
-            {
-                return Ok(catalogue.clone());
-            }
-            let catalogue = driver::look_up(&*self.store, &self.data, &Stream::ALL).await?;
-            *cached = Some((std::time::Instant::now(), catalogue.clone()));
-            Ok(catalogue)
-        })
+    async fn catalogue(&self) -> Result<Catalogue, String> {
+        let mut cached = self.catalogue.lock().await;
+        if let Some((read_at, catalogue)) = &*cached
+            && read_at.elapsed() < CATALOGUE_CACHE_TTL
+        {
+            return Ok(catalogue.clone());
+        }
+        let catalogue = driver::look_up(&*self.store, &self.data, &Stream::ALL).await?;
+        *cached = Some((std::time::Instant::now(), catalogue.clone()));
+        Ok(catalogue)
     }
 
-    fn fetch_binary(
+    async fn fetch_binary(
         &self,
         entry: CatalogueEntry,
         destination: PathBuf,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>> {
-        Box::pin(async move {
-            let url = self
-                .store
-                .load_model()
-                .map_err(|e| e.to_string())?
-                .and_then(|model| model.agent_metadata_url)
-                .ok_or("the model has no agent-metadata-url")?;
-            let source = MetadataSource::open(&url)?;
-            source
-                .download(&entry, &destination, &mut |_| {})
-                .await
-                .map_err(|e| e.to_string())
-        })
+    ) -> Result<(), String> {
+        let url = self
+            .store
+            .load_model()
+            .map_err(|e| e.to_string())?
+            .and_then(|model| model.agent_metadata_url)
+            .ok_or("the model has no agent-metadata-url")?;
+        let source = MetadataSource::open(&url)?;
+        source
+            .download(&entry, &destination, &mut |_| {})
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -340,7 +338,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
             tools_cache: Some(data.tools_cache_dir()),
         },
         handles.gate.clone(),
-        Arc::clone(&store),
+        Arc::new(StoreState::new(Arc::clone(&store))),
         backend,
     );
     let server = tokio::spawn(Arc::clone(&api).serve(listener, tls));

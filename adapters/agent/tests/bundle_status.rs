@@ -4,13 +4,15 @@
 
 use std::path::Path;
 
+use lockstep_agent::api::{applications, machines, status as state_status};
 use lockstep_agent::bundle::{Bundle, BundleChange, BundleError, NUM_UNITS_MAX};
 use lockstep_agent::status::{self, Format};
 use lockstep_core::gate::GateView;
 use lockstep_core::jobs::JobTable;
 use lockstep_core::{Millis, Phase, Progress, Version};
 use lockstep_store::{Durability, MemoryStore, Model, Store};
-use lockstep_transport::facades::{self, LifecycleStatus};
+use lockstep_transport::backend::LifecycleStatus;
+use lockstep_transport::facade::client::full_status_reply;
 use serde_json::{Value, json};
 
 fn demo_path() -> std::path::PathBuf {
@@ -317,7 +319,7 @@ fn full_status(phase: Phase) -> Value {
             upgrade_available: Some(Version::new(2, 9, 44)),
         })
         .unwrap();
-    facades::add_machines(&store, &json!({"params": [{"jobs": ["JobManageModel"]}]})).unwrap();
+    machines::add_machines(&store, &json!({"params": [{"jobs": ["JobManageModel"]}]})).unwrap();
     let bundle = Bundle::from_file(&demo_path()).unwrap();
     for change in bundle.plan() {
         match change {
@@ -325,16 +327,16 @@ fn full_status(phase: Phase) -> Value {
                 application,
                 charm,
                 num_units,
-            } => facades::deploy(
+            } => applications::deploy(
                 &store,
                 &json!({"applications": [{"application": application, "charm-url": charm,
                                           "num-units": num_units}]}),
             ),
             BundleChange::Expose { application } => {
-                facades::expose(&store, &json!({"application": application}))
+                applications::expose(&store, &json!({"application": application}))
             }
             BundleChange::AddRelation { endpoints } => {
-                facades::add_relation(&store, &json!({"endpoints": endpoints}))
+                applications::add_relation(&store, &json!({"endpoints": endpoints}))
             }
         }
         .unwrap();
@@ -352,7 +354,8 @@ fn full_status(phase: Phase) -> Value {
         agent_version: "2.9.43".into(),
         upgrade_available: Some("2.9.44".into()),
     };
-    facades::full_status(&store, &JobTable::lockstep(), &lifecycle, 1_700_000_000).unwrap()
+    let state = state_status::full_status(&store, &JobTable::lockstep()).unwrap();
+    full_status_reply(state, &lifecycle, 1_700_000_000)
 }
 
 #[test]

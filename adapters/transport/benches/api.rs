@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::Phase;
 use lockstep_core::gate::{self, Login};
-use lockstep_store::{Durability, MemoryStore, Store};
 use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::{Credentials, client_config};
 use serde_json::json;
@@ -70,7 +69,6 @@ async fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (_gate, gate_view) = tokio::sync::watch::channel(common::view(Phase::Ready));
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
     let api = Api::new(
         ApiConfig {
             model_uuid: "bench".into(),
@@ -79,7 +77,7 @@ async fn main() {
             ..ApiConfig::default()
         },
         gate_view,
-        store,
+        common::state(),
         Arc::new(common::Idle),
     );
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::Phase;
 use lockstep_core::client::RetryPolicy;
-use lockstep_store::{Durability, MemoryStore, Store};
 use lockstep_transport::client::{Client, ClientConfig};
 use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::{Credentials, client_config};
@@ -118,21 +117,6 @@ async fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (gate, gate_view) = watch::channel(common::view(Phase::RunningSteps));
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
-    store
-        .create_model(&lockstep_store::Model {
-            uuid: "bench".into(),
-            name: "bench".into(),
-            agent_version: lockstep_core::Version::new(0, 1, 0),
-            agent_stream: None,
-            agent_metadata_url: None,
-            policy: lockstep_core::policy::UpgradePolicy::Off,
-            controllers: lockstep_core::lifecycle::ControllerSet::first(1),
-            capabilities: lockstep_core::jobs::Capabilities::new(),
-            capabilities_discovered: None,
-            upgrade_available: None,
-        })
-        .unwrap();
     let api = Api::new(
         ApiConfig {
             model_uuid: "bench".into(),
@@ -141,7 +125,7 @@ async fn main() {
             ..ApiConfig::default()
         },
         gate_view,
-        store,
+        common::state(),
         Arc::new(common::Idle),
     );
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));

@@ -315,7 +315,7 @@ impl Client {
             }
         })?);
         let login = json!({"auth-tag": format!("user-{}", self.config.user), "credentials": self.config.password,
-                           "client-version": "3.6.1"});
+                           "client-version": crate::wire::SERVER_VERSION});
         let id = self.request_ids.fetch_add(1, Ordering::Relaxed);
         let reply = connection
             .request(id, "Admin", 3, "", "Login", &login)
@@ -524,12 +524,7 @@ impl Client {
     }
 }
 
-/// One delta as delivered: `[kind, "change"|"remove", entity]` and its revision.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Delta {
-    pub revision: Revision,
-    pub delta: Value,
-}
+pub use crate::wire::Delta;
 
 /// An AllWatcher that survives the agent restarting.
 #[derive(Debug)]

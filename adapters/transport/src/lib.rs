@@ -5,29 +5,64 @@
 //! message and code, detail in `error-info`) until the agent is Ready, and a connection
 //! opened early becomes full the moment it is.
 //!
+//! The transport holds no state of the controller and depends on no store: it reaches the
+//! shared state through [`state::SharedState`] and the lifecycle through
+//! [`backend::Backend`], two traits it defines and the agent implements.
+//!
 //! ## Layout
 //!
-//! - [`wire`]: both generations of Juju's framing, as pure decode/encode functions.
+//! The wire and lockstep's client:
+//! - [`wire`]: both generations of Juju's framing, as pure decode/encode functions; the
+//!   advertised API level ([`wire::SERVER_VERSION`]).
 //! - [`tls`]: the controller's CA and server certificate; TLS 1.2 and 1.3 on ring.
 //! - [`client`]: lockstep's own client, which retries through upgrades, waits for Ready by
 //!   subscription, reconnects and resumes watchers; its decisions are
 //!   [`lockstep_core::client`]'s.
-//! - [`facades`]: the facades over the store adapter (status, model config, machines,
-//!   applications, units, relations, watcher deltas), each honouring `operation-id`.
-//! - [`tools`]: agent binaries: `Client.FindTools`'s search of the catalogue and the tools
-//!   endpoint's cache, which fetches each binary once however many agents ask at once.
-//! - [`server`]: the axum router (websocket endpoints, `/livez`, `/readyz`, `/metrics`, the
-//!   tools endpoint), the TLS accept loop, per-connection concurrency, agent logins, and the
-//!   facades served.
+//!
+//! What the server needs from others:
+//! - [`state`]: [`state::SharedState`], the controller's shared state, one method per state
+//!   call served (the agent implements it over the store).
+//! - [`backend`]: [`backend::Backend`], the lifecycle's side (own version, catalogue,
+//!   abort, status detail).
+//!
+//! The server, from the socket inwards:
+//! - [`server`]: the axum router and the TLS accept loop.
+//! - [`connection`]: one websocket connection, its requests served concurrently.
+//! - [`route`]: one request: the gate, the login's facades, the call.
+//! - [`served`]: the facades served and which a login may call.
+//! - [`auth`]: logins and password hashing.
+//! - [`session`]: one connection's login and its watchers.
+//! - [`facade`]: one module per facade (Admin, AllWatcher, Application, Client,
+//!   ModelConfig, ModelManager, Pinger, Upgrade, Upgrader): parse, call the state or the
+//!   backend, encode.
+//! - [`probes`]: `/livez`, `/readyz`, `/metrics`.
+//! - [`tools`], [`tools_endpoint`]: the catalogue's search (`Client.FindTools`,
+//!   `Upgrader.Tools`) and the endpoint that serves agent binaries from a cache, fetching
+//!   each once however many agents ask at once.
+//! - [`api`]: what every connection shares.
+//!
+//! Modules only use modules listed above them in this chain: `server` → `connection` →
+//! `route` → `facade` → (`auth`, `session`, `api`) → (`tools_endpoint`, `probes`,
+//! `served`, `tools`) → (`state`, `backend`) → `wire`: no import circles.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
 //!
 //! [`GateView`]: lockstep_core::gate::GateView
 
+pub mod api;
+pub mod auth;
+pub mod backend;
 pub mod client;
-pub mod facades;
+pub mod connection;
+pub mod facade;
+pub mod probes;
+pub mod route;
+pub mod served;
 pub mod server;
+pub mod session;
+pub mod state;
 pub mod tls;
 pub mod tools;
+pub mod tools_endpoint;
 pub mod wire;

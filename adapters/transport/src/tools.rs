@@ -1,40 +1,20 @@
-//! Agent binaries on the API: `Client.FindTools`'s search of the catalogue, the tool entries
-//! `FindTools` and `Upgrader.Tools` answer with, and the HTTP endpoint
-//! `GET /model/<uuid>/tools/<version>-<os>-<arch>` that serves the tarballs from the
-//! controller's cache.
-//!
-//! The endpoint fetches a binary the cache lacks through [`Backend::fetch_binary`] at most
-//! once at a time per binary, however many agents ask at the same moment (a thundering herd
-//! of agents each downloading from upstream was a real Juju outage): the first request
-//! starts the fetch, later ones wait for the same fetch, and every waiter gets its outcome.
-//! A failed fetch is forgotten once reported, so the next request tries again.
-//!
-//! [`Backend::fetch_binary`]: crate::server::Backend::fetch_binary
+//! Agent binaries in the catalogue: `Client.FindTools`'s search, the entry that serves one
+//! binary, and the tool entries `FindTools` and `Upgrader.Tools` answer with (their URLs on
+//! the tools endpoint, [`crate::tools_endpoint`]). Pure functions of the catalogue.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use futures_util::FutureExt;
-use futures_util::future::{BoxFuture, Shared};
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
 use lockstep_core::{Binary, Version};
 use serde_json::{Value, json};
 
-use crate::server::Backend;
 use crate::wire::WireError;
 
 /// Juju's `coretools.ErrNoMatches`, the answer when no binary matches a search.
 pub const NO_MATCHES: &str = "no matching agent binaries available";
 
-/// Bytes read from the cache per chunk of a download.
-pub const CHUNK_SIZE_BYTES: usize = 64 * 1024;
-
-/// Binaries being fetched at once at most (each distinct binary is fetched once at a time;
-/// this bounds the distinct ones). A request beyond it is answered 503.
-pub const FETCHES_IN_FLIGHT_MAX: usize = 16;
+/// The message for a catalogue that could not be read, naming why.
+pub fn catalogue_unreadable(reason: &str) -> String {
+    format!("cannot read the agent-binary catalogue: {reason}")
+}
 
 /// What `Client.FindTools` asks for, Juju's `params.FindToolsParams` in both generations
 /// (2.9's `series` and `minor`, 3.x's `os-type`), plus `os`.
@@ -209,207 +189,6 @@ pub fn tools_json(entry: &CatalogueEntry, model_root: &str) -> Value {
         "size": entry.size_bytes,
         "sha256": entry.sha256.to_string(),
     })
-}
-
-/// An error body as Juju's HTTP endpoints send it: `{"error": {"message", "code"}}`.
-pub fn http_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let message = message.into();
-    let body = if code.is_empty() {
-        json!({"error": {"message": message}})
-    } else {
-        json!({"error": {"message": message, "code": code}})
-    };
-    (status, axum::Json(body)).into_response()
-}
-
-/// A fetch in flight, shared by every request waiting for that binary.
-type Fetch = Shared<BoxFuture<'static, Result<(), String>>>;
-
-/// The fetches in flight, by binary.
-#[derive(Default)]
-pub(crate) struct Fetches {
-    in_flight: Arc<Mutex<HashMap<Binary, Fetch>>>,
-}
-
-impl std::fmt::Debug for Fetches {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let count = self.in_flight.lock().expect("not poisoned").len();
-        f.debug_struct("Fetches")
-            .field("in_flight", &count)
-            .finish()
-    }
-}
-
-/// The cached tarball of `binary` in `cache`. A binary's text has no `/` (its release and
-/// arch are ASCII letters, digits, `.` and `_`), so this is one file inside `cache`.
-fn cached_path(cache: &Path, binary: &Binary) -> PathBuf {
-    let name = format!("{binary}.tgz");
-    assert!(!name.contains('/') && !name.contains('\\'), "{name:?}");
-    cache.join(name)
-}
-
-impl Fetches {
-    /// Makes sure `entry`'s tarball is in `cache`, fetching it if it is not: at most one
-    /// fetch per binary at a time, whose outcome every concurrent caller shares.
-    pub(crate) async fn ensure(
-        &self,
-        backend: &Arc<dyn Backend>,
-        cache: &Path,
-        entry: &CatalogueEntry,
-    ) -> Result<PathBuf, (StatusCode, String)> {
-        let path = cached_path(cache, &entry.binary);
-        let fetch = {
-            let mut in_flight = self.in_flight.lock().expect("not poisoned");
-            match in_flight.get(&entry.binary) {
-                Some(fetch) => fetch.clone(),
-                // Looked at under the lock: a fetch renames its file into place before it
-                // leaves the map, so a binary is never fetched twice in a row.
-                None if path.is_file() => return Ok(path),
-                None if in_flight.len() >= FETCHES_IN_FLIGHT_MAX => {
-                    return Err((
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "{FETCHES_IN_FLIGHT_MAX} agent binaries are being fetched already; \
-                             retry {} later",
-                            entry.binary
-                        ),
-                    ));
-                }
-                None => {
-                    let fetch = self.start(Arc::clone(backend), cache, entry.clone());
-                    in_flight.insert(entry.binary.clone(), fetch.clone());
-                    fetch
-                }
-            }
-        };
-        fetch.await.map(|()| path).map_err(|reason| {
-            (
-                StatusCode::BAD_GATEWAY,
-                format!("cannot fetch agent binary {}: {reason}", entry.binary),
-            )
-        })
-    }
-
-    /// The fetch of one binary: into a temporary file of the cache, checked for its size,
-    /// renamed into place; it leaves the map of fetches in flight when done, after the
-    /// rename, so the next request finds the file or, after a failure, fetches again.
-    fn start(&self, backend: Arc<dyn Backend>, cache: &Path, entry: CatalogueEntry) -> Fetch {
-        // Weak: the map holds this future, which must not keep the map alive once the
-        // server is gone.
-        let in_flight = Arc::downgrade(&self.in_flight);
-        let cache = cache.to_owned();
-        async move {
-            let path = cached_path(&cache, &entry.binary);
-            let partial = cache.join(format!(".{}.tgz.partial", entry.binary));
-            let outcome = fetch_into(&*backend, &cache, &entry, &partial, &path).await;
-            if outcome.is_err() {
-                let _ = tokio::fs::remove_file(&partial).await;
-            }
-            match &outcome {
-                Ok(()) => {
-                    tracing::info!(target: "lockstep::api", binary = %entry.binary, "agent binary cached")
-                }
-                Err(reason) => {
-                    tracing::warn!(target: "lockstep::api", binary = %entry.binary, %reason, "agent binary fetch failed")
-                }
-            }
-            if let Some(in_flight) = in_flight.upgrade() {
-                in_flight
-                    .lock()
-                    .expect("not poisoned")
-                    .remove(&entry.binary);
-            }
-            outcome
-        }
-        .boxed()
-        .shared()
-    }
-}
-
-async fn fetch_into(
-    backend: &dyn Backend,
-    cache: &Path,
-    entry: &CatalogueEntry,
-    partial: &Path,
-    path: &Path,
-) -> Result<(), String> {
-    tokio::fs::create_dir_all(cache)
-        .await
-        .map_err(|error| format!("cannot create the tools cache {}: {error}", cache.display()))?;
-    // A fetch cut short by a stopped server may have left its file behind.
-    let _ = tokio::fs::remove_file(partial).await;
-    backend
-        .fetch_binary(entry.clone(), partial.to_owned())
-        .await?;
-    let size_bytes = tokio::fs::metadata(partial)
-        .await
-        .map_err(|error| format!("the fetched file {} is missing: {error}", partial.display()))?
-        .len();
-    if size_bytes != entry.size_bytes {
-        return Err(format!(
-            "the fetched file has {size_bytes} bytes, the catalogue says {}",
-            entry.size_bytes
-        ));
-    }
-    tokio::fs::rename(partial, path).await.map_err(|error| {
-        format!(
-            "cannot move the fetched file into {}: {error}",
-            path.display()
-        )
-    })
-}
-
-/// The tarball at `path` as a streamed `application/x-tar-gz` body.
-pub(crate) async fn serve_file(path: &Path) -> Response {
-    let file = match tokio::fs::File::open(path).await {
-        Ok(file) => file,
-        Err(error) => {
-            return http_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "",
-                format!(
-                    "cannot open the cached agent binary {}: {error}",
-                    path.display()
-                ),
-            );
-        }
-    };
-    let size_bytes = match file.metadata().await {
-        Ok(metadata) => metadata.len(),
-        Err(error) => {
-            return http_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "",
-                format!(
-                    "cannot read the cached agent binary {}: {error}",
-                    path.display()
-                ),
-            );
-        }
-    };
-    let chunks = futures_util::stream::unfold(file, |mut file| async move {
-        use tokio::io::AsyncReadExt;
-        let mut buffer = vec![0u8; CHUNK_SIZE_BYTES];
-        match file.read(&mut buffer).await {
-            Ok(0) => None,
-            Ok(read) => {
-                buffer.truncate(read);
-                Some((
-                    Ok::<_, std::io::Error>(axum::body::Bytes::from(buffer)),
-                    file,
-                ))
-            }
-            Err(error) => Some((Err(error), file)),
-        }
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "application/x-tar-gz".to_owned()),
-            (header::CONTENT_LENGTH, size_bytes.to_string()),
-        ],
-        axum::body::Body::from_stream(chunks),
-    )
-        .into_response()
 }
 
 #[cfg(test)]

@@ -12,7 +12,14 @@
 //! `{"request-id": N, "error": M, "error-code": C, "error-info": {...}, "response": {}}`:
 //! the empty `response` is required by python-libjuju.
 
+use lockstep_core::gate;
+use lockstep_core::lifecycle::Revision;
 use serde_json::{Map, Value, json};
+
+/// The Juju API level lockstep speaks, advertised in Login's `server-version` and sent as
+/// lockstep's client's `client-version`: python-libjuju accepts only major 3 (CONTRACT.md,
+/// "Versions"). The agent's own version is reported by status.
+pub const SERVER_VERSION: &str = "3.6.1";
 
 /// Largest frame accepted, in bytes. Juju's own requests are a few KiB; a bundle deploy
 /// stays well under this.
@@ -161,6 +168,43 @@ impl WireError {
             info: None,
         }
     }
+
+    /// Juju's `ErrPerm`: a login calling a facade it may not, or an agent asking about an
+    /// entity other than itself.
+    pub fn permission_denied() -> WireError {
+        WireError::new("unauthorized access", "permission denied")
+    }
+
+    /// The error as Juju's per-entity result lists carry it: `{"message", "code"}`, the
+    /// code left out when empty.
+    pub fn result_json(&self) -> Value {
+        if self.code.is_empty() {
+            json!({"message": self.message})
+        } else {
+            json!({"message": self.message, "code": self.code})
+        }
+    }
+}
+
+/// The gate's refusal as Juju sends it: its message and code, its detail in `error-info`.
+impl From<gate::Rejection> for WireError {
+    fn from(rejection: gate::Rejection) -> WireError {
+        WireError {
+            message: rejection.message.into_owned(),
+            code: rejection.code.to_owned(),
+            info: rejection
+                .detail
+                .map(|detail| serde_json::to_value(detail).expect("error-info serialises")),
+        }
+    }
+}
+
+/// One AllWatcher delta as delivered: `[kind, "change"|"remove", entity]` and the revision
+/// of the event it reports (`revisions` in `AllWatcher.Next`'s answer, our extension).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Delta {
+    pub revision: Revision,
+    pub delta: Value,
 }
 
 /// Encodes a successful reply.

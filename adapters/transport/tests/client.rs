@@ -1,7 +1,9 @@
-//! lockstep's client against a real server on 127.0.0.1: it waits for Ready by
-//! subscription, retries through an upgrade, names the phase when a deadline expires, and
-//! across a restart of the server (same port, same SQLite file) it applies a deploy once
-//! and its watcher delivers every change exactly once, in order.
+//! lockstep's client against a real server on 127.0.0.1 (over the tests' in-memory state):
+//! it waits for Ready by subscription, retries through an upgrade, names the phase when a
+//! deadline expires, across a restart of the server (same port, same state) it applies a
+//! deploy once and its watcher delivers every change exactly once, in order, and it fails
+//! over to another controller of the same model. The agent's `tests/api_client.rs` runs
+//! the restart (on SQLite) and the failover over the real store.
 
 mod support;
 
@@ -12,7 +14,6 @@ use lockstep_core::Phase;
 use lockstep_core::client::RetryPolicy;
 use lockstep_core::lifecycle::Revision;
 use lockstep_core::{Millis, Version};
-use lockstep_store::{OpenMode, SqliteStore, Store};
 use lockstep_transport::client::{Client, ClientConfig, ClientError};
 use lockstep_transport::tls::Credentials;
 use serde_json::json;
@@ -160,13 +161,10 @@ async fn a_deploy_rides_through_an_upgrade_and_a_deadline_names_the_phase() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn across_a_restart_a_deploy_is_applied_once_and_the_watcher_loses_nothing() {
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("client-restart-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let open =
-        || -> Arc<dyn Store> { Arc::new(SqliteStore::open(&path, OpenMode::ReadWrite).unwrap()) };
+    // The state outlives the server, as the store outlives an agent's process.
+    let state = fresh_state();
     let credentials = Credentials::generate("test", &[]).unwrap();
-    let first = start_with(Phase::Ready, open(), 0, credentials.clone()).await;
+    let first = start_with(Phase::Ready, Arc::clone(&state), 0, credentials.clone()).await;
     let port = first.port;
     let client = Arc::new(client(&first));
 
@@ -198,7 +196,7 @@ async fn across_a_restart_a_deploy_is_applied_once_and_the_watcher_loses_nothing
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = start_with(Phase::Ready, open(), port, credentials).await;
+    let second = start_with(Phase::Ready, Arc::clone(&state), port, credentials).await;
     assert_eq!(deploying.await.unwrap().unwrap(), json!({"results": [{}]}));
     client
         .mutate("Application", 20, "Deploy", deploy("c"), LONG)
@@ -229,26 +227,20 @@ async fn across_a_restart_a_deploy_is_applied_once_and_the_watcher_loses_nothing
         3,
         "each deploy applied once"
     );
-    assert_eq!(
-        second.store.load_model().unwrap().unwrap().agent_version,
-        Version::new(2, 9, 43)
-    );
+    assert_eq!(second.state.model().agent_version, Version::new(2, 9, 43));
     drop(second);
-    let _ = std::fs::remove_file(&path);
 }
 
-/// Two controllers serving one model (one store, as highly available controllers share
+/// Two controllers serving one model (one state, as highly available controllers share
 /// etcd): a client whose first address is dead connects to the next, and when the controller
 /// it uses goes away it carries on through the other: each deploy applied once, its watcher
 /// losing nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_fails_over_to_another_controller_of_the_same_model() {
-    let store: Arc<dyn Store> = Arc::new(lockstep_store::MemoryStore::new(
-        lockstep_store::Durability::Full,
-    ));
+    let state = fresh_state();
     let credentials = Credentials::generate("test", &[]).unwrap();
-    let first = start_with(Phase::Ready, Arc::clone(&store), 0, credentials.clone()).await;
-    let second = start_with(Phase::Ready, Arc::clone(&store), 0, credentials).await;
+    let first = start_with(Phase::Ready, Arc::clone(&state), 0, credentials.clone()).await;
+    let second = start_with(Phase::Ready, Arc::clone(&state), 0, credentials).await;
     // Nothing listens on the first address: a port bound, then freed.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

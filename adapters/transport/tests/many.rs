@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use futures_util::SinkExt;
 use lockstep_core::Phase;
-use lockstep_store::{Durability, MemoryStore, Store};
 use lockstep_transport::tls::Credentials;
 use serde_json::json;
 use support::*;
@@ -89,10 +88,9 @@ async fn a_thousand_clients_are_served_while_one_never_reads_its_replies() {
         return;
     }
     let started = Instant::now();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
     let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
     let fixture = Arc::new(
-        start_configured(Phase::Ready, store, 0, credentials, |config| {
+        start_configured(Phase::Ready, fresh_state(), 0, credentials, |config| {
             config.users = vec![("admin".into(), cheap_hash(PASSWORD))];
         })
         .await,

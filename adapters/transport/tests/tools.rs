@@ -1,7 +1,7 @@
-//! Agent binaries and the agent-version on the API: `Client.FindTools` over the backend's
-//! catalogue (in every phase), `ModelConfig.ModelSet` of `agent-version` with Juju's
-//! refusals, and the tools endpoint, which fetches each binary once however many agents ask
-//! at the same moment.
+//! Agent binaries on the API: `Client.FindTools` over the backend's catalogue (in every
+//! phase), and the tools endpoint, which fetches each binary once however many agents ask
+//! at the same moment. (`ModelConfig.ModelSet` over the real store is tested in the agent's
+//! `tests/api_tools.rs`.)
 
 mod support;
 
@@ -9,10 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lockstep_core::lifecycle::{ControllerSet, UpgradeInfo, UpgradeStatus};
+use lockstep_core::Phase;
 use lockstep_core::policy::Stream;
-use lockstep_core::{Phase, Version};
-use lockstep_store::{Durability, MemoryStore, Store};
 use lockstep_transport::tls::Credentials;
 use serde_json::{Value, json};
 use support::*;
@@ -159,143 +157,6 @@ async fn find_tools_lists_the_catalogue_in_every_phase_with_urls_on_the_tools_en
     assert_eq!(bad["error-code"], "bad request", "{bad}");
 }
 
-fn agent_version(store: &dyn Store) -> Version {
-    store.load_model().unwrap().unwrap().agent_version
-}
-
-#[tokio::test]
-async fn model_set_changes_the_agent_version_only_when_juju_would() {
-    let fixture = start(Phase::Ready).await;
-    let mut socket = logged_in(&fixture).await;
-    let set = |version: &str| json!({"config": {"agent-version": version}});
-
-    // Limited phases: the gate turns it away before anything is looked at.
-    fixture.gate.send(view(Phase::Upgrading)).unwrap();
-    let gated = call(&mut socket, 2, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
-    assert_eq!(gated["error-code"], "upgrade in progress", "{gated}");
-    fixture.gate.send(view(Phase::Ready)).unwrap();
-
-    // Other keys are refused by name, and nothing changes.
-    let other = call(
-        &mut socket,
-        3,
-        "ModelConfig",
-        3,
-        "ModelSet",
-        json!({"config": {"agent-version": "2.9.44", "logging-config": "<root>=DEBUG"}}),
-    )
-    .await;
-    assert_eq!(other["error-code"], "not supported", "{other}");
-    assert!(
-        other["error"]
-            .as_str()
-            .unwrap()
-            .contains("\"logging-config\""),
-        "{other}"
-    );
-    let malformed = call(&mut socket, 4, "ModelConfig", 3, "ModelSet", set("2.9")).await;
-    assert_eq!(malformed["error-code"], "bad request", "{malformed}");
-
-    // No binaries of that version in the model's streams (2.9.45 is proposed only).
-    let missing = call(&mut socket, 5, "ModelConfig", 3, "ModelSet", set("2.9.45")).await;
-    assert_eq!(
-        (missing["error"].as_str(), missing["error-code"].as_str()),
-        (
-            Some("no agent binaries found for version 2.9.45"),
-            Some("not found")
-        ),
-        "{missing}"
-    );
-    // A catalogue that cannot be read refuses too.
-    *fixture.backend.catalogue.lock().unwrap() = Err("no route to the mirror".into());
-    let unreadable = call(&mut socket, 6, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
-    assert!(
-        unreadable["error"]
-            .as_str()
-            .unwrap()
-            .ends_with("no route to the mirror"),
-        "{unreadable}"
-    );
-    *fixture.backend.catalogue.lock().unwrap() = Ok(catalogue());
-    assert_eq!(
-        agent_version(fixture.store.as_ref()),
-        Version::new(2, 9, 43)
-    );
-    assert!(fixture.backend.versions_changed.lock().unwrap().is_empty());
-
-    // The change: stored, the backend told, ModelGet shows it, a watcher sees it.
-    let watcher = call(&mut socket, 7, "Client", 8, "WatchAll", json!({})).await;
-    let id = watcher["response"]["watcher-id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    send(
-        &mut socket,
-        json!({"request-id": 8, "type": "AllWatcher", "version": 3, "id": id, "request": "Next"}),
-    )
-    .await;
-    assert_eq!(receive(&mut socket).await["request-id"], 8);
-    send(
-        &mut socket,
-        json!({"request-id": 9, "type": "AllWatcher", "version": 3, "id": id, "request": "Next"}),
-    )
-    .await;
-    let changed = call(&mut socket, 10, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
-    assert_eq!(changed, json!({"request-id": 10, "response": {}}));
-    assert_eq!(
-        agent_version(fixture.store.as_ref()),
-        Version::new(2, 9, 44)
-    );
-    assert_eq!(
-        *fixture.backend.versions_changed.lock().unwrap(),
-        [Version::new(2, 9, 44)]
-    );
-    let delta = receive(&mut socket).await;
-    assert_eq!(delta["request-id"], 9, "{delta}");
-    assert_eq!(
-        delta["response"]["deltas"],
-        json!([["model", "change", {"model-uuid": MODEL_UUID, "name": "controller", "life": "alive", "agent-version": "2.9.44"}]])
-    );
-    let config = call(&mut socket, 11, "ModelConfig", 3, "ModelGet", json!({})).await;
-    assert_eq!(
-        config["response"]["config"]["agent-version"]["value"],
-        "2.9.44"
-    );
-
-    // The current version back changes nothing; a lower one is refused.
-    let same = call(&mut socket, 12, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
-    assert_eq!(same["response"], json!({}), "{same}");
-    let lower = call(&mut socket, 13, "ModelConfig", 3, "ModelSet", set("2.9.43")).await;
-    assert_eq!(lower["error-code"], "not supported", "{lower}");
-    assert_eq!(fixture.backend.versions_changed.lock().unwrap().len(), 1);
-
-    // While an upgrade-info record is current: Juju's refusal, whatever the catalogue says.
-    fixture
-        .store
-        .create_record(UpgradeInfo {
-            previous_version: Version::new(2, 9, 44),
-            target_version: Version::new(2, 9, 45),
-            status: UpgradeStatus::Pending,
-            controllers_ready: ControllerSet::EMPTY,
-            controllers_done: ControllerSet::EMPTY,
-        })
-        .unwrap();
-    let refused = call(&mut socket, 14, "ModelConfig", 3, "ModelSet", set("2.9.45")).await;
-    assert_eq!(
-        refused,
-        json!({"request-id": 14,
-               "error": "an upgrade is already in progress or the last upgrade did not complete",
-               "error-code": "upgrade in progress",
-               "error-info": {"previous-version": "2.9.44", "target-version": "2.9.45", "status": "pending"},
-               "response": {}})
-    );
-    assert_eq!(
-        agent_version(fixture.store.as_ref()),
-        Version::new(2, 9, 44)
-    );
-    assert_eq!(fixture.backend.versions_changed.lock().unwrap().len(), 1);
-}
-
 #[tokio::test]
 async fn the_tools_endpoint_fetches_a_binary_once_for_fifty_agents_asking_at_once() {
     let fixture = start(Phase::Upgrading).await;
@@ -426,9 +287,8 @@ async fn the_tools_endpoint_answers_json_errors_for_what_it_cannot_serve() {
     assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 0);
 
     // A controller without a tools cache serves none.
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
     let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
-    let uncached = start_configured(Phase::Ready, store, 0, credentials, |config| {
+    let uncached = start_configured(Phase::Ready, fresh_state(), 0, credentials, |config| {
         config.tools_cache = None;
     })
     .await;
@@ -443,4 +303,58 @@ async fn the_tools_endpoint_answers_json_errors_for_what_it_cannot_serve() {
         json!({"error": {"message": "this controller serves no agent binaries: it has no tools cache configured", "code": "not found"}})
     );
     assert_eq!(uncached.backend.fetches.load(Ordering::SeqCst), 0);
+}
+
+/// `ModelSet`'s own checks, made by the transport before and after asking the state: the
+/// keys, the version's form, the catalogue (the state's refusals over the real store are
+/// tested in the agent's `tests/api_tools.rs`).
+#[tokio::test]
+async fn model_set_checks_its_keys_and_the_catalogue_then_tells_the_backend() {
+    let fixture = start(Phase::Ready).await;
+    let mut socket = logged_in(&fixture).await;
+    let set = |version: &str| json!({"config": {"agent-version": version}});
+    let other = call(
+        &mut socket,
+        2,
+        "ModelConfig",
+        3,
+        "ModelSet",
+        json!({"config": {"logging-config": "<root>=DEBUG"}}),
+    )
+    .await;
+    assert_eq!(other["error-code"], "not supported", "{other}");
+    let malformed = call(&mut socket, 3, "ModelConfig", 3, "ModelSet", set("2.9")).await;
+    assert_eq!(malformed["error-code"], "bad request", "{malformed}");
+    let missing = call(&mut socket, 4, "ModelConfig", 3, "ModelSet", set("2.9.45")).await;
+    assert_eq!(
+        missing["error"], "no agent binaries found for version 2.9.45",
+        "{missing}"
+    );
+    *fixture.backend.catalogue.lock().unwrap() = Err("no route to the mirror".into());
+    let unreadable = call(&mut socket, 5, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
+    assert_eq!(
+        unreadable["error"],
+        "cannot check for agent binaries of version 2.9.44: cannot read the agent-binary \
+         catalogue: no route to the mirror"
+    );
+    // The current version back asks no catalogue and changes nothing.
+    let same = call(&mut socket, 6, "ModelConfig", 3, "ModelSet", set("2.9.43")).await;
+    assert_eq!(same["response"], json!({}), "{same}");
+    assert!(fixture.backend.versions_changed.lock().unwrap().is_empty());
+
+    *fixture.backend.catalogue.lock().unwrap() = Ok(catalogue());
+    let changed = call(&mut socket, 7, "ModelConfig", 3, "ModelSet", set("2.9.44")).await;
+    assert_eq!(changed, json!({"request-id": 7, "response": {}}));
+    assert_eq!(
+        *fixture.backend.versions_changed.lock().unwrap(),
+        [lockstep_core::Version::new(2, 9, 44)]
+    );
+    let config = call(&mut socket, 8, "ModelConfig", 3, "ModelGet", json!({})).await;
+    assert_eq!(
+        config["response"]["config"],
+        json!({"name": {"value": "controller", "source": "model"},
+               "uuid": {"value": MODEL_UUID, "source": "model"},
+               "agent-version": {"value": "2.9.44", "source": "model"},
+               "agent-stream": {"value": "released", "source": "model"}})
+    );
 }

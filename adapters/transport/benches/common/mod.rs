@@ -1,14 +1,25 @@
-//! What the transport benches share: a backend with no lifecycle behind it, and a gate view.
+//! What the transport benches share: a backend with no lifecycle behind it, the tests'
+//! in-memory shared state, and a gate view.
 
+#[allow(dead_code)]
+#[path = "../../tests/support/state.rs"]
+mod state;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
 use lockstep_core::Version;
 use lockstep_core::gate::GateView;
 use lockstep_core::policy::{Catalogue, CatalogueEntry};
 use lockstep_core::{Millis, Phase, Progress};
-use lockstep_transport::server::{Backend, BackendFuture};
+use lockstep_transport::backend::Backend;
+use lockstep_transport::state::ModelConfig;
+pub use state::FakeState;
 
 /// A backend whose lifecycle never upgrades.
 pub struct Idle;
 
+#[async_trait]
 impl Backend for Idle {
     fn abort_current_upgrade(&self) -> Result<(), String> {
         Ok(())
@@ -20,15 +31,15 @@ impl Backend for Idle {
         None
     }
     fn agent_version_changed(&self, _version: Version) {}
-    fn catalogue(&self) -> BackendFuture<'_, Result<Catalogue, String>> {
-        Box::pin(async { Ok(Catalogue::default()) })
+    async fn catalogue(&self) -> Result<Catalogue, String> {
+        Ok(Catalogue::default())
     }
-    fn fetch_binary(
+    async fn fetch_binary(
         &self,
         entry: CatalogueEntry,
         _destination: std::path::PathBuf,
-    ) -> BackendFuture<'_, Result<(), String>> {
-        Box::pin(async move { Err(format!("the bench backend has no {}", entry.binary)) })
+    ) -> Result<(), String> {
+        Err(format!("the bench backend has no {}", entry.binary))
     }
 }
 
@@ -38,4 +49,15 @@ pub fn view(phase: Phase) -> GateView {
         progress: Progress::default(),
         retry_after: Millis(1000),
     }
+}
+
+/// A controller's state holding its model `bench` only.
+pub fn state() -> Arc<FakeState> {
+    Arc::new(FakeState::new(ModelConfig {
+        name: "bench".into(),
+        uuid: "bench".into(),
+        agent_version: Version::new(0, 1, 0),
+        agent_stream: None,
+        agent_metadata_url: None,
+    }))
 }

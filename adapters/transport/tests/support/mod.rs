@@ -1,18 +1,26 @@
-//! A server on 127.0.0.1 with a free port, its gate driven by the test, and an in-memory
-//! backend. Stopped when the fixture is dropped.
+//! A server on 127.0.0.1 with a free port, its gate driven by the test, an in-memory
+//! backend and an in-memory shared state ([`FakeState`]). Stopped when the fixture is
+//! dropped.
 #![allow(dead_code)]
+
+mod state;
+
+pub use state::FakeState;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::gate::GateView;
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Sha256, Stream};
 use lockstep_core::{Binary, Millis, Phase, Progress, Version};
-use lockstep_store::{Durability, MemoryStore, Model, Store};
-use lockstep_transport::server::{Api, ApiConfig, Backend, BackendFuture, hash_password};
+use lockstep_transport::api::{Api, ApiConfig};
+use lockstep_transport::auth::hash_password;
+use lockstep_transport::backend::Backend;
+use lockstep_transport::state::ModelConfig;
 use lockstep_transport::tls::Credentials;
 use lockstep_transport::tls::client_config;
 use serde_json::{Value, json};
@@ -61,6 +69,7 @@ impl Default for TestBackend {
     }
 }
 
+#[async_trait]
 impl Backend for TestBackend {
     fn abort_current_upgrade(&self) -> Result<(), String> {
         self.aborts.fetch_add(1, Ordering::SeqCst);
@@ -75,37 +84,35 @@ impl Backend for TestBackend {
     fn agent_version_changed(&self, version: Version) {
         self.versions_changed.lock().unwrap().push(version);
     }
-    fn catalogue(&self) -> BackendFuture<'_, Result<Catalogue, String>> {
+    async fn catalogue(&self) -> Result<Catalogue, String> {
         self.catalogue_calls.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async { self.catalogue.lock().unwrap().clone() })
+        self.catalogue.lock().unwrap().clone()
     }
-    fn fetch_binary(
+    async fn fetch_binary(
         &self,
         entry: CatalogueEntry,
         destination: PathBuf,
-    ) -> BackendFuture<'_, Result<(), String>> {
-        Box::pin(async move {
-            self.fetches.fetch_add(1, Ordering::SeqCst);
-            let wanted = self.fetch_after_catalogue_calls.load(Ordering::SeqCst);
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while self.catalogue_calls.load(Ordering::SeqCst) < wanted
-                && tokio::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let delay = *self.fetch_delay.lock().unwrap();
-            tokio::time::sleep(delay).await;
-            let failing = self
-                .fetch_failures
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                    left.checked_sub(1)
-                })
-                .is_ok();
-            if failing {
-                return Err(format!("the mirror is down for {}", entry.binary));
-            }
-            std::fs::write(&destination, tarball(&entry)).map_err(|error| error.to_string())
-        })
+    ) -> Result<(), String> {
+        self.fetches.fetch_add(1, Ordering::SeqCst);
+        let wanted = self.fetch_after_catalogue_calls.load(Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.catalogue_calls.load(Ordering::SeqCst) < wanted
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let delay = *self.fetch_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        let failing = self
+            .fetch_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if failing {
+            return Err(format!("the mirror is down for {}", entry.binary));
+        }
+        std::fs::write(&destination, tarball(&entry)).map_err(|error| error.to_string())
     }
 }
 
@@ -157,7 +164,7 @@ pub struct Fixture {
     pub gate: watch::Sender<GateView>,
     pub backend: Arc<TestBackend>,
     pub api: Arc<Api>,
-    pub store: Arc<dyn Store>,
+    pub state: Arc<FakeState>,
     pub server: tokio::task::JoinHandle<()>,
     /// The tools endpoint's cache directory, removed with the fixture.
     pub tools_cache: Option<PathBuf>,
@@ -172,20 +179,20 @@ impl Drop for Fixture {
     }
 }
 
-/// The model a fresh controller's store holds.
-pub fn model() -> Model {
-    Model {
+/// The model a fresh controller holds.
+pub fn model() -> ModelConfig {
+    ModelConfig {
         uuid: MODEL_UUID.into(),
         name: "controller".into(),
         agent_version: Version::new(2, 9, 43),
         agent_stream: None,
         agent_metadata_url: None,
-        policy: lockstep_core::policy::UpgradePolicy::Off,
-        controllers: lockstep_core::lifecycle::ControllerSet::first(1),
-        capabilities: lockstep_core::jobs::Capabilities::new(),
-        capabilities_discovered: None,
-        upgrade_available: None,
     }
+}
+
+/// A fresh controller's state: its model only.
+pub fn fresh_state() -> Arc<FakeState> {
+    Arc::new(FakeState::new(model()))
 }
 
 pub fn view(phase: Phase) -> GateView {
@@ -201,27 +208,26 @@ pub fn view(phase: Phase) -> GateView {
 }
 
 pub async fn start(phase: Phase) -> Fixture {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
     let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
-    start_with(phase, store, 0, credentials).await
+    start_with(phase, fresh_state(), 0, credentials).await
 }
 
-/// A server on `port` (0: any free one) over `store`, creating the model if it has none:
-/// restarting on the same port and store is how tests play an agent restart.
+/// A server on `port` (0: any free one) over `state`: restarting on the same port and
+/// state is how tests play an agent restart.
 pub async fn start_with(
     phase: Phase,
-    store: Arc<dyn Store>,
+    state: Arc<FakeState>,
     port: u16,
     credentials: Credentials,
 ) -> Fixture {
-    start_configured(phase, store, port, credentials, |_| {}).await
+    start_configured(phase, state, port, credentials, |_| {}).await
 }
 
 /// [`start_with`], with the test's own changes to the config (which has one user `admin`,
 /// the agents of [`AGENTS`], and a fresh tools cache under the target directory).
 pub async fn start_configured(
     phase: Phase,
-    store: Arc<dyn Store>,
+    state: Arc<FakeState>,
     port: u16,
     credentials: Credentials,
     configure: impl FnOnce(&mut ApiConfig),
@@ -229,7 +235,6 @@ pub async fn start_configured(
     let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (gate, gate_view) = watch::channel(view(phase));
-    store.create_model(&model()).unwrap();
     let backend = Arc::new(TestBackend::default());
     let tools_cache =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tools-cache-{port}"));
@@ -247,7 +252,7 @@ pub async fn start_configured(
     };
     configure(&mut config);
     let tools_cache = config.tools_cache.clone();
-    let api = Api::new(config, gate_view, Arc::clone(&store), backend.clone());
+    let api = Api::new(config, gate_view, state.clone(), backend.clone());
     let server =
         tokio::spawn(Arc::clone(&api).serve(listener, credentials.server_config().unwrap()));
     Fixture {
@@ -256,7 +261,7 @@ pub async fn start_configured(
         gate,
         backend,
         api,
-        store,
+        state,
         server,
         tools_cache,
     }

@@ -2,14 +2,14 @@
 //! deploys through `operation-id`, watchers that send the whole state, block for changes,
 //! resume after a revision, and stop; seed 004's jobs for machines added with jobs.
 
-mod support;
+mod api_support;
 
 use std::time::Duration;
 
+use api_support::*;
 use lockstep_core::Phase;
 use lockstep_core::lifecycle::Revision;
 use serde_json::{Value, json};
-use support::*;
 
 fn machines(store: &dyn lockstep_store::Store) -> Vec<lockstep_store::Machine> {
     let mut machines = Vec::new();

@@ -2,12 +2,12 @@
 //! is limited), what they may call, and the `Upgrader` facade with the controllers-first
 //! rule of `DesiredVersion`.
 
-mod support;
+mod api_support;
 
+use api_support::*;
 use lockstep_core::{Binary, Phase, Role, Roles};
 use lockstep_store::{Machine, Store};
 use serde_json::{Value, json};
-use support::*;
 
 /// Machine 0 is a controller, machines 1 and 2 host units; machine 2 has credentials but
 /// never reports its binary.

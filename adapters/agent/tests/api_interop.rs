@@ -8,7 +8,7 @@
 //! - libjuju connects, reads status into its typed objects, and sees error code
 //!   `upgrade in progress` (it does not retry).
 
-mod support;
+mod api_support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -16,9 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use api_support::*;
 use lockstep_core::Phase;
 use serde_json::Value;
-use support::*;
 
 const CLIENTS: [&str; 2] = ["jujuclient==0.54.0", "juju==3.6.1.3"];
 

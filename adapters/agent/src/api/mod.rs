@@ -1,0 +1,216 @@
+//! The API's shared state over the store: [`StoreState`] implements the transport's
+//! [`SharedState`] with `lockstep-store`, one module per facade's share of it.
+//!
+//! Each call is a blocking function of the store (the store is synchronous), run on tokio's
+//! blocking pool. Mutating calls honour the optional `operation-id` of `CONTRACT.md`
+//! ("Client operations"), our extension carried as a top-level key of `params`: the call's
+//! writes and its result commit together, in one store transaction, and a repeat returns
+//! the recorded result without applying anything again.
+//!
+//! - [`calls`]: what every call shares: the store's errors as the wire's, the model, and
+//!   one mutating call under its `operation-id`.
+//! - [`status`]: `Client.FullStatus`'s view of the state.
+//! - [`model_config`]: the model's config, `agent-stream`, and the agent-version change.
+//! - [`machines`]: `Client.AddMachines`, and the machines agents log in for.
+//! - [`applications`]: `Application.Deploy`, `AddUnits`, `AddRelation`, `Expose`.
+//! - [`upgrader`]: the Upgrader facade's views (controllers first) and `SetTools`.
+//! - [`deltas`]: the AllWatcher's deltas, from the store's event log.
+
+pub mod applications;
+pub mod calls;
+pub mod deltas;
+pub mod machines;
+pub mod model_config;
+pub mod status;
+pub mod upgrader;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockstep_core::jobs::JobTable;
+use lockstep_core::lifecycle::Revision;
+use lockstep_core::policy::Stream;
+use lockstep_core::{Roles, Version};
+use lockstep_store::Store;
+use lockstep_transport::state::{
+    AgentVersionChange, AgentViews, Changes, ModelConfig, SharedState, Snapshot, Status,
+};
+use lockstep_transport::wire::WireError;
+use serde_json::Value;
+
+/// How often a blocked `AllWatcher.Next` looks for changes made by other processes (changes
+/// made through this API wake it at once).
+pub const WATCH_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The shared state of the API, over a store.
+#[derive(Debug)]
+pub struct StoreState {
+    store: Arc<dyn Store>,
+    jobs: JobTable,
+    /// Woken after every write made through this API, so blocked watchers answer at once.
+    changed: tokio::sync::Notify,
+    /// The store's revision after the latest write made through this API (set before
+    /// `changed` is woken, so a watcher that registers late still sees it).
+    written: AtomicU64,
+}
+
+impl StoreState {
+    /// The API's state over `store`, with lockstep's job table.
+    pub fn new(store: Arc<dyn Store>) -> StoreState {
+        StoreState {
+            store,
+            jobs: JobTable::lockstep(),
+            changed: tokio::sync::Notify::new(),
+            written: AtomicU64::new(0),
+        }
+    }
+
+    /// Runs a read on the blocking pool.
+    async fn read<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn Store, &JobTable) -> Result<T, WireError> + Send + 'static,
+    ) -> Result<T, WireError> {
+        let (store, jobs) = (Arc::clone(&self.store), self.jobs.clone());
+        tokio::task::spawn_blocking(move || work(store.as_ref(), &jobs))
+            .await
+            .map_err(|error| WireError::new("", format!("internal error: {error}")))?
+    }
+
+    /// Runs a write on the blocking pool; once it succeeded, blocked watchers wake.
+    async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn Store) -> Result<T, WireError> + Send + 'static,
+    ) -> Result<T, WireError> {
+        let store = Arc::clone(&self.store);
+        let (result, revision) = tokio::task::spawn_blocking(move || {
+            let result = work(store.as_ref());
+            let revision = result.is_ok().then(|| store.revision().ok()).flatten();
+            (result, revision)
+        })
+        .await
+        .map_err(|error| WireError::new("", format!("internal error: {error}")))?;
+        if result.is_ok() {
+            if let Some(revision) = revision {
+                self.written.fetch_max(revision.0, Ordering::SeqCst);
+            }
+            self.changed.notify_waiters();
+        }
+        result
+    }
+
+    /// A mutating call with its params, which go to the blocking pool (only these calls
+    /// copy them).
+    async fn mutation(
+        &self,
+        params: &Value,
+        call: fn(&dyn Store, &Value) -> Result<Value, WireError>,
+    ) -> Result<Value, WireError> {
+        let params = params.clone();
+        self.write(move |store| call(store, &params)).await
+    }
+}
+
+#[async_trait]
+impl SharedState for StoreState {
+    async fn status(&self) -> Result<Status, WireError> {
+        self.read(status::full_status).await
+    }
+
+    async fn model_config(&self) -> Result<ModelConfig, WireError> {
+        self.read(|store, _| model_config::model_config(store))
+            .await
+    }
+
+    async fn agent_stream(&self) -> Result<Option<Stream>, WireError> {
+        self.read(|store, _| model_config::agent_stream(store))
+            .await
+    }
+
+    async fn add_machines(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, machines::add_machines).await
+    }
+
+    async fn deploy(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::deploy).await
+    }
+
+    async fn add_units(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::add_units).await
+    }
+
+    async fn add_relation(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::add_relation).await
+    }
+
+    async fn expose(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::expose).await
+    }
+
+    async fn agent_views(
+        &self,
+        owner: &str,
+        server_version: Version,
+        tags: &[String],
+    ) -> Result<AgentViews, WireError> {
+        let (owner, tags) = (owner.to_owned(), tags.to_vec());
+        self.read(move |store, _| upgrader::agent_views(store, &owner, server_version, &tags))
+            .await
+    }
+
+    async fn set_tools(&self, owner: &str, params: &Value) -> Result<Value, WireError> {
+        let (owner, params) = (owner.to_owned(), params.clone());
+        self.write(move |store| upgrader::set_tools(store, &owner, &params))
+            .await
+    }
+
+    async fn agent_version_change(
+        &self,
+        version: Version,
+    ) -> Result<AgentVersionChange, WireError> {
+        self.read(move |store, _| model_config::agent_version_change(store, version))
+            .await
+    }
+
+    async fn set_agent_version(&self, version: Version) -> Result<(), WireError> {
+        self.write(move |store| model_config::set_agent_version(store, version))
+            .await
+    }
+
+    async fn snapshot(&self, model_uuid: &str) -> Result<Snapshot, WireError> {
+        let model_uuid = model_uuid.to_owned();
+        self.read(move |store, jobs| deltas::snapshot(store, jobs, &model_uuid))
+            .await
+    }
+
+    async fn changes_since(
+        &self,
+        model_uuid: &str,
+        after: Revision,
+        limit: usize,
+    ) -> Result<Changes, WireError> {
+        let model_uuid = model_uuid.to_owned();
+        self.read(move |store, jobs| deltas::changes_since(store, jobs, &model_uuid, after, limit))
+            .await
+    }
+
+    async fn wait_for_change(&self, after: Revision) {
+        let notified = self.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.written.load(Ordering::SeqCst) > after.0 {
+            return;
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(WATCH_POLL_INTERVAL) => {}
+        }
+    }
+
+    async fn machine_roles(&self, machine_id: &str) -> Result<Option<Roles>, WireError> {
+        let id = machine_id.to_owned();
+        self.read(move |store, _| machines::machine_roles(store, &id))
+            .await
+    }
+}

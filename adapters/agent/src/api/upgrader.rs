@@ -1,0 +1,136 @@
+//! The Upgrader facade's share of the state: each agent's desired version (Juju's
+//! controllers-first rule) and the binary it runs, and `SetTools`, which records it.
+
+use lockstep_core::{Binary, Version};
+use lockstep_store::{Machine, Model, Store};
+use lockstep_transport::auth::machine_id;
+use lockstep_transport::facade::upgrader::entity_tags;
+use lockstep_transport::state::{AgentView, AgentViews};
+use lockstep_transport::wire::WireError;
+use serde_json::{Value, json};
+
+use super::calls::{list, mutate, store_error};
+use super::machines::is_controller;
+
+/// The agent-version an agent should run, Juju's controllers-first rule
+/// (`apiserver/facades/agent/upgrader`, `DesiredVersion`): a controller is told the model's
+/// agent-version; any other agent only once every controller runs it (this API server,
+/// `server_version`, and every controller machine by the binary it last reported), and
+/// until then the version it runs itself (this server's when it has not reported one), so
+/// it stays where it is while the controllers go first.
+pub fn desired_version(
+    model: &Model,
+    machines: &[Machine],
+    machine: &Machine,
+    server_version: Version,
+) -> Version {
+    let wanted = model.agent_version;
+    if is_controller(machine) {
+        return wanted;
+    }
+    let controllers_run_it = server_version >= wanted
+        && machines
+            .iter()
+            .filter(|other| is_controller(other))
+            .all(|controller| {
+                controller
+                    .agent_binary
+                    .as_ref()
+                    .is_some_and(|binary| binary.number >= wanted)
+            });
+    if controllers_run_it {
+        wanted
+    } else {
+        machine
+            .agent_binary
+            .as_ref()
+            .map_or(server_version, |binary| binary.number)
+    }
+}
+
+/// The machine of `tag` if `owner` (the logged-in agent's tag) may ask about it.
+fn owned_machine(machines: &[Machine], owner: &str, tag: &str) -> Result<Machine, WireError> {
+    if tag != owner {
+        return Err(WireError::permission_denied());
+    }
+    let id = machine_id(tag).ok_or_else(WireError::permission_denied)?;
+    machines
+        .iter()
+        .find(|machine| machine.id == id)
+        .cloned()
+        .ok_or_else(|| WireError::new("not found", format!("machine {id} not found")))
+}
+
+/// `Upgrader.DesiredVersion` and `Upgrader.Tools`: each entity's desired version and
+/// running binary, read in one snapshot. An agent may ask about itself only (`owner` is
+/// its tag); others get `permission denied`.
+pub fn agent_views(
+    store: &dyn Store,
+    owner: &str,
+    server_version: Version,
+    tags: &[String],
+) -> Result<AgentViews, WireError> {
+    let mut read = None;
+    store
+        .snapshot(&mut |tx| {
+            read = Some((tx.model()?, tx.machines()?));
+            Ok(())
+        })
+        .map_err(store_error)?;
+    let (model, machines) = read.expect("the snapshot body ran");
+    let model =
+        model.ok_or_else(|| WireError::new("not found", "the controller has no model yet"))?;
+    let entities = tags
+        .iter()
+        .map(|tag| {
+            let machine = owned_machine(&machines, owner, tag)?;
+            Ok(AgentView {
+                desired: desired_version(&model, &machines, &machine, server_version),
+                running: machine.agent_binary.clone(),
+            })
+        })
+        .collect();
+    Ok(AgentViews {
+        model_stream: model.agent_stream,
+        entities,
+    })
+}
+
+/// `Upgrader.SetTools` (Juju's wire name; its Go client calls it `SetVersion`) params
+/// `{"agent-tools": [{"tag", "tools": {"version": "2.9.44-ubuntu-amd64"}}]}`: records the
+/// binary each agent runs on its machine. An agent may set its own only. Answers
+/// `{"results": [{} | {"error"}]}`; honours `operation-id`.
+pub fn set_tools(store: &dyn Store, owner: &str, params: &Value) -> Result<Value, WireError> {
+    let tags = entity_tags(params, "agent-tools", "tag")?;
+    let binaries: Vec<Result<Binary, WireError>> = list(params, "agent-tools")?
+        .iter()
+        .map(|entry| {
+            let text = entry
+                .get("tools")
+                .and_then(|tools| tools.get("version"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            Binary::parse(text)
+                .map_err(|error| WireError::new("bad request", format!("tools.version: {error}")))
+        })
+        .collect();
+    mutate(store, params, &mut |tx| {
+        let machines = tx.machines()?;
+        let mut results = Vec::new();
+        for (tag, binary) in tags.iter().zip(&binaries) {
+            let outcome = owned_machine(&machines, owner, tag)
+                .and_then(|machine| Ok((machine, binary.clone()?)));
+            match outcome {
+                Ok((mut machine, binary)) => {
+                    if machine.agent_binary.as_ref() != Some(&binary) {
+                        machine.agent_binary = Some(binary);
+                        tx.put_machine(&machine)?;
+                    }
+                    results.push(json!({}));
+                }
+                Err(error) => results.push(json!({"error": error.result_json()})),
+            }
+        }
+        Ok(json!({"results": results}))
+    })
+}

@@ -1,0 +1,84 @@
+//! `Admin`: `Login` (users and machine agents) and `RedirectInfo`.
+
+use lockstep_core::gate::{self, Login};
+use serde_json::{Value, json};
+
+use crate::api::Api;
+use crate::auth::{self, LOGIN_FAILURE_DELAY};
+use crate::served::{FACADES, permitted};
+use crate::session::Session;
+use crate::wire::{self, SERVER_VERSION, WireError};
+
+/// `Admin.RedirectInfo`: lockstep never redirects (python-jujuclient asks before login).
+pub fn redirect_info() -> Result<Value, WireError> {
+    Err(WireError::new("", "not redirected"))
+}
+
+/// `Admin.Login` v3: a user (`user-admin`, `credentials` its password) or a machine agent
+/// (`machine-1`, `credentials` its password; Juju's `nonce` is accepted and not checked).
+/// Every failure answers the same after the same delay. An authenticated agent other than
+/// a controller's is then refused while the agent is not Ready, as Juju refuses it.
+pub async fn login(
+    api: &Api,
+    session: &Session,
+    request: &wire::Request,
+) -> Result<Value, WireError> {
+    if request.version != 3 {
+        return Err(WireError::new(
+            "not implemented",
+            format!(
+                "unknown version ({}) of interface \"Admin\"",
+                request.version
+            ),
+        ));
+    }
+    let tag = request
+        .params
+        .get("auth-tag")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let password = request
+        .params
+        .get("credentials")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let Some(who) = auth::authenticate(api, tag, password).await else {
+        tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
+        return Err(WireError::new(
+            "unauthorized access",
+            "invalid entity name or password",
+        ));
+    };
+    // Juju's rule: agents other than controllers' wait until the upgrade is over.
+    gate::admit_login(&api.view(), who, tag)?;
+    session.logged_in(who, tag);
+    let servers: Vec<Value> = api
+        .address_for(session)
+        .map(|address| {
+            json!([{"value": address.ip().to_string(), "port": address.port(), "type": "ipv4", "scope": "local-machine"}])
+        })
+        .into_iter()
+        .collect();
+    let facades: Vec<Value> = FACADES
+        .iter()
+        .filter(|(name, _, _)| permitted(who, name))
+        .map(|(name, versions, _)| json!({"name": name, "versions": versions}))
+        .collect();
+    let mut reply = json!({
+        "servers": servers,
+        "model-tag": format!("model-{}", api.config.model_uuid),
+        "controller-tag": format!("controller-{}", api.config.controller_uuid),
+        "facades": facades,
+        "server-version": SERVER_VERSION,
+    });
+    if who == Login::User {
+        let user = tag.strip_prefix("user-").unwrap_or_default();
+        reply["user-info"] = json!({
+            "display-name": user,
+            "identity": tag,
+            "controller-access": "superuser",
+            "model-access": "admin",
+        });
+    }
+    Ok(reply)
+}

@@ -1,0 +1,157 @@
+//! `Client`: `FullStatus`, `FindTools`, `AbortCurrentUpgrade`, `ModelGet` (Juju 2.0's, for
+//! python-jujuclient), `AddMachines` and `WatchAll`.
+
+use lockstep_core::gate::GateView;
+use lockstep_core::lifecycle::Revision;
+use serde_json::{Value, json};
+
+use crate::api::Api;
+use crate::backend::LifecycleStatus;
+use crate::facade::model_config;
+use crate::session::Session;
+use crate::state::Status;
+use crate::tools::{self, FindTools};
+use crate::wire::WireError;
+
+/// `Client.FullStatus`: the state's status with the lifecycle's detail under
+/// `model.lockstep` (the gate's `view` as the call was admitted), at the time the server
+/// reads now.
+pub async fn full_status(api: &Api, view: GateView) -> Result<Value, WireError> {
+    let lifecycle = LifecycleStatus::of(&*api.backend, view);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let status = api.state.status().await?;
+    Ok(full_status_reply(status, &lifecycle, now))
+}
+
+/// `Client.FullStatus`'s reply: a correctly typed subset of Juju's, with lockstep's
+/// lifecycle detail under `model.lockstep`.
+pub fn full_status_reply(
+    status: Status,
+    lifecycle: &LifecycleStatus,
+    now_unix_seconds: u64,
+) -> Value {
+    let view = lifecycle.gate;
+    let ready = view.phase.is_ready();
+    json!({
+        "model": {
+            "name": status.model_name,
+            "type": "iaas",
+            "cloud-tag": "cloud-localhost",
+            "version": lifecycle.agent_version,
+            "available-version": lifecycle.upgrade_available.clone().unwrap_or_default(),
+            "model-status": {"status": if ready { "available" } else { "busy" },
+                             "info": if ready { String::new() } else { format!("upgrade in progress: {}", view.phase) }},
+            "lockstep": {
+                "phase": view.phase.as_str(),
+                "step": view.progress.done,
+                "steps": view.progress.total,
+                "target-version": view.progress.target.map(|version| version.to_string()),
+                "upgrade-available": lifecycle.upgrade_available,
+                "capabilities": status.capabilities,
+            },
+        },
+        "machines": status.machines,
+        "applications": status.applications,
+        "relations": status.relations,
+        "controller-timestamp": rfc3339(now_unix_seconds),
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for a UNIX time (civil-from-days, proleptic Gregorian).
+pub fn rfc3339(unix_seconds: u64) -> String {
+    let days = (unix_seconds / 86_400) as i64;
+    let seconds = unix_seconds % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        seconds / 3600,
+        seconds % 3600 / 60,
+        seconds % 60
+    )
+}
+
+/// `Client.FindTools`: the catalogue's binaries that match (see [`FindTools`]), as
+/// `{"list": [{"version", "url", "size", "sha256"}]}` with URLs on the tools endpoint. As in
+/// Juju, finding nothing is `{"list": [], "error": {"message": "no matching agent binaries
+/// available", "code": "not found"}}`, and an unreadable catalogue an `error` too.
+pub async fn find_tools(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
+    let search = FindTools::parse(params)?;
+    let model_stream = api.state.agent_stream().await?;
+    let root = api.model_root(session);
+    Ok(match api.backend.catalogue().await {
+        Err(reason) => {
+            json!({"list": [], "error": {"message": tools::catalogue_unreadable(&reason)}})
+        }
+        Ok(catalogue) => {
+            let found = search.search(&catalogue, model_stream);
+            if found.is_empty() {
+                json!({"list": [], "error": {"message": tools::NO_MATCHES, "code": "not found"}})
+            } else {
+                let list: Vec<Value> = found
+                    .iter()
+                    .map(|entry| tools::tools_json(entry, &root))
+                    .collect();
+                json!({"list": list})
+            }
+        }
+    })
+}
+
+/// `Client.AbortCurrentUpgrade`: an operator's abort, handed to the lifecycle.
+pub fn abort_current_upgrade(api: &Api) -> Result<Value, WireError> {
+    api.backend
+        .abort_current_upgrade()
+        .map(|()| json!({}))
+        .map_err(|message| WireError::new("", message))
+}
+
+/// `Client.ModelGet` (Juju 2.0's Client v1 still had it; python-jujuclient's
+/// `get_env_config` uses it): the same as `ModelConfig.ModelGet`.
+pub async fn model_get(api: &Api) -> Result<Value, WireError> {
+    model_config::model_get(api).await
+}
+
+/// `Client.AddMachines {"params": [{"jobs": [...]}, ...]}`: machines added by an older
+/// client with jobs are stored with the equivalent roles (seed 004).
+pub async fn add_machines(api: &Api, params: &Value) -> Result<Value, WireError> {
+    api.state.add_machines(params).await
+}
+
+/// `Client.WatchAll {"after-revision"?: R}`: a new watcher on this connection. Without
+/// `after-revision` its first `Next` sends the whole state, as Juju's does; with it (our
+/// extension) it resumes after revision R, so a client that reconnects loses nothing.
+pub fn watch_all(session: &Session, params: &Value) -> Result<Value, WireError> {
+    let position = params
+        .get("after-revision")
+        .and_then(Value::as_u64)
+        .map(Revision);
+    let id = session.add_watcher(position)?;
+    Ok(json!({"watcher-id": id.to_string()}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_793_730_125), "2026-11-03T18:22:05Z");
+    }
+}

@@ -1,0 +1,132 @@
+//! `Upgrader`, the machine agents' facade: `SetTools` (and `SetVersion`), `DesiredVersion`
+//! and `Tools`. An agent may ask about, and report for, itself only.
+
+use lockstep_core::{Binary, Version};
+use serde_json::{Value, json};
+
+use crate::api::Api;
+use crate::session::Session;
+use crate::state::AgentViews;
+use crate::tools;
+use crate::wire::WireError;
+
+/// Entities one `Upgrader` call may name.
+pub const ENTITIES_PER_CALL_MAX: usize = 100;
+
+/// The `field` of each entity of the list `params.<key>`, in order (empty when missing);
+/// refused beyond [`ENTITIES_PER_CALL_MAX`].
+pub fn entity_tags(params: &Value, key: &str, field: &str) -> Result<Vec<String>, WireError> {
+    let entities = params
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| WireError::new("bad request", format!("params.{key} must be a list")))?;
+    if entities.len() > ENTITIES_PER_CALL_MAX {
+        return Err(WireError::new(
+            "bad request",
+            format!(
+                "{} entities asked for; at most {ENTITIES_PER_CALL_MAX} per call",
+                entities.len()
+            ),
+        ));
+    }
+    Ok(entities
+        .iter()
+        .map(|entity| {
+            entity
+                .get(field)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect())
+}
+
+/// `Upgrader.SetTools` (Juju's wire name; its Go client calls it `SetVersion`, which is
+/// served too) params `{"agent-tools": [{"tag", "tools": {"version": "2.9.44-ubuntu-amd64"}}]}`:
+/// records the binary each agent runs on its machine. Answers
+/// `{"results": [{} | {"error"}]}`; honours `operation-id`.
+pub async fn set_tools(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
+    api.state.set_tools(&session.agent(), params).await
+}
+
+/// The views of the entities `params` names (`{"entities": [{"tag"}]}`), for the agent
+/// logged in on `session`, with this server's own version.
+async fn agent_views(
+    api: &Api,
+    session: &Session,
+    params: &Value,
+) -> Result<AgentViews, WireError> {
+    let own = api.backend.agent_version();
+    let server_version = Version::parse(&own).map_err(|error| {
+        WireError::new(
+            "",
+            format!("this controller's own version is unreadable: {error}"),
+        )
+    })?;
+    let tags = entity_tags(params, "entities", "tag")?;
+    api.state
+        .agent_views(&session.agent(), server_version, &tags)
+        .await
+}
+
+/// `Upgrader.DesiredVersion {"entities": [{"tag"}]}`: for each, the version it should run
+/// (Juju's controllers-first rule): `{"results": [{"version"} | {"error"}]}`.
+pub async fn desired_version(
+    api: &Api,
+    session: &Session,
+    params: &Value,
+) -> Result<Value, WireError> {
+    let views = agent_views(api, session, params).await?;
+    let results: Vec<Value> = views
+        .entities
+        .iter()
+        .map(|entity| match entity {
+            Ok(view) => json!({"version": view.desired.to_string()}),
+            Err(error) => json!({"error": error.result_json()}),
+        })
+        .collect();
+    Ok(json!({"results": results}))
+}
+
+/// `Upgrader.Tools {"entities": [{"tag"}]}`: for each, the catalogue's binary of its
+/// desired version for the release and architecture it runs, with a URL on the tools
+/// endpoint: `{"results": [{"tools": [{"version", "url", "size", "sha256"}],
+/// "disable-ssl-hostname-verification": false} | {"error"}]}`.
+pub async fn tools(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
+    let views = agent_views(api, session, params).await?;
+    let catalogue = api.backend.catalogue().await;
+    let root = api.model_root(session);
+    let results: Vec<Value> = views
+        .entities
+        .iter()
+        .map(|entity| {
+            let found = entity.clone().and_then(|view| {
+                let running = view.running.ok_or_else(|| {
+                    WireError::new(
+                        "not found",
+                        "the agent has not reported the binary it runs (Upgrader.SetTools)",
+                    )
+                })?;
+                let catalogue = catalogue
+                    .as_ref()
+                    .map_err(|reason| WireError::new("", tools::catalogue_unreadable(reason)))?;
+                let wanted = Binary {
+                    number: view.desired,
+                    ..running
+                };
+                tools::entry_for(catalogue, &wanted, views.model_stream)
+                    .map(|entry| tools::tools_json(entry, &root))
+                    .ok_or_else(|| {
+                        WireError::new("not found", format!("{} for {wanted}", tools::NO_MATCHES))
+                    })
+            });
+            match found {
+                Ok(tools) => {
+                    json!({"tools": [tools], "disable-ssl-hostname-verification": false})
+                }
+                Err(error) => json!({"error": error.result_json()}),
+            }
+        })
+        .collect();
+    Ok(json!({"results": results}))
+}

@@ -1,0 +1,115 @@
+//! One connection's state: who logged in, the address its client reached, and its
+//! AllWatchers, which belong to it as in Juju (they end with the connection).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lockstep_core::gate::Login;
+use lockstep_core::lifecycle::Revision;
+
+use crate::wire::WireError;
+
+/// AllWatchers one connection may hold at once.
+pub const WATCHERS_PER_CONNECTION_MAX: usize = 16;
+
+/// One connection's state.
+#[derive(Debug)]
+pub struct Session {
+    login: Mutex<Login>,
+    /// The agent's tag (`machine-1`) once an agent logged in; empty for users.
+    agent: Mutex<String>,
+    /// The address the client reached this server on.
+    pub reached: Option<SocketAddr>,
+    watchers: Mutex<BTreeMap<u64, Arc<Watcher>>>,
+    next_watcher: AtomicU64,
+}
+
+/// An AllWatcher: its position in the event log (`None` until the first `Next` sent the
+/// whole state) and whether it was stopped.
+#[derive(Debug)]
+pub struct Watcher {
+    /// Held for the whole of a `Next`: one `Next` at a time per watcher.
+    pub position: tokio::sync::Mutex<Option<Revision>>,
+    pub stopped: tokio::sync::watch::Sender<bool>,
+}
+
+impl Session {
+    /// A connection nobody logged in on yet.
+    pub fn new(reached: Option<SocketAddr>) -> Session {
+        Session {
+            login: Mutex::new(Login::Anonymous),
+            agent: Mutex::new(String::new()),
+            reached,
+            watchers: Mutex::new(BTreeMap::new()),
+            next_watcher: AtomicU64::new(1),
+        }
+    }
+
+    /// Who logged in on this connection (the gate reads it on every call).
+    pub fn login(&self) -> Login {
+        *self.login.lock().expect("not poisoned")
+    }
+
+    /// Records a successful login: `who`, and the agent's tag for an agent login.
+    pub fn logged_in(&self, who: Login, tag: &str) {
+        *self.login.lock().expect("not poisoned") = who;
+        *self.agent.lock().expect("not poisoned") = match who {
+            Login::ControllerAgent | Login::MachineAgent => tag.to_owned(),
+            Login::Anonymous | Login::User => String::new(),
+        };
+    }
+
+    /// The logged-in agent's tag; empty for users.
+    pub fn agent(&self) -> String {
+        self.agent.lock().expect("not poisoned").clone()
+    }
+
+    /// A new watcher starting after `position` (`None`: from the whole state); its id.
+    pub fn add_watcher(&self, position: Option<Revision>) -> Result<u64, WireError> {
+        let mut watchers = self.watchers.lock().expect("not poisoned");
+        if watchers.len() >= WATCHERS_PER_CONNECTION_MAX {
+            return Err(WireError::new(
+                "quota limit exceeded",
+                format!(
+                    "a connection may hold at most {WATCHERS_PER_CONNECTION_MAX} watchers; stop one first"
+                ),
+            ));
+        }
+        let id = self.next_watcher.fetch_add(1, Ordering::Relaxed);
+        let (stopped, _) = tokio::sync::watch::channel(false);
+        watchers.insert(
+            id,
+            Arc::new(Watcher {
+                position: tokio::sync::Mutex::new(position),
+                stopped,
+            }),
+        );
+        Ok(id)
+    }
+
+    /// The watcher of id `id` (as the client sends it, a decimal string).
+    pub fn watcher(&self, id: &str) -> Result<Arc<Watcher>, WireError> {
+        id.parse::<u64>()
+            .ok()
+            .and_then(|id| {
+                self.watchers
+                    .lock()
+                    .expect("not poisoned")
+                    .get(&id)
+                    .cloned()
+            })
+            .ok_or_else(|| WireError::new("not found", format!("unknown watcher id {id:?}")))
+    }
+
+    /// Stops watcher `id` (a pending `Next` fails with `watcher was stopped`) and forgets it.
+    pub fn stop_watcher(&self, id: &str) -> Result<(), WireError> {
+        let watcher = self.watcher(id)?;
+        watcher.stopped.send_replace(true);
+        if let Ok(id) = id.parse::<u64>() {
+            self.watchers.lock().expect("not poisoned").remove(&id);
+        }
+        Ok(())
+    }
+}

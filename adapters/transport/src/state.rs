@@ -1,0 +1,174 @@
+//! The controller's shared state as the facades need it: [`SharedState`], one method per
+//! state call the server serves. The transport defines it and never implements it over a
+//! store: the agent does (over `lockstep-store`), tests do in memory. Errors are already
+//! the wire's ([`WireError`]): the implementation names what went wrong as Juju would.
+//!
+//! Mutating calls take their params as the wire has them and answer the wire's result,
+//! because a call with an `operation-id` (CONTRACT.md, "Client operations") must commit
+//! its writes and its recorded result together, and replay that result byte for byte.
+
+use async_trait::async_trait;
+use lockstep_core::lifecycle::Revision;
+use lockstep_core::policy::Stream;
+use lockstep_core::{Binary, Roles, Version};
+use serde_json::{Map, Value};
+
+use crate::wire::{Delta, WireError};
+
+/// The shared state behind the facades. Object-safe: the server holds an
+/// `Arc<dyn SharedState>`.
+#[async_trait]
+pub trait SharedState: Send + Sync + 'static {
+    // --- Client, ModelConfig, ModelManager: reads ---------------------------------------
+
+    /// `Client.FullStatus`'s view of the state (the server adds the lifecycle's part).
+    async fn status(&self) -> Result<Status, WireError>;
+    /// The model's config: `ModelConfig.ModelGet` (and `Client.ModelGet`) and
+    /// `ModelManager.ModelInfo`. `not found` before bootstrap created the model.
+    async fn model_config(&self) -> Result<ModelConfig, WireError>;
+    /// The model's `agent-stream` (`None`: the default, also before the model exists), for
+    /// `Client.FindTools` and the tools endpoint.
+    async fn agent_stream(&self) -> Result<Option<Stream>, WireError>;
+
+    // --- Client and Application: writes, each honouring `operation-id` ------------------
+
+    /// `Client.AddMachines {"params": [{"jobs": [...]}, ...]}`.
+    async fn add_machines(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.Deploy {"applications": [{"application", "charm-url", "num-units"}]}`.
+    async fn deploy(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.AddUnits {"application", "num-units"}`.
+    async fn add_units(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.AddRelation {"endpoints": [a, b]}`.
+    async fn add_relation(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.Expose {"application"}`.
+    async fn expose(&self, params: &Value) -> Result<Value, WireError>;
+
+    // --- Upgrader ----------------------------------------------------------------------
+
+    /// `Upgrader.DesiredVersion` and `Upgrader.Tools`: for each of `tags` (in order) the
+    /// version that agent should run and the binary it runs, read in one snapshot. `owner`
+    /// is the logged-in agent's tag: it may ask about itself only (others get
+    /// [`WireError::permission_denied`]); `server_version` is this API server's own.
+    async fn agent_views(
+        &self,
+        owner: &str,
+        server_version: Version,
+        tags: &[String],
+    ) -> Result<AgentViews, WireError>;
+    /// `Upgrader.SetTools {"agent-tools": [{"tag", "tools": {"version"}}]}`: records the
+    /// binary each agent (`owner` only) runs; honours `operation-id`.
+    async fn set_tools(&self, owner: &str, params: &Value) -> Result<Value, WireError>;
+
+    // --- ModelConfig.ModelSet: the agent-version ----------------------------------------
+
+    /// Whether the model's agent-version may move to `version`, checked before the
+    /// catalogue is asked: unchanged, allowed (with the model's `agent-stream`), or
+    /// refused (an upgrade-info record is current, or a downgrade) as Juju refuses it.
+    async fn agent_version_change(&self, version: Version)
+    -> Result<AgentVersionChange, WireError>;
+    /// Writes the model's agent-version; refused while an upgrade-info record is current,
+    /// atomically with the write.
+    async fn set_agent_version(&self, version: Version) -> Result<(), WireError>;
+
+    // --- AllWatcher --------------------------------------------------------------------
+
+    /// The whole state as `change` deltas, in Juju's order (model, machines, applications,
+    /// units, relations), at one revision: a watcher's first answer.
+    async fn snapshot(&self, model_uuid: &str) -> Result<Snapshot, WireError>;
+    /// The deltas of the events after `after`, at most `limit` events read, each with its
+    /// revision; or "resync needed" when events after `after` were compacted away.
+    async fn changes_since(
+        &self,
+        model_uuid: &str,
+        after: Revision,
+        limit: usize,
+    ) -> Result<Changes, WireError>;
+    /// Returns once the state may have changed after `after`: at once when a write made
+    /// through this implementation is above it, else on the next such write or after the
+    /// implementation's poll interval (for writers it does not hear). Spurious returns are
+    /// harmless: the caller reads [`SharedState::changes_since`] again.
+    async fn wait_for_change(&self, after: Revision);
+
+    // --- Authentication ----------------------------------------------------------------
+
+    /// The roles of machine `machine_id` (a legacy machine's jobs read as roles), `None`
+    /// when there is no such machine: an agent logs in only for a machine that exists, as a
+    /// controller agent when it has [`lockstep_core::Role::Controller`].
+    async fn machine_roles(&self, machine_id: &str) -> Result<Option<Roles>, WireError>;
+}
+
+/// What `Client.FullStatus` shows of the state, each entity already as Juju's status
+/// shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Status {
+    pub model_name: String,
+    /// The model's capabilities, by name (under `model.lockstep.capabilities`).
+    pub capabilities: Vec<String>,
+    /// Machine statuses by machine id.
+    pub machines: Map<String, Value>,
+    /// Application statuses (with their units) by application name.
+    pub applications: Map<String, Value>,
+    pub relations: Vec<Value>,
+}
+
+/// The model's config as `ModelGet` and `ModelInfo` show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    pub name: String,
+    pub uuid: String,
+    pub agent_version: Version,
+    /// `None`: the default stream (`released`).
+    pub agent_stream: Option<Stream>,
+    pub agent_metadata_url: Option<String>,
+}
+
+/// One entity of an `Upgrader.DesiredVersion` or `Upgrader.Tools` call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentView {
+    /// The version the agent should run (Juju's controllers-first rule).
+    pub desired: Version,
+    /// The binary the agent last reported running (`Upgrader.SetTools`), if any.
+    pub running: Option<Binary>,
+}
+
+/// What the Upgrader facade reads for a call: the model's `agent-stream` and, per entity in
+/// the order asked, its view or the error Juju answers for it.
+#[derive(Clone, Debug)]
+pub struct AgentViews {
+    pub model_stream: Option<Stream>,
+    pub entities: Vec<Result<AgentView, WireError>>,
+}
+
+/// The answer to [`SharedState::agent_version_change`] when the change is not refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentVersionChange {
+    /// The version is the current one already: nothing to do (Juju accepts it back).
+    Unchanged,
+    /// The version may be set once the catalogue has a binary of it in `model_stream`.
+    Allowed { model_stream: Option<Stream> },
+}
+
+/// The whole state as deltas, read at `revision`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    pub revision: Revision,
+    pub deltas: Vec<Value>,
+}
+
+/// The answer to [`SharedState::changes_since`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Changes {
+    /// The deltas in order (events clients do not watch left out), and the revision the
+    /// answer is up to date with: the last event read when the page was full, else the
+    /// state's current revision.
+    Deltas {
+        deltas: Vec<Delta>,
+        reached: Revision,
+    },
+    /// Events after the asked revision were compacted through `compacted`: the watcher must
+    /// start again from the whole state.
+    ResyncNeeded {
+        compacted: Revision,
+        current: Revision,
+    },
+}

@@ -1,0 +1,310 @@
+//! The tools endpoint, `GET /model/<uuid>/tools/<version>-<os>-<arch>`: agent binaries
+//! served from the controller's cache, in every phase and without login, as Juju serves
+//! them.
+//!
+//! A binary the cache lacks is fetched through [`Backend::fetch_binary`] at most once at a
+//! time per binary, however many agents ask at the same moment (a thundering herd of agents
+//! each downloading from upstream was a real Juju outage): the first request starts the
+//! fetch, later ones wait for the same fetch, and every waiter gets its outcome. A failed
+//! fetch is forgotten once reported, so the next request tries again.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
+use lockstep_core::Binary;
+use lockstep_core::policy::CatalogueEntry;
+use serde_json::json;
+
+use crate::backend::Backend;
+use crate::state::SharedState;
+use crate::tools;
+
+/// Bytes read from the cache per chunk of a download.
+pub const CHUNK_SIZE_BYTES: usize = 64 * 1024;
+
+/// Binaries being fetched at once at most (each distinct binary is fetched once at a time;
+/// this bounds the distinct ones). A request beyond it is answered 503.
+pub const FETCHES_IN_FLIGHT_MAX: usize = 16;
+
+/// The endpoint of one model: its cache directory and the fetches in flight.
+#[derive(Debug)]
+pub struct ToolsEndpoint {
+    model_uuid: String,
+    /// `None`: the endpoint is off (404).
+    cache: Option<PathBuf>,
+    fetches: Fetches,
+}
+
+impl ToolsEndpoint {
+    /// The endpoint of model `model_uuid`, keeping binaries in `cache` (`None`: off).
+    pub fn new(model_uuid: String, cache: Option<PathBuf>) -> ToolsEndpoint {
+        ToolsEndpoint {
+            model_uuid,
+            cache,
+            fetches: Fetches::default(),
+        }
+    }
+
+    /// `GET /model/<uuid>/tools/<binary>`: the binary's tarball from the cache, fetched
+    /// through the backend first if the cache lacks it (once, whoever else asks at the same
+    /// moment). Errors are JSON, `{"error": {"message", "code"}}`: 404 for another model,
+    /// no cache configured, or a binary the catalogue lacks; 400 for a malformed name; 502
+    /// when the fetch failed (the next request tries again); 503 when the catalogue cannot
+    /// be read.
+    pub async fn get(
+        &self,
+        backend: &Arc<dyn Backend>,
+        state: &dyn SharedState,
+        uuid: &str,
+        binary: &str,
+    ) -> Response {
+        if uuid != self.model_uuid {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                "not found",
+                format!("unknown model {uuid:?}"),
+            );
+        }
+        let Some(cache) = &self.cache else {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                "not found",
+                "this controller serves no agent binaries: it has no tools cache configured",
+            );
+        };
+        let binary = match Binary::parse(binary) {
+            Ok(binary) => binary,
+            Err(error) => {
+                return http_error(StatusCode::BAD_REQUEST, "bad request", error.to_string());
+            }
+        };
+        let catalogue = match backend.catalogue().await {
+            Ok(catalogue) => catalogue,
+            Err(reason) => {
+                return http_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "",
+                    tools::catalogue_unreadable(&reason),
+                );
+            }
+        };
+        let model_stream = state.agent_stream().await.ok().flatten();
+        let Some(entry) = tools::entry_for(&catalogue, &binary, model_stream).cloned() else {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                "not found",
+                format!("no agent binaries found for {binary}"),
+            );
+        };
+        match self.fetches.ensure(backend, cache, &entry).await {
+            Ok(path) => serve_file(&path).await,
+            Err((status, message)) => http_error(status, "", message),
+        }
+    }
+}
+
+/// An error body as Juju's HTTP endpoints send it: `{"error": {"message", "code"}}`.
+pub fn http_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let message = message.into();
+    let body = if code.is_empty() {
+        json!({"error": {"message": message}})
+    } else {
+        json!({"error": {"message": message, "code": code}})
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// A fetch in flight, shared by every request waiting for that binary.
+type Fetch = Shared<BoxFuture<'static, Result<(), String>>>;
+
+/// The fetches in flight, by binary.
+#[derive(Default)]
+struct Fetches {
+    in_flight: Arc<Mutex<HashMap<Binary, Fetch>>>,
+}
+
+impl std::fmt::Debug for Fetches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = self.in_flight.lock().expect("not poisoned").len();
+        f.debug_struct("Fetches")
+            .field("in_flight", &count)
+            .finish()
+    }
+}
+
+/// The cached tarball of `binary` in `cache`. A binary's text has no `/` (its release and
+/// arch are ASCII letters, digits, `.` and `_`), so this is one file inside `cache`.
+fn cached_path(cache: &Path, binary: &Binary) -> PathBuf {
+    let name = format!("{binary}.tgz");
+    assert!(!name.contains('/') && !name.contains('\\'), "{name:?}");
+    cache.join(name)
+}
+
+impl Fetches {
+    /// Makes sure `entry`'s tarball is in `cache`, fetching it if it is not: at most one
+    /// fetch per binary at a time, whose outcome every concurrent caller shares.
+    async fn ensure(
+        &self,
+        backend: &Arc<dyn Backend>,
+        cache: &Path,
+        entry: &CatalogueEntry,
+    ) -> Result<PathBuf, (StatusCode, String)> {
+        let path = cached_path(cache, &entry.binary);
+        let fetch = {
+            let mut in_flight = self.in_flight.lock().expect("not poisoned");
+            match in_flight.get(&entry.binary) {
+                Some(fetch) => fetch.clone(),
+                // Looked at under the lock: a fetch renames its file into place before it
+                // leaves the map, so a binary is never fetched twice in a row.
+                None if path.is_file() => return Ok(path),
+                None if in_flight.len() >= FETCHES_IN_FLIGHT_MAX => {
+                    return Err((
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "{FETCHES_IN_FLIGHT_MAX} agent binaries are being fetched already; \
+                             retry {} later",
+                            entry.binary
+                        ),
+                    ));
+                }
+                None => {
+                    let fetch = self.start(Arc::clone(backend), cache, entry.clone());
+                    in_flight.insert(entry.binary.clone(), fetch.clone());
+                    fetch
+                }
+            }
+        };
+        fetch.await.map(|()| path).map_err(|reason| {
+            (
+                StatusCode::BAD_GATEWAY,
+                format!("cannot fetch agent binary {}: {reason}", entry.binary),
+            )
+        })
+    }
+
+    /// The fetch of one binary: into a temporary file of the cache, checked for its size,
+    /// renamed into place; it leaves the map of fetches in flight when done, after the
+    /// rename, so the next request finds the file or, after a failure, fetches again.
+    fn start(&self, backend: Arc<dyn Backend>, cache: &Path, entry: CatalogueEntry) -> Fetch {
+        // Weak: the map holds this future, which must not keep the map alive once the
+        // server is gone.
+        let in_flight = Arc::downgrade(&self.in_flight);
+        let cache = cache.to_owned();
+        async move {
+            let path = cached_path(&cache, &entry.binary);
+            let partial = cache.join(format!(".{}.tgz.partial", entry.binary));
+            let outcome = fetch_into(&*backend, &cache, &entry, &partial, &path).await;
+            if outcome.is_err() {
+                let _ = tokio::fs::remove_file(&partial).await;
+            }
+            match &outcome {
+                Ok(()) => {
+                    tracing::info!(target: "lockstep::api", binary = %entry.binary, "agent binary cached")
+                }
+                Err(reason) => {
+                    tracing::warn!(target: "lockstep::api", binary = %entry.binary, %reason, "agent binary fetch failed")
+                }
+            }
+            if let Some(in_flight) = in_flight.upgrade() {
+                in_flight
+                    .lock()
+                    .expect("not poisoned")
+                    .remove(&entry.binary);
+            }
+            outcome
+        }
+        .boxed()
+        .shared()
+    }
+}
+
+async fn fetch_into(
+    backend: &dyn Backend,
+    cache: &Path,
+    entry: &CatalogueEntry,
+    partial: &Path,
+    path: &Path,
+) -> Result<(), String> {
+    tokio::fs::create_dir_all(cache)
+        .await
+        .map_err(|error| format!("cannot create the tools cache {}: {error}", cache.display()))?;
+    // A fetch cut short by a stopped server may have left its file behind.
+    let _ = tokio::fs::remove_file(partial).await;
+    backend
+        .fetch_binary(entry.clone(), partial.to_owned())
+        .await?;
+    let size_bytes = tokio::fs::metadata(partial)
+        .await
+        .map_err(|error| format!("the fetched file {} is missing: {error}", partial.display()))?
+        .len();
+    if size_bytes != entry.size_bytes {
+        return Err(format!(
+            "the fetched file has {size_bytes} bytes, the catalogue says {}",
+            entry.size_bytes
+        ));
+    }
+    tokio::fs::rename(partial, path).await.map_err(|error| {
+        format!(
+            "cannot move the fetched file into {}: {error}",
+            path.display()
+        )
+    })
+}
+
+/// The tarball at `path` as a streamed `application/x-tar-gz` body.
+async fn serve_file(path: &Path) -> Response {
+    let file = match tokio::fs::File::open(path).await {
+        Ok(file) => file,
+        Err(error) => {
+            return http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "",
+                format!(
+                    "cannot open the cached agent binary {}: {error}",
+                    path.display()
+                ),
+            );
+        }
+    };
+    let size_bytes = match file.metadata().await {
+        Ok(metadata) => metadata.len(),
+        Err(error) => {
+            return http_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "",
+                format!(
+                    "cannot read the cached agent binary {}: {error}",
+                    path.display()
+                ),
+            );
+        }
+    };
+    let chunks = futures_util::stream::unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buffer = vec![0u8; CHUNK_SIZE_BYTES];
+        match file.read(&mut buffer).await {
+            Ok(0) => None,
+            Ok(read) => {
+                buffer.truncate(read);
+                Some((
+                    Ok::<_, std::io::Error>(axum::body::Bytes::from(buffer)),
+                    file,
+                ))
+            }
+            Err(error) => Some((Err(error), file)),
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/x-tar-gz".to_owned()),
+            (header::CONTENT_LENGTH, size_bytes.to_string()),
+        ],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response()
+}

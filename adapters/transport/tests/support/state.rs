@@ -1,0 +1,486 @@
+//! A small in-memory [`SharedState`] for the transport's tests: a model, machines with
+//! roles and binaries, applications with units, an event log of deltas with revisions,
+//! and `operation-id`s remembered with their results. It keeps no lifecycle rule of the
+//! real state (the agent's tests run the server over the real store): its desired version
+//! is the model's for everyone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use lockstep_core::lifecycle::Revision;
+use lockstep_core::policy::Stream;
+use lockstep_core::{Binary, Role, Roles, Version};
+use lockstep_transport::state::{
+    AgentVersionChange, AgentView, AgentViews, Changes, ModelConfig, SharedState, Snapshot, Status,
+};
+use lockstep_transport::wire::{Delta, WireError};
+use serde_json::{Map, Value, json};
+
+#[derive(Debug, Default)]
+struct Application {
+    charm: String,
+    exposed: bool,
+    /// Unit name and the machine it is on.
+    units: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    model: ModelConfig,
+    /// Machines by id: roles and the binary last reported.
+    machines: BTreeMap<String, (Roles, Option<Binary>)>,
+    applications: BTreeMap<String, Application>,
+    relations: Vec<String>,
+    /// Every delta, in order; revision 1 is the model's creation.
+    log: Vec<Delta>,
+    /// Deltas at or below this revision were compacted away.
+    compacted: u64,
+    operations: HashMap<String, Value>,
+}
+
+impl Inner {
+    fn revision(&self) -> u64 {
+        self.log.last().map_or(0, |delta| delta.revision.0)
+    }
+
+    fn record(&mut self, kind: &str, entity: Value) {
+        let revision = Revision(self.revision() + 1);
+        self.log.push(Delta {
+            revision,
+            delta: json!([kind, "change", entity]),
+        });
+    }
+
+    fn model_delta(&mut self) {
+        let model = json!({"model-uuid": self.model.uuid, "name": self.model.name,
+                           "life": "alive", "agent-version": self.model.agent_version.to_string()});
+        self.record("model", model);
+    }
+
+    fn add_machine(&mut self, roles: Roles) -> String {
+        let id = self.machines.len().to_string();
+        self.machines.insert(id.clone(), (roles, None));
+        self.record("machine", json!({"id": id, "life": "alive"}));
+        id
+    }
+
+    fn add_units(&mut self, application: &str, count: u64) -> Vec<String> {
+        let mut names = Vec::new();
+        for _ in 0..count {
+            let machine = self.add_machine(Roles::of(&[Role::HostMachine]));
+            let units = &mut self
+                .applications
+                .get_mut(application)
+                .expect("exists")
+                .units;
+            let name = format!("{application}/{}", units.len());
+            units.push((name.clone(), machine.clone()));
+            self.record(
+                "unit",
+                json!({"name": name, "application": application, "machine-id": machine, "life": "alive"}),
+            );
+            names.push(name);
+        }
+        names
+    }
+
+    fn application_delta(&mut self, name: &str) {
+        let application = &self.applications[name];
+        let entity = json!({"name": name, "charm-url": application.charm, "life": "alive",
+                            "exposed": application.exposed});
+        self.record("application", entity);
+    }
+}
+
+/// The test state; see the module doc.
+#[derive(Debug)]
+pub struct FakeState {
+    inner: Mutex<Inner>,
+    changed: tokio::sync::Notify,
+}
+
+fn bad(message: String) -> WireError {
+    WireError::new("bad request", message)
+}
+
+fn text<'a>(value: &'a Value, key: &str) -> Result<&'a str, WireError> {
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .filter(|text| !text.is_empty())
+        .ok_or_else(|| bad(format!("{key} must be a non-empty string")))
+}
+
+impl FakeState {
+    /// A state holding `model` only.
+    pub fn new(model: ModelConfig) -> FakeState {
+        let mut inner = Inner {
+            model,
+            machines: BTreeMap::new(),
+            applications: BTreeMap::new(),
+            relations: Vec::new(),
+            log: Vec::new(),
+            compacted: 0,
+            operations: HashMap::new(),
+        };
+        inner.model_delta();
+        FakeState {
+            inner: Mutex::new(inner),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The model's config now.
+    pub fn model(&self) -> ModelConfig {
+        self.inner.lock().unwrap().model.clone()
+    }
+
+    /// The revision of the last change.
+    pub fn revision(&self) -> Revision {
+        Revision(self.inner.lock().unwrap().revision())
+    }
+
+    /// Adds a machine with `roles` (as a provisioner would); its id.
+    pub fn add_machine(&self, roles: Roles) -> String {
+        let id = self.inner.lock().unwrap().add_machine(roles);
+        self.changed.notify_waiters();
+        id
+    }
+
+    /// Drops the deltas at or below `through`.
+    pub fn compact(&self, through: Revision) {
+        self.inner.lock().unwrap().compacted = through.0;
+    }
+
+    /// A write: once, under `operation-id` when the params carry one.
+    fn mutate(
+        &self,
+        params: &Value,
+        body: impl FnOnce(&mut Inner) -> Result<Value, WireError>,
+    ) -> Result<Value, WireError> {
+        let mut inner = self.inner.lock().unwrap();
+        let operation = params.get("operation-id").and_then(Value::as_str);
+        if let Some(result) = operation.and_then(|id| inner.operations.get(id)) {
+            return Ok(result.clone());
+        }
+        let result = body(&mut inner)?;
+        if let Some(id) = operation {
+            inner.operations.insert(id.to_owned(), result.clone());
+        }
+        drop(inner);
+        self.changed.notify_waiters();
+        Ok(result)
+    }
+}
+
+#[async_trait]
+impl SharedState for FakeState {
+    async fn status(&self) -> Result<Status, WireError> {
+        let inner = self.inner.lock().unwrap();
+        let machines: Map<String, Value> = inner
+            .machines
+            .iter()
+            .map(|(id, (_, binary))| {
+                let version = binary.as_ref().map(|binary| binary.number.to_string());
+                (
+                    id.clone(),
+                    json!({"id": id, "agent-status": {"version": version.unwrap_or_default()}}),
+                )
+            })
+            .collect();
+        let applications: Map<String, Value> = inner
+            .applications
+            .iter()
+            .map(|(name, application)| {
+                let units: Map<String, Value> = application
+                    .units
+                    .iter()
+                    .map(|(unit, machine)| (unit.clone(), json!({"machine": machine})))
+                    .collect();
+                (name.clone(), json!({"charm": application.charm, "exposed": application.exposed, "units": units}))
+            })
+            .collect();
+        Ok(Status {
+            model_name: inner.model.name.clone(),
+            capabilities: Vec::new(),
+            machines,
+            applications,
+            relations: inner
+                .relations
+                .iter()
+                .map(|key| json!({"key": key}))
+                .collect(),
+        })
+    }
+
+    async fn model_config(&self) -> Result<ModelConfig, WireError> {
+        Ok(self.model())
+    }
+
+    async fn agent_stream(&self) -> Result<Option<Stream>, WireError> {
+        Ok(self.model().agent_stream)
+    }
+
+    async fn add_machines(&self, params: &Value) -> Result<Value, WireError> {
+        let count = params
+            .get("params")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("params.params must be a list".into()))?
+            .len();
+        self.mutate(params, |inner| {
+            let machines: Vec<Value> = (0..count)
+                .map(|_| json!({"machine": inner.add_machine(Roles::of(&[Role::HostMachine]))}))
+                .collect();
+            Ok(json!({"machines": machines}))
+        })
+    }
+
+    async fn deploy(&self, params: &Value) -> Result<Value, WireError> {
+        let requested = params
+            .get("applications")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("params.applications must be a list".into()))?;
+        let mut plans = Vec::new();
+        for application in requested {
+            let name = text(application, "application")?.to_owned();
+            let charm = text(application, "charm-url")?.to_owned();
+            let units = application
+                .get("num-units")
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
+            plans.push((name, charm, units));
+        }
+        self.mutate(params, |inner| {
+            let mut results = Vec::new();
+            for (name, charm, units) in plans {
+                if inner.applications.contains_key(&name) {
+                    let error = WireError::new(
+                        "already exists",
+                        format!("application {name:?} already exists"),
+                    );
+                    results.push(json!({"error": error.result_json()}));
+                    continue;
+                }
+                inner.applications.insert(
+                    name.clone(),
+                    Application {
+                        charm,
+                        ..Application::default()
+                    },
+                );
+                inner.application_delta(&name);
+                inner.add_units(&name, units);
+                results.push(json!({}));
+            }
+            Ok(json!({"results": results}))
+        })
+    }
+
+    async fn add_units(&self, params: &Value) -> Result<Value, WireError> {
+        let application = text(params, "application")?.to_owned();
+        let count = params.get("num-units").and_then(Value::as_u64).unwrap_or(1);
+        self.mutate(params, |inner| {
+            if !inner.applications.contains_key(&application) {
+                return Err(WireError::new(
+                    "not found",
+                    format!("application {application:?} not found"),
+                ));
+            }
+            Ok(json!({"units": inner.add_units(&application, count)}))
+        })
+    }
+
+    async fn add_relation(&self, params: &Value) -> Result<Value, WireError> {
+        let mut endpoints: Vec<String> = params
+            .get("endpoints")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("params.endpoints must be a list".into()))?
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect();
+        endpoints.sort();
+        let key = endpoints.join(" ");
+        self.mutate(params, |inner| {
+            inner.relations.push(key.clone());
+            inner.record("relation", json!({"key": key, "endpoints": endpoints}));
+            Ok(json!({"endpoints": {}}))
+        })
+    }
+
+    async fn expose(&self, params: &Value) -> Result<Value, WireError> {
+        let name = text(params, "application")?.to_owned();
+        self.mutate(params, |inner| {
+            let application = inner.applications.get_mut(&name).ok_or_else(|| {
+                WireError::new("not found", format!("application {name:?} not found"))
+            })?;
+            if !application.exposed {
+                application.exposed = true;
+                inner.application_delta(&name);
+            }
+            Ok(json!({}))
+        })
+    }
+
+    async fn agent_views(
+        &self,
+        owner: &str,
+        _server_version: Version,
+        tags: &[String],
+    ) -> Result<AgentViews, WireError> {
+        let inner = self.inner.lock().unwrap();
+        let entities = tags
+            .iter()
+            .map(|tag| {
+                let id = tag.strip_prefix("machine-").filter(|_| tag == owner);
+                let (_, running) = id
+                    .and_then(|id| inner.machines.get(id))
+                    .ok_or_else(WireError::permission_denied)?;
+                Ok(AgentView {
+                    desired: inner.model.agent_version,
+                    running: running.clone(),
+                })
+            })
+            .collect();
+        Ok(AgentViews {
+            model_stream: inner.model.agent_stream,
+            entities,
+        })
+    }
+
+    async fn set_tools(&self, owner: &str, params: &Value) -> Result<Value, WireError> {
+        let entries = params
+            .get("agent-tools")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("params.agent-tools must be a list".into()))?
+            .clone();
+        self.mutate(params, |inner| {
+            let results = entries
+                .iter()
+                .map(|entry| {
+                    let tag = entry.get("tag").and_then(Value::as_str).unwrap_or_default();
+                    let version = entry["tools"]["version"].as_str().unwrap_or_default();
+                    let machine = tag
+                        .strip_prefix("machine-")
+                        .filter(|_| tag == owner)
+                        .and_then(|id| inner.machines.get_mut(id));
+                    match (machine, Binary::parse(version)) {
+                        (None, _) => json!({"error": WireError::permission_denied().result_json()}),
+                        (Some(_), Err(error)) => {
+                            json!({"error": bad(error.to_string()).result_json()})
+                        }
+                        (Some((_, running)), Ok(binary)) => {
+                            *running = Some(binary);
+                            json!({})
+                        }
+                    }
+                })
+                .collect::<Vec<_>>();
+            Ok(json!({"results": results}))
+        })
+    }
+
+    async fn agent_version_change(
+        &self,
+        version: Version,
+    ) -> Result<AgentVersionChange, WireError> {
+        let model = self.model();
+        if version == model.agent_version {
+            return Ok(AgentVersionChange::Unchanged);
+        }
+        if version < model.agent_version {
+            return Err(WireError::new(
+                "not supported",
+                format!("{version} is lower"),
+            ));
+        }
+        Ok(AgentVersionChange::Allowed {
+            model_stream: model.agent_stream,
+        })
+    }
+
+    async fn set_agent_version(&self, version: Version) -> Result<(), WireError> {
+        self.mutate(&Value::Null, |inner| {
+            inner.model.agent_version = version;
+            inner.model_delta();
+            Ok(Value::Null)
+        })
+        .map(|_| ())
+    }
+
+    async fn snapshot(&self, _model_uuid: &str) -> Result<Snapshot, WireError> {
+        let inner = self.inner.lock().unwrap();
+        // The latest delta of each entity, in the order entities first appeared.
+        let mut latest: Vec<(String, Value)> = Vec::new();
+        for delta in &inner.log {
+            let entity = &delta.delta[2];
+            let key = format!(
+                "{}:{}",
+                delta.delta[0],
+                entity
+                    .get("name")
+                    .or(entity.get("id"))
+                    .or(entity.get("key"))
+                    .unwrap_or(&Value::Null)
+            );
+            match latest.iter_mut().find(|(seen, _)| *seen == key) {
+                Some((_, value)) => *value = delta.delta.clone(),
+                None => latest.push((key, delta.delta.clone())),
+            }
+        }
+        Ok(Snapshot {
+            revision: Revision(inner.revision()),
+            deltas: latest.into_iter().map(|(_, delta)| delta).collect(),
+        })
+    }
+
+    async fn changes_since(
+        &self,
+        _model_uuid: &str,
+        after: Revision,
+        limit: usize,
+    ) -> Result<Changes, WireError> {
+        let inner = self.inner.lock().unwrap();
+        let current = Revision(inner.revision());
+        if after.0 < inner.compacted {
+            return Ok(Changes::ResyncNeeded {
+                compacted: Revision(inner.compacted),
+                current,
+            });
+        }
+        let deltas: Vec<Delta> = inner
+            .log
+            .iter()
+            .filter(|delta| delta.revision > after)
+            .take(limit)
+            .cloned()
+            .collect();
+        let reached = if deltas.len() == limit {
+            deltas.last().map_or(current, |delta| delta.revision)
+        } else {
+            current
+        };
+        Ok(Changes::Deltas { deltas, reached })
+    }
+
+    async fn wait_for_change(&self, after: Revision) {
+        let notified = self.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.revision() > after {
+            return;
+        }
+        notified.await;
+    }
+
+    async fn machine_roles(&self, machine_id: &str) -> Result<Option<Roles>, WireError> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .machines
+            .get(machine_id)
+            .map(|(roles, _)| *roles))
+    }
+}
