@@ -41,9 +41,10 @@
 //!   each once however many agents ask at once.
 //! - [`api`]: what every connection shares.
 //!
-//! Modules only use modules listed above them in this chain: `server` → `connection` →
-//! `route` → `facade` → (`auth`, `session`, `api`) → (`tools_endpoint`, `probes`,
-//! `served`, `tools`) → (`state`, `backend`) → `wire`: no import circles.
+//! A module uses only modules to its right in this chain (within parentheses, only those
+//! after it), so there is no import circle: `server` → `connection` → `route` → `facade`
+//! → (`auth` → `api` → `session`) → (`tools_endpoint` → `tools`, `probes`, `served`) →
+//! (`state`, `backend`) → `wire`; `client` uses `tls` and `wire` only.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].

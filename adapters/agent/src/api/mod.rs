@@ -214,3 +214,28 @@ impl SharedState for StoreState {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_store::{Durability, MemoryStore};
+    use serde_json::json;
+
+    /// A write made through the state between a watcher's read and its wait is not
+    /// missed: the wait returns at once instead of after a poll interval; with nothing new
+    /// it waits one interval (time is paused: the clock moves only when every task waits).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_after_a_write_above_the_watcher_returns_at_once() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
+        let state = StoreState::new(Arc::clone(&store));
+        let before = store.revision().unwrap();
+        state.add_machines(&json!({"params": [{}]})).await.unwrap();
+        let started = tokio::time::Instant::now();
+        state.wait_for_change(before).await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        let after = store.revision().unwrap();
+        assert!(after > before, "{after:?} after {before:?}");
+        state.wait_for_change(after).await;
+        assert_eq!(started.elapsed(), WATCH_POLL_INTERVAL);
+    }
+}
