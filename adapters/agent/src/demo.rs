@@ -3,19 +3,23 @@
 //! In a temporary directory: a mirror publishing this build as version N and as N+1 (one
 //! patch newer, through a `FORCE-VERSION` file in its tarball); a controller bootstrapped on
 //! N with `--auto-upgrade`; and, started at the same moment, a deployer that deploys a
-//! bundle and a watcher that follows every change. It prints a timeline and checks the
-//! claims: the controller restarted into N+1 (its serving process's executable is under
-//! `tools/<N+1>`), every deploy operation was applied exactly once, no client saw an
-//! error, and the watcher saw every change once, in order. It exits non-zero if any claim
-//! does not hold, and stops every process it started.
+//! bundle and a watcher that follows every change. It prints a timeline and the claims,
+//! each computed by [`claims`] from what was observed ([`Observed`]): the clients' own
+//! records (calls, answers, retry counters sampled every millisecond), the controller's
+//! JSON log, `/proc`, and the store's event log read after the controller stopped. It exits
+//! non-zero if any claim does not hold, and stops every process it started.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
+use lockstep_core::lifecycle::Revision;
+use lockstep_store::{Changes, EntityKind, Store};
+use lockstep_transport::client::{Client, ClientStats};
 use serde_json::{Value, json};
 
 use crate::bootstrap::{self, BootstrapOptions, ControllerFile, Progress};
@@ -51,65 +55,33 @@ impl Timeline {
         }
     }
 
-    /// Adds an event that happened at `unix_micros` on the wall clock.
-    pub fn add_at(&self, unix_micros: u64, party: &'static str, text: impl Into<String>) {
-        let at = Duration::from_micros(unix_micros.saturating_sub(self.started_unix_micros));
+    /// The time since the demo started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.map(|s| s.elapsed()).unwrap_or_default()
+    }
+
+    /// `unix_micros` on the wall clock as the time since the demo started.
+    pub fn since_start(&self, unix_micros: u64) -> Duration {
+        Duration::from_micros(unix_micros.saturating_sub(self.started_unix_micros))
+    }
+
+    /// Adds an event that happened `at` since the demo started.
+    pub fn add_at(&self, at: Duration, party: &'static str, text: impl Into<String>) {
         self.events
             .lock()
             .expect("not poisoned")
             .push((at, party, text.into()));
     }
 
-    /// Adds the controller's own events from its JSON log: phase and gate changes, steps,
-    /// restarts.
-    pub fn add_daemon_log(&self, log: &str) {
-        for line in log.lines() {
-            let Ok(entry) = serde_json::from_str::<Value>(line) else {
-                continue;
-            };
-            let Some(at) = entry["timestamp"].as_str().and_then(parse_rfc3339_micros) else {
-                continue;
-            };
-            let message = entry["message"].as_str().unwrap_or("");
-            let text = match (entry["target"].as_str().unwrap_or(""), message) {
-                ("lockstep::agent", "gate") => format!(
-                    "phase {} ({})",
-                    entry["phase"].as_str().unwrap_or("?"),
-                    if entry["limited"] == true {
-                        "gate: limited"
-                    } else {
-                        "gate: full API"
-                    }
-                ),
-                ("lockstep::agent", "worker starting") => format!(
-                    "worker (pid {}) starts on {}",
-                    entry["pid"],
-                    entry["running"].as_str().unwrap_or("?")
-                ),
-                ("lockstep::agent", "re-executing") => format!(
-                    "restart: re-executes into {} (listening socket handed over)",
-                    entry["binary"].as_str().unwrap_or("?")
-                ),
-                ("lockstep::agent", _) if entry["key"].is_string() => format!(
-                    "{} step {}: {message}",
-                    entry["kind"].as_str().unwrap_or(""),
-                    entry["key"].as_str().unwrap_or("")
-                ),
-                ("lockstep::launcher", "worker started") => {
-                    format!("launcher starts a worker (pid {})", entry["pid"])
-                }
-                _ => continue,
-            };
-            self.add_at(at, "controller", text);
+    /// Adds the controller's own events (from [`parse_controller_log`]).
+    pub fn add_controller(&self, events: &[(Duration, ControllerEvent)]) {
+        for (at, event) in events {
+            self.add_at(*at, "controller", event.describe());
         }
     }
 
     pub fn add(&self, party: &'static str, text: impl Into<String>) {
-        let at = self.started.map(|s| s.elapsed()).unwrap_or_default();
-        self.events
-            .lock()
-            .expect("not poisoned")
-            .push((at, party, text.into()));
+        self.add_at(self.elapsed(), party, text);
     }
 
     pub fn render(&self) -> String {
@@ -121,6 +93,98 @@ impl Timeline {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// One event of the controller, from its JSON log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControllerEvent {
+    /// The launcher started a worker.
+    LauncherStartedWorker { pid: u64 },
+    /// A worker starts on `running` (a binary such as `0.1.1-ubuntu-amd64`).
+    WorkerStarting { pid: u64, running: String },
+    /// The gate changed: limited in every phase but Ready.
+    Gate { phase: String, limited: bool },
+    /// An upgrade step began.
+    Step {
+        kind: String,
+        key: String,
+        message: String,
+    },
+    /// The worker re-executes into `binary`, the listening socket handed over.
+    ReExecuting { binary: String },
+}
+
+impl ControllerEvent {
+    pub fn describe(&self) -> String {
+        match self {
+            ControllerEvent::LauncherStartedWorker { pid } => {
+                format!("launcher starts a worker (pid {pid})")
+            }
+            ControllerEvent::WorkerStarting { pid, running } => {
+                format!("worker (pid {pid}) starts on {running}")
+            }
+            ControllerEvent::Gate { phase, limited } => format!(
+                "phase {phase} ({})",
+                if *limited {
+                    "gate: limited"
+                } else {
+                    "gate: full API"
+                }
+            ),
+            ControllerEvent::Step { kind, key, message } => {
+                format!("{kind} step {key}: {message}")
+            }
+            ControllerEvent::ReExecuting { binary } => {
+                format!("restart: re-executes into {binary} (listening socket handed over)")
+            }
+        }
+    }
+}
+
+/// The controller's events in its JSON log (`--log-format json`), each with its time since
+/// `started_unix_micros` (earlier ones at zero). Lines that are not such events are skipped.
+pub fn parse_controller_log(
+    log: &str,
+    started_unix_micros: u64,
+) -> Vec<(Duration, ControllerEvent)> {
+    let mut events = Vec::new();
+    for line in log.lines() {
+        let Ok(entry) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let Some(at) = entry["timestamp"].as_str().and_then(parse_rfc3339_micros) else {
+            continue;
+        };
+        let text = |field: &str| entry[field].as_str().unwrap_or("").to_owned();
+        let message = entry["message"].as_str().unwrap_or("");
+        let event = match (entry["target"].as_str().unwrap_or(""), message) {
+            ("lockstep::agent", "gate") => ControllerEvent::Gate {
+                phase: text("phase"),
+                limited: entry["limited"] != false,
+            },
+            ("lockstep::agent", "worker starting") => ControllerEvent::WorkerStarting {
+                pid: entry["pid"].as_u64().unwrap_or(0),
+                running: text("running"),
+            },
+            ("lockstep::agent", "re-executing") => ControllerEvent::ReExecuting {
+                binary: text("binary"),
+            },
+            ("lockstep::agent", _) if entry["key"].is_string() => ControllerEvent::Step {
+                kind: text("kind"),
+                key: text("key"),
+                message: message.to_owned(),
+            },
+            ("lockstep::launcher", "worker started") => ControllerEvent::LauncherStartedWorker {
+                pid: entry["pid"].as_u64().unwrap_or(0),
+            },
+            _ => continue,
+        };
+        events.push((
+            Duration::from_micros(at.saturating_sub(started_unix_micros)),
+            event,
+        ));
+    }
+    events
 }
 
 /// `2026-12-02T16:17:50.114428Z` → microseconds since the Unix epoch.
@@ -217,23 +281,102 @@ pub fn exe_of(pid: u32) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
 
-/// A deployer: applies every change of the bundle through its own client, started before
-/// the controller is ready. Returns (change, outcome) per change.
+/// A client's retry counters each time they changed, with the time since the demo started
+/// at which the change was seen (sampled every millisecond, so at most about a millisecond
+/// after it happened).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientTrace {
+    pub changes: Vec<(Duration, ClientStats)>,
+}
+
+impl ClientTrace {
+    /// When the first `upgrade in progress` answer was seen.
+    pub fn first_refused(&self) -> Option<Duration> {
+        self.changes
+            .iter()
+            .find(|(_, stats)| stats.upgrade_in_progress > 0)
+            .map(|(at, _)| *at)
+    }
+
+    /// When each attempt that found its connection closed (or could not connect) was seen.
+    /// A connection the client noticed closed while idle is reopened without counting.
+    pub fn disconnects(&self) -> Vec<Duration> {
+        let mut before = 0;
+        let mut seen = Vec::new();
+        for (at, stats) in &self.changes {
+            if stats.disconnected > before {
+                seen.push(*at);
+                before = stats.disconnected;
+            }
+        }
+        seen
+    }
+
+    /// The counters at the end.
+    pub fn last(&self) -> ClientStats {
+        self.changes
+            .last()
+            .map(|(_, stats)| *stats)
+            .unwrap_or_default()
+    }
+}
+
+/// Runs `work` while sampling `client`'s retry counters every millisecond.
+async fn traced<T>(
+    client: &Client,
+    timeline: &Timeline,
+    work: impl Future<Output = T>,
+) -> (T, ClientTrace) {
+    let mut trace = ClientTrace::default();
+    let mut last = ClientStats::default();
+    let mut sample = |trace: &mut ClientTrace| {
+        let now = client.stats();
+        if now != last {
+            trace.changes.push((timeline.elapsed(), now));
+            last = now;
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            output = &mut work => {
+                sample(&mut trace);
+                return (output, trace);
+            }
+            _ = tick.tick() => sample(&mut trace),
+        }
+    }
+}
+
+/// One call of the deployer, as it saw it.
+#[derive(Clone, Debug)]
+pub struct DeployCall {
+    pub change: BundleChange,
+    /// When the call was first sent, and when its last answer came.
+    pub sent: Duration,
+    pub answered: Duration,
+    /// `upgrade in progress` answers, and closed connections, retried within this call.
+    pub refused: u64,
+    pub reconnected: u64,
+    pub result: Result<Value, String>,
+}
+
+/// A deployer: applies every change of the bundle through its own client, each with one
+/// `operation-id` for all its retries. Started before the controller is ready.
 pub async fn deployer(
     controller: ControllerFile,
     bundle: Bundle,
     timeline: Timeline,
     deadline: Duration,
-) -> (
-    Vec<(BundleChange, Result<Value, String>)>,
-    lockstep_transport::client::ClientStats,
-) {
+) -> Vec<DeployCall> {
     let client = controller.client(RetryPolicy::default());
-    let mut outcomes = Vec::new();
+    let mut calls = Vec::new();
     for change in bundle.plan() {
         let (facade, version, method, params) = cli::call_for(&change);
-        let started = Instant::now();
         let before = client.stats();
+        let sent = timeline.elapsed();
         let result = client
             .mutate(facade, version, method, params, deadline)
             .await
@@ -241,39 +384,44 @@ pub async fn deployer(
             .and_then(|reply| {
                 cli::check_results(&reply, &cli::describe_change(&change)).map(|()| reply)
             });
-        let waited = started.elapsed();
+        let answered = timeline.elapsed();
         let after = client.stats();
-        let retries = after.upgrade_in_progress - before.upgrade_in_progress;
-        let reconnects = after.disconnected - before.disconnected;
-        if retries + reconnects > 0 {
-            timeline.add(
+        let refused = after.upgrade_in_progress - before.upgrade_in_progress;
+        let reconnected = after.disconnected - before.disconnected;
+        if refused + reconnected > 0 {
+            timeline.add_at(
+                sent,
                 "deployer",
-                format!(
-                    "{}: {retries} answers `upgrade in progress` and {reconnects} closed \
-                     connections, each retried with the same operation-id",
-                    cli::describe_change(&change)
-                ),
+                format!("{}: sent", cli::describe_change(&change)),
             );
         }
-        timeline.add(
+        timeline.add_at(
+            answered,
             "deployer",
             match &result {
-                Ok(_) if waited > Duration::from_millis(500) => format!(
-                    "{} done (waited {:.1}s through the upgrade)",
+                Ok(_) if refused + reconnected > 0 => format!(
+                    "{} done after {refused} answers `upgrade in progress` and {reconnected} \
+                     closed connections, each retried with the same operation-id",
                     cli::describe_change(&change),
-                    waited.as_secs_f64()
                 ),
                 Ok(_) => format!("{} done", cli::describe_change(&change)),
                 Err(error) => format!("{} FAILED: {error}", cli::describe_change(&change)),
             },
         );
-        outcomes.push((change, result));
+        calls.push(DeployCall {
+            change,
+            sent,
+            answered,
+            refused,
+            reconnected,
+            result,
+        });
     }
-    (outcomes, client.stats())
+    calls
 }
 
 /// What a watcher reconstructed: every entity's last delta, and the revisions it saw.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Watched {
     pub entities: BTreeMap<(String, String), Value>,
     pub revisions: Vec<u64>,
@@ -294,123 +442,501 @@ fn entity_key(delta: &Value) -> Option<(String, String)> {
     Some((kind, id))
 }
 
-/// A watcher: follows every change until `done` says it has seen enough.
+/// A watcher's run, as it saw it.
+#[derive(Clone, Debug)]
+pub struct WatcherRun {
+    /// When it asked for its first changes, and when the first ones came.
+    pub started: Duration,
+    pub first_delivery: Option<Duration>,
+    pub result: Result<Watched, String>,
+    /// Its client's retry counters over the run.
+    pub trace: ClientTrace,
+}
+
+/// A watcher: follows every change until `done` says it has seen enough. Started before
+/// the controller is ready.
 pub async fn watcher(
     controller: ControllerFile,
     timeline: Timeline,
     deadline: Duration,
     done: impl Fn(&Watched) -> bool,
-) -> Result<Watched, String> {
+) -> WatcherRun {
     let client = controller.client(RetryPolicy::default());
-    let mut watcher = client.watch();
-    let mut watched = Watched::default();
-    let started = Instant::now();
-    while !done(&watched) {
-        let left = deadline.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            return Err("the watcher did not see the deployed state in time".to_owned());
-        }
-        let deltas = watcher.next(left).await.map_err(|e| cli::describe(&e))?;
-        for delta in &deltas {
-            watched.deltas += 1;
-            watched.revisions.push(delta.revision.0);
-            if let Some((kind, id)) = entity_key(&delta.delta) {
-                let delivery = (delta.revision.0, kind.clone(), id.clone());
-                if !watched.delivered.insert(delivery.clone()) {
-                    watched.repeated.push(delivery);
+    let started = timeline.elapsed();
+    let mut first_delivery = None;
+    let work = async {
+        let mut watcher = client.watch();
+        let mut watched = Watched::default();
+        while !done(&watched) {
+            let left = deadline.saturating_sub(timeline.elapsed().saturating_sub(started));
+            if left.is_zero() {
+                return Err("the watcher did not see the deployed state in time".to_owned());
+            }
+            let deltas = watcher.next(left).await.map_err(|e| cli::describe(&e))?;
+            if !deltas.is_empty() && first_delivery.is_none() {
+                first_delivery = Some(timeline.elapsed());
+            }
+            for delta in &deltas {
+                watched.deltas += 1;
+                watched.revisions.push(delta.revision.0);
+                if let Some((kind, id)) = entity_key(&delta.delta) {
+                    let delivery = (delta.revision.0, kind.clone(), id.clone());
+                    if !watched.delivered.insert(delivery.clone()) {
+                        watched.repeated.push(delivery);
+                    }
+                    let key = (kind, id);
+                    if delta.delta[1] == "remove" {
+                        watched.entities.remove(&key);
+                    } else {
+                        watched.entities.insert(key, delta.delta[2].clone());
+                    }
                 }
-                let key = (kind, id);
-                if delta.delta[1] == "remove" {
-                    watched.entities.remove(&key);
-                } else {
-                    watched.entities.insert(key, delta.delta[2].clone());
+            }
+            if !deltas.is_empty() {
+                timeline.add(
+                    "watcher",
+                    format!(
+                        "{} deltas up to revision {}",
+                        deltas.len(),
+                        deltas.last().map(|d| d.revision.0).unwrap_or(0)
+                    ),
+                );
+            }
+        }
+        Ok(watched)
+    };
+    let (result, trace) = traced(&client, &timeline, work).await;
+    if let Some(at) = trace.first_refused() {
+        timeline.add_at(at, "watcher", "first answer `upgrade in progress`; retries");
+    }
+    for at in trace.disconnects() {
+        timeline.add_at(
+            at,
+            "watcher",
+            "an attempt found its connection closed; reconnects and resumes",
+        );
+    }
+    WatcherRun {
+        started,
+        first_delivery,
+        result,
+        trace,
+    }
+}
+
+/// What the store's event log says, read after the controller stopped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreLog {
+    /// The revisions of each database step's checkpoints (`<step>@<version>`).
+    pub checkpoints: BTreeMap<String, Vec<u64>>,
+    /// Each application's units in the log, each with the revision of its first event.
+    pub units: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Each application with the revision of its first event.
+    pub applications: BTreeMap<String, u64>,
+}
+
+impl StoreLog {
+    /// Reads the whole event log.
+    pub fn read(store: &dyn Store) -> Result<StoreLog, String> {
+        let mut log = StoreLog::default();
+        let mut after = Revision(0);
+        loop {
+            let events = match store
+                .changes_since(after, 10_000)
+                .map_err(|e| e.to_string())?
+            {
+                Changes::Events { events, .. } => events,
+                other => return Err(format!("the event log cannot be read whole: {other:?}")),
+            };
+            let Some(last) = events.last() else {
+                return Ok(log);
+            };
+            after = last.revision;
+            for event in events {
+                let revision = event.revision.0;
+                match event.kind {
+                    EntityKind::Step => log
+                        .checkpoints
+                        .entry(event.id.clone())
+                        .or_default()
+                        .push(revision),
+                    EntityKind::Application => {
+                        log.applications.entry(event.id.clone()).or_insert(revision);
+                    }
+                    EntityKind::Unit => {
+                        let application = event.entity["application"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_owned();
+                        log.units
+                            .entry(application)
+                            .or_default()
+                            .entry(event.id.clone())
+                            .or_insert(revision);
+                    }
+                    _ => {}
                 }
             }
         }
-        if !deltas.is_empty() {
-            timeline.add(
-                "watcher",
-                format!(
-                    "{} deltas up to revision {}",
-                    deltas.len(),
-                    deltas.last().map(|d| d.revision.0).unwrap_or(0)
-                ),
-            );
-        }
     }
-    Ok(watched)
 }
 
-/// The claims checked at the end; each `Err` says what did not hold.
-pub fn check_deploys(
-    bundle: &Bundle,
-    outcomes: &[(BundleChange, Result<Value, String>)],
-    status: &Value,
-) -> Vec<Result<String, String>> {
+/// Everything the demo observed; [`claims`] computes each claim from it.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub bundle: Bundle,
+    /// N+1's binary (`0.1.1-ubuntu-amd64`), which the controller must restart into, and its
+    /// directory under `tools/`.
+    pub next_binary: String,
+    pub next_dir: PathBuf,
+    /// N+1's version and its database steps (`<step>@<version>`), which must each be
+    /// checkpointed exactly once.
+    pub next_version: String,
+    pub next_database_steps: Vec<String>,
+    /// `/proc/<worker>/exe` at the end.
+    pub serving: Option<PathBuf>,
+    /// The controller's events, from its JSON log.
+    pub controller: Vec<(Duration, ControllerEvent)>,
+    /// What bootstrap's wait for Ready returned.
+    pub bootstrap: Result<(), String>,
+    pub deployer: Vec<DeployCall>,
+    pub watcher: WatcherRun,
+    /// `Client.FullStatus` at the end.
+    pub status: Result<Value, String>,
+    pub store: Result<StoreLog, String>,
+}
+
+impl Observed {
+    /// When the controller first opened its full API.
+    pub fn ready_at(&self) -> Option<Duration> {
+        self.controller.iter().find_map(|(at, event)| {
+            matches!(event, ControllerEvent::Gate { limited: false, .. }).then_some(*at)
+        })
+    }
+
+    /// When the worker re-executed into N+1.
+    pub fn re_exec_at(&self) -> Option<Duration> {
+        self.controller.iter().find_map(|(at, event)| match event {
+            ControllerEvent::ReExecuting { binary } if *binary == self.next_binary => Some(*at),
+            _ => None,
+        })
+    }
+}
+
+/// One claim: a name for tests, and what held or what did not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub name: &'static str,
+    pub outcome: Result<String, String>,
+}
+
+fn claim(name: &'static str, holds: bool, text: String) -> Claim {
+    Claim {
+        name,
+        outcome: if holds { Ok(text) } else { Err(text) },
+    }
+}
+
+fn seconds(at: Option<Duration>) -> String {
+    at.map_or_else(
+        || "never".to_owned(),
+        |at| format!("{:.3}s", at.as_secs_f64()),
+    )
+}
+
+/// Every claim, computed from what was observed.
+pub fn claims(observed: &Observed) -> Vec<Claim> {
     let mut claims = Vec::new();
-    let failed: Vec<_> = outcomes
+    let ready_at = observed.ready_at();
+    let re_exec_at = observed.re_exec_at();
+
+    claims.push(claim(
+        "bootstrap",
+        observed.bootstrap.is_ok() && ready_at.is_some(),
+        match &observed.bootstrap {
+            Ok(()) => format!(
+                "bootstrap waited until Ready; the controller opened its full API at {}",
+                seconds(ready_at)
+            ),
+            Err(error) => format!("bootstrap: {error}"),
+        },
+    ));
+
+    // The switch was real: the log shows the re-exec into N+1 and a worker starting on it,
+    // and the serving process runs the N+1 binary.
+    let started_on_next = re_exec_at.and_then(|re_exec| {
+        observed
+            .controller
+            .iter()
+            .find_map(|(at, event)| match event {
+                ControllerEvent::WorkerStarting { running, .. }
+                    if *at >= re_exec && *running == observed.next_binary =>
+                {
+                    Some(*at)
+                }
+                _ => None,
+            })
+    });
+    let serving_next = observed
+        .serving
+        .as_ref()
+        .is_some_and(|exe| exe.starts_with(&observed.next_dir));
+    claims.push(claim(
+        "restarted into N+1",
+        serving_next && started_on_next.is_some(),
+        format!(
+            "re-executed into {} at {}, a worker started on it at {}; the serving process runs \
+             {} (expected under {})",
+            observed.next_binary,
+            seconds(re_exec_at),
+            seconds(started_on_next),
+            observed
+                .serving
+                .as_ref()
+                .map_or_else(|| "nothing".to_owned(), |exe| exe.display().to_string()),
+            observed.next_dir.display()
+        ),
+    ));
+
+    // The clients overlapped the upgrade: the deployer's first call went out while the API
+    // was limited and was refused, then applied after Ready.
+    let first = observed.deployer.first();
+    let deployer_overlapped = match (first, ready_at) {
+        (Some(first), Some(ready)) => {
+            first.sent < ready
+                && first.refused > 0
+                && first.answered >= ready
+                && first.result.is_ok()
+        }
+        _ => false,
+    };
+    claims.push(claim(
+        "deployer overlapped the limited phases",
+        deployer_overlapped,
+        match first {
+            Some(first) => format!(
+                "the deployer's first call ({}) was sent at {}, Ready came at {}; it was \
+                 answered `upgrade in progress` {} times and {} at {}",
+                cli::describe_change(&first.change),
+                seconds(Some(first.sent)),
+                seconds(ready_at),
+                first.refused,
+                if first.result.is_ok() {
+                    "applied"
+                } else {
+                    "failed"
+                },
+                seconds(Some(first.answered)),
+            ),
+            None => "the deployer made no call".to_owned(),
+        },
+    ));
+    // The watcher's session spanned the restart: N's worker answered it before the
+    // re-exec, N+1's delivered to it after Ready, on a new connection (the re-exec closes
+    // every connection). Its client counts a closed connection only when an attempt finds
+    // it closed, not when it notices one while idle, so that count is shown, not required.
+    let watcher = &observed.watcher;
+    let refused_at = watcher.trace.first_refused();
+    let watcher_spanned = match (re_exec_at, ready_at) {
+        (Some(re_exec), Some(ready)) => {
+            watcher.started < re_exec
+                && refused_at.is_some_and(|at| at < re_exec)
+                && watcher.first_delivery.is_some_and(|at| at >= ready)
+                && watcher.result.is_ok()
+        }
+        _ => false,
+    };
+    claims.push(claim(
+        "watcher spanned the restart",
+        watcher_spanned,
+        format!(
+            "the watcher started at {}, was first answered `upgrade in progress` (by {}'s \
+             worker) at {}, the controller re-executed at {}, Ready at {}, the watcher's \
+             first changes delivered at {} ({} attempts found the connection closed)",
+            seconds(Some(watcher.started)),
+            observed
+                .controller
+                .iter()
+                .find_map(|(_, event)| match event {
+                    ControllerEvent::WorkerStarting { running, .. } => Some(running.as_str()),
+                    _ => None,
+                })
+                .unwrap_or("the first"),
+            seconds(refused_at),
+            seconds(re_exec_at),
+            seconds(ready_at),
+            seconds(watcher.first_delivery),
+            watcher.trace.last().disconnected,
+        ),
+    ));
+
+    // No client saw an error: every deploy call, the watcher, and the final status.
+    let mut errors: Vec<String> = observed
+        .deployer
         .iter()
-        .filter_map(|(change, result)| {
-            result
+        .filter_map(|call| {
+            call.result
                 .as_ref()
                 .err()
-                .map(|e| format!("{}: {e}", cli::describe_change(change)))
+                .map(|e| format!("deployer: {}: {e}", cli::describe_change(&call.change)))
         })
         .collect();
-    claims.push(if failed.is_empty() {
-        Ok(format!(
-            "the deployer's {} calls all succeeded",
-            outcomes.len()
-        ))
-    } else {
-        Err(format!("deployer errors: {}", failed.join("; ")))
+    if let Err(error) = &watcher.result {
+        errors.push(format!("watcher: {error}"));
+    }
+    if let Err(error) = &observed.status {
+        errors.push(format!("status: {error}"));
+    }
+    let retried = |pick: fn(&DeployCall) -> u64| observed.deployer.iter().map(pick).sum::<u64>();
+    claims.push(claim(
+        "no client error",
+        errors.is_empty() && !observed.deployer.is_empty(),
+        if errors.is_empty() {
+            format!(
+                "no client error: the deployer's {} calls succeeded (after retrying {} \
+                 `upgrade in progress` answers and {} closed connections), the watcher \
+                 (after {} and {}) and the final status too",
+                observed.deployer.len(),
+                retried(|call| call.refused),
+                retried(|call| call.reconnected),
+                watcher.trace.last().upgrade_in_progress,
+                watcher.trace.last().disconnected,
+            )
+        } else {
+            format!("client errors: {}", errors.join("; "))
+        },
+    ));
+
+    let status = observed.status.as_ref().ok();
+    let version = status
+        .and_then(|status| status["model"]["version"].as_str())
+        .unwrap_or("");
+    claims.push(claim(
+        "model agent-version",
+        version == observed.next_version,
+        format!(
+            "the model's agent-version is {version:?} (expected {})",
+            observed.next_version
+        ),
+    ));
+
+    // Each deploy applied once, after the restart: its units in status and in the store's
+    // log, every one written after N+1's database steps were checkpointed.
+    let store = observed.store.as_ref().ok();
+    let after_steps = store.and_then(|store| {
+        observed
+            .next_database_steps
+            .iter()
+            .filter_map(|step| store.checkpoints.get(step).and_then(|r| r.first()))
+            .max()
+            .copied()
     });
-    for change in bundle.plan() {
-        if let BundleChange::Deploy {
+    for change in observed.bundle.plan() {
+        let BundleChange::Deploy {
             application,
             num_units,
             ..
         } = change
-        {
-            let units = status["applications"][&application]["units"]
-                .as_object()
-                .map(|units| units.len())
-                .unwrap_or(0);
-            claims.push(if units == num_units as usize {
-                Ok(format!("{application}: deployed once, {units} units"))
-            } else {
-                Err(format!(
-                    "{application}: {units} units, expected {num_units} (applied {} times?)",
-                    if num_units == 0 {
-                        0
-                    } else {
-                        units / num_units as usize
-                    }
-                ))
-            });
-        }
+        else {
+            continue;
+        };
+        let in_status = status
+            .and_then(|status| status["applications"][&application]["units"].as_object())
+            .map_or(0, |units| units.len());
+        let logged = store.and_then(|store| store.units.get(&application));
+        let in_log = logged.map_or(0, BTreeMap::len);
+        let first_revision = store
+            .and_then(|store| store.applications.get(&application).copied())
+            .into_iter()
+            .chain(logged.into_iter().flat_map(|units| units.values().copied()))
+            .min();
+        let after_restart =
+            matches!((first_revision, after_steps), (Some(first), Some(steps)) if first > steps);
+        let wanted = num_units as usize;
+        claims.push(claim(
+            "deployed once, after the restart",
+            in_status == wanted && in_log == wanted && after_restart,
+            format!(
+                "{application}: {in_status} units in status and {in_log} in the store's log \
+                 (expected {wanted}), first written at revision {} (N+1's database steps \
+                 checkpointed at revision {})",
+                first_revision.map_or_else(|| "none".to_owned(), |r| r.to_string()),
+                after_steps.map_or_else(|| "none".to_owned(), |r| r.to_string()),
+            ),
+        ));
     }
+
+    claims.push(match &observed.store {
+        Ok(store) => {
+            let missing: Vec<&String> = observed
+                .next_database_steps
+                .iter()
+                .filter(|step| !store.checkpoints.contains_key(*step))
+                .collect();
+            let repeated: Vec<String> = store
+                .checkpoints
+                .iter()
+                .filter(|(_, revisions)| revisions.len() != 1)
+                .map(|(step, revisions)| format!("{step} at revisions {revisions:?}"))
+                .collect();
+            claim(
+                "database steps once",
+                missing.is_empty()
+                    && repeated.is_empty()
+                    && !observed.next_database_steps.is_empty(),
+                if missing.is_empty() && repeated.is_empty() {
+                    format!(
+                        "each database step checkpointed exactly once: {}",
+                        store
+                            .checkpoints
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                } else {
+                    format!(
+                        "database steps not checkpointed: {missing:?}; more than once: {repeated:?}"
+                    )
+                },
+            )
+        }
+        Err(error) => claim("database steps once", false, format!("the store: {error}")),
+    });
+
+    claims.extend(check_watcher(&observed.watcher.result, status));
     claims
 }
 
 /// Checks the watcher saw each change once, in order, and ended at the controller's state.
-pub fn check_watcher(watched: &Watched, status: &Value) -> Vec<Result<String, String>> {
+fn check_watcher(watched: &Result<Watched, String>, status: Option<&Value>) -> Vec<Claim> {
+    let Ok(watched) = watched else {
+        return vec![claim(
+            "watcher once, in order",
+            false,
+            "the watcher failed (see above)".to_owned(),
+        )];
+    };
     let mut claims = Vec::new();
     let ordered = watched.revisions.windows(2).all(|pair| pair[0] <= pair[1]);
     let distinct: BTreeSet<_> = watched.revisions.iter().collect();
-    claims.push(if !ordered {
-        Err(format!("deltas out of order: {:?}", watched.revisions))
-    } else if !watched.repeated.is_empty() {
-        Err(format!("deltas delivered twice: {:?}", watched.repeated))
-    } else {
-        Ok(format!(
-            "the watcher's {} deltas came once each, in revision order ({} revisions)",
-            watched.deltas,
-            distinct.len()
-        ))
-    });
-    let applications = status["applications"].as_object();
-    let expected: BTreeSet<(String, String)> = applications
+    claims.push(claim(
+        "watcher once, in order",
+        ordered && watched.repeated.is_empty() && watched.deltas > 0,
+        if !ordered {
+            format!("deltas out of order: {:?}", watched.revisions)
+        } else if !watched.repeated.is_empty() {
+            format!("deltas delivered twice: {:?}", watched.repeated)
+        } else {
+            format!(
+                "the watcher's {} deltas came once each, in revision order ({} revisions)",
+                watched.deltas,
+                distinct.len()
+            )
+        },
+    ));
+    let expected: BTreeSet<(String, String)> = status
+        .and_then(|status| status["applications"].as_object())
         .into_iter()
         .flatten()
         .flat_map(|(name, application)| {
@@ -428,16 +954,18 @@ pub fn check_watcher(watched: &Watched, status: &Value) -> Vec<Result<String, St
         .filter(|(kind, _)| kind == "application" || kind == "unit")
         .cloned()
         .collect();
-    claims.push(if seen == expected {
-        Ok(format!(
-            "the watcher saw every application and unit the controller has ({})",
-            seen.len()
-        ))
-    } else {
-        Err(format!(
-            "the watcher saw {seen:?}, the controller has {expected:?}"
-        ))
-    });
+    claims.push(claim(
+        "watcher saw everything",
+        seen == expected && !expected.is_empty(),
+        if seen == expected {
+            format!(
+                "the watcher saw every application and unit the controller has ({})",
+                seen.len()
+            )
+        } else {
+            format!("the watcher saw {seen:?}, the controller has {expected:?}")
+        },
+    ));
     claims
 }
 
@@ -545,28 +1073,18 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
     let mut last_phase = String::new();
     let ready = bootstrap::wait_until_ready(&client, Some(pid), timeout, |progress: &Progress| {
         if progress.phase != last_phase {
-            let gate = if progress.phase == "ready" {
-                "gate: full API"
-            } else {
-                "gate: limited"
-            };
-            timeline.add(
-                "bootstrap",
-                format!("sees {} ({gate})", progress.describe()),
-            );
+            timeline.add("bootstrap", format!("sees {}", progress.describe()));
             last_phase = progress.phase.clone();
         }
     })
     .await;
-    let mut claims: Vec<Result<String, String>> = Vec::new();
-    match &ready {
-        Ok(_) => timeline.add(
-            "controller",
+    if ready.is_ok() {
+        timeline.add(
+            "bootstrap",
             "Bootstrap complete, controller \"demo\" is now available",
-        ),
-        Err(error) => claims.push(Err(format!("bootstrap: {error}"))),
+        );
     }
-    let (outcomes, deployer_stats) = deploy.await.map_err(|e| e.to_string())?;
+    let deployed = deploy.await.map_err(|e| e.to_string())?;
     let status = client
         .call(
             "Client",
@@ -576,45 +1094,50 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
             Duration::from_secs(30),
         )
         .await
-        .map_err(|e| cli::describe(&e))?;
+        .map_err(|e| cli::describe(&e));
     let watched = watch.await.map_err(|e| e.to_string())?;
 
-    // The switch was real: the serving process runs the N+1 binary.
     let data = DataDir::new(root.join("controller"));
-    let expected_dir = data.binary_dir(&datadir::host_binary(next));
+    let next_binary = datadir::host_binary(next);
     let serving = worker_pid(pid).and_then(exe_of);
-    claims.push(match &serving {
-        Some(exe) if exe.starts_with(&expected_dir) => Ok(format!(
-            "the serving process runs {} (restarted into {next})",
-            exe.display()
-        )),
-        other => Err(format!(
-            "the serving process runs {other:?}, expected a binary under {}",
-            expected_dir.display()
-        )),
-    });
-    let agent_version = status["model"]["version"].as_str().unwrap_or("").to_owned();
-    timeline.add("controller", format!("model agent-version {agent_version}"));
-    claims.extend(check_deploys(&bundle, &outcomes, &status));
-    match &watched {
-        Ok(watched) => claims.extend(check_watcher(watched, &status)),
-        Err(error) => claims.push(Err(format!("watcher: {error}"))),
-    }
     drop(guard);
     timeline.add("operator", "controller stopped");
-    timeline.add_daemon_log(&bootstrap::log_tail(&data, usize::MAX));
-    claims.push(Ok(format!(
-        "no client error; the deployer retried {} `upgrade in progress` answers and {} \
-         closed connections",
-        deployer_stats.upgrade_in_progress, deployer_stats.disconnected
-    )));
+    let log = std::fs::read_to_string(data.logs_dir().join("lockstepd.log")).unwrap_or_default();
+    let controller = parse_controller_log(&log, timeline.started_unix_micros);
+    timeline.add_controller(&controller);
+    let store =
+        lockstep_store::SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadOnly)
+            .map_err(|e| e.to_string())
+            .and_then(|store| StoreLog::read(&store));
+
+    let observed = Observed {
+        bundle,
+        next_dir: data.binary_dir(&next_binary),
+        next_binary: next_binary.to_string(),
+        next_version: next.to_string(),
+        next_database_steps: crate::steps::steps()
+            .iter()
+            .filter(|step| {
+                step.target_version == next && step.kind == lockstep_core::steps::StepKind::Database
+            })
+            .map(|step| format!("{}@{next}", step.id.as_str()))
+            .collect(),
+        serving,
+        controller,
+        bootstrap: ready.map(|_| ()),
+        deployer: deployed,
+        watcher: watched,
+        status,
+        store,
+    };
+    let claims = claims(&observed);
 
     say("Timeline:");
     say(&timeline.render());
     say("\nResult:");
     let mut failures = 0;
     for claim in &claims {
-        match claim {
+        match &claim.outcome {
             Ok(text) => say(&format!("  ok    {text}")),
             Err(text) => {
                 failures += 1;
@@ -651,5 +1174,369 @@ mod tests {
             Some(1_793_730_125_000_001)
         );
         assert_eq!(parse_rfc3339_micros("yesterday"), None);
+    }
+
+    fn at(seconds: f64) -> Duration {
+        Duration::from_secs_f64(seconds)
+    }
+
+    fn stats(upgrade_in_progress: u64, disconnected: u64) -> ClientStats {
+        ClientStats {
+            upgrade_in_progress,
+            disconnected,
+        }
+    }
+
+    /// A run in which every claim holds: the controller upgrades at 2 s and is Ready at
+    /// 2.1 s; the deployer's first call goes out at 1.1 s and is refused twice; the watcher
+    /// is refused at 1.2 s (by N), and N+1 delivers to it at 2.6 s.
+    fn observed() -> Observed {
+        let bundle = Bundle::parse(DEMO_BUNDLE).unwrap();
+        let gate = |phase: &str, limited| ControllerEvent::Gate {
+            phase: phase.to_owned(),
+            limited,
+        };
+        let controller = vec![
+            (at(1.0), ControllerEvent::LauncherStartedWorker { pid: 7 }),
+            (
+                at(1.0),
+                ControllerEvent::WorkerStarting {
+                    pid: 7,
+                    running: "0.1.0-ubuntu-amd64".to_owned(),
+                },
+            ),
+            (at(1.02), gate("checking-agent-version", true)),
+            (at(1.03), gate("upgrading", true)),
+            (
+                at(2.0),
+                ControllerEvent::ReExecuting {
+                    binary: "0.1.1-ubuntu-amd64".to_owned(),
+                },
+            ),
+            (
+                at(2.01),
+                ControllerEvent::WorkerStarting {
+                    pid: 7,
+                    running: "0.1.1-ubuntu-amd64".to_owned(),
+                },
+            ),
+            (at(2.02), gate("running-steps", true)),
+            (at(2.1), gate("ready", false)),
+        ];
+        let mut deployer = Vec::new();
+        let mut status = json!({"model": {"version": "0.1.1"}, "applications": {}});
+        let mut store = StoreLog::default();
+        store
+            .checkpoints
+            .insert("record-agent-binaries@0.1.1".to_owned(), vec![20]);
+        let mut watched = Watched::default();
+        let mut revision = 20;
+        for (index, change) in bundle.plan().into_iter().enumerate() {
+            let first = index == 0;
+            if let BundleChange::Deploy {
+                application,
+                num_units,
+                ..
+            } = &change
+            {
+                revision += 1;
+                store.applications.insert(application.clone(), revision);
+                watched
+                    .entities
+                    .insert(("application".to_owned(), application.clone()), json!({}));
+                let mut units = serde_json::Map::new();
+                for unit in 0..*num_units {
+                    revision += 1;
+                    let name = format!("{application}/{unit}");
+                    store
+                        .units
+                        .entry(application.clone())
+                        .or_default()
+                        .insert(name.clone(), revision);
+                    watched
+                        .entities
+                        .insert(("unit".to_owned(), name.clone()), json!({}));
+                    units.insert(name, json!({}));
+                }
+                status["applications"][application] = json!({"units": units});
+            }
+            deployer.push(DeployCall {
+                change,
+                sent: if first { at(1.1) } else { at(2.5) },
+                answered: at(2.5),
+                refused: if first { 2 } else { 0 },
+                reconnected: u64::from(first),
+                result: Ok(json!({})),
+            });
+        }
+        watched.revisions = (21..=revision).collect();
+        watched.deltas = watched.revisions.len();
+        Observed {
+            bundle,
+            next_binary: "0.1.1-ubuntu-amd64".to_owned(),
+            next_dir: PathBuf::from("/c/tools/0.1.1-ubuntu-amd64"),
+            next_version: "0.1.1".to_owned(),
+            next_database_steps: vec!["record-agent-binaries@0.1.1".to_owned()],
+            serving: Some(PathBuf::from("/c/tools/0.1.1-ubuntu-amd64/lockstepd")),
+            controller,
+            bootstrap: Ok(()),
+            deployer,
+            watcher: WatcherRun {
+                started: at(1.1),
+                first_delivery: Some(at(2.6)),
+                result: Ok(watched),
+                trace: ClientTrace {
+                    changes: vec![
+                        (at(1.2), stats(1, 0)),
+                        (at(2.001), stats(1, 1)),
+                        (at(2.05), stats(2, 1)),
+                    ],
+                },
+            },
+            status: Ok(status),
+            store: Ok(store),
+        }
+    }
+
+    fn failed(observed: &Observed) -> BTreeSet<&'static str> {
+        claims(observed)
+            .into_iter()
+            .filter(|claim| claim.outcome.is_err())
+            .map(|claim| claim.name)
+            .collect()
+    }
+
+    #[test]
+    fn every_claim_holds_for_a_run_that_overlapped_the_upgrade() {
+        let claims = claims(&observed());
+        assert!(
+            claims.iter().all(|claim| claim.outcome.is_ok()),
+            "{claims:#?}"
+        );
+        // Nine, and one per deployed application (four).
+        assert_eq!(claims.len(), 9 + 4, "{claims:#?}");
+    }
+
+    /// Each claim fails when what it claims was not observed, and only that claim (or the
+    /// claims that read the same observation).
+    #[test]
+    fn each_claim_fails_when_its_observation_says_otherwise() {
+        type Change = fn(&mut Observed);
+        let cases: Vec<(&str, Change, &[&str])> = vec![
+            (
+                "bootstrap gave up",
+                |o| o.bootstrap = Err("not ready within 180s".to_owned()),
+                &["bootstrap"],
+            ),
+            (
+                "the serving process still runs N",
+                |o| o.serving = Some(PathBuf::from("/c/tools/0.1.0-ubuntu-amd64/lockstepd")),
+                &["restarted into N+1"],
+            ),
+            (
+                "no re-exec in the controller's log",
+                |o| {
+                    o.controller
+                        .retain(|(_, event)| !matches!(event, ControllerEvent::ReExecuting { .. }))
+                },
+                &["restarted into N+1", "watcher spanned the restart"],
+            ),
+            (
+                "the controller never opened its full API",
+                |o| {
+                    o.controller.retain(|(_, event)| {
+                        !matches!(event, ControllerEvent::Gate { limited: false, .. })
+                    })
+                },
+                &[
+                    "bootstrap",
+                    "deployer overlapped the limited phases",
+                    "watcher spanned the restart",
+                ],
+            ),
+            (
+                "the deployer started after Ready",
+                |o| o.deployer[0].sent = at(2.2),
+                &["deployer overlapped the limited phases"],
+            ),
+            (
+                "the deployer was never refused",
+                |o| o.deployer[0].refused = 0,
+                &["deployer overlapped the limited phases"],
+            ),
+            (
+                "the watcher was first refused after the re-exec",
+                |o| o.watcher.trace.changes[0].0 = at(2.0005),
+                &["watcher spanned the restart"],
+            ),
+            (
+                "the watcher was never refused",
+                |o| o.watcher.trace.changes.clear(),
+                &["watcher spanned the restart"],
+            ),
+            (
+                "the watcher started after the re-exec",
+                |o| o.watcher.started = at(2.05),
+                &["watcher spanned the restart"],
+            ),
+            (
+                "the watcher delivered before Ready",
+                |o| o.watcher.first_delivery = Some(at(2.09)),
+                &["watcher spanned the restart"],
+            ),
+            (
+                "a deploy call failed",
+                |o| o.deployer[8].result = Err("connection refused".to_owned()),
+                &["no client error"],
+            ),
+            (
+                "the final status failed",
+                |o| o.status = Err("gave up".to_owned()),
+                &[
+                    "no client error",
+                    "model agent-version",
+                    "deployed once, after the restart",
+                    "watcher saw everything",
+                ],
+            ),
+            (
+                "the model stayed on N",
+                |o| o.status.as_mut().unwrap()["model"]["version"] = json!("0.1.0"),
+                &["model agent-version"],
+            ),
+            (
+                "a deploy applied twice (status)",
+                |o| {
+                    o.status.as_mut().unwrap()["applications"]["haproxy"]["units"]["haproxy/1"] =
+                        json!({})
+                },
+                &["deployed once, after the restart", "watcher saw everything"],
+            ),
+            (
+                "a deploy applied twice (store)",
+                |o| {
+                    o.store
+                        .as_mut()
+                        .unwrap()
+                        .units
+                        .get_mut("haproxy")
+                        .unwrap()
+                        .insert("haproxy/1".to_owned(), 99);
+                },
+                &["deployed once, after the restart"],
+            ),
+            (
+                "a deploy applied before N+1's steps",
+                |o| {
+                    o.store
+                        .as_mut()
+                        .unwrap()
+                        .applications
+                        .insert("haproxy".to_owned(), 3);
+                },
+                &["deployed once, after the restart"],
+            ),
+            (
+                "a database step checkpointed twice",
+                |o| {
+                    o.store
+                        .as_mut()
+                        .unwrap()
+                        .checkpoints
+                        .insert("record-agent-binaries@0.1.1".to_owned(), vec![20, 21]);
+                },
+                &["database steps once"],
+            ),
+            (
+                "N+1's database step never ran",
+                |o| {
+                    o.store.as_mut().unwrap().checkpoints.clear();
+                },
+                &["deployed once, after the restart", "database steps once"],
+            ),
+            (
+                "the watcher's deltas came out of order",
+                |o| o.watcher.result.as_mut().unwrap().revisions.swap(0, 1),
+                &["watcher once, in order"],
+            ),
+            (
+                "the watcher got a delta twice",
+                |o| {
+                    o.watcher.result.as_mut().unwrap().repeated =
+                        vec![(21, "application".to_owned(), "postgresql".to_owned())]
+                },
+                &["watcher once, in order"],
+            ),
+            (
+                "the watcher missed a unit",
+                |o| {
+                    o.watcher
+                        .result
+                        .as_mut()
+                        .unwrap()
+                        .entities
+                        .remove(&("unit".to_owned(), "wordpress/1".to_owned()));
+                },
+                &["watcher saw everything"],
+            ),
+        ];
+        for (what, change, expected) in cases {
+            let mut observed = observed();
+            change(&mut observed);
+            let expected: BTreeSet<&str> = expected.iter().copied().collect();
+            assert_eq!(failed(&observed), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_controllers_json_log_gives_its_events_in_time() {
+        let log = concat!(
+            r#"{"timestamp":"1970-01-01T00:00:02.5Z","message":"gate","phase":"upgrading","limited":true,"target":"lockstep::agent"}"#,
+            "\n",
+            "not json\n",
+            r#"{"timestamp":"1970-01-01T00:00:03Z","message":"re-executing","binary":"0.1.1-ubuntu-amd64","target":"lockstep::agent"}"#,
+            "\n",
+            r#"{"timestamp":"1970-01-01T00:00:04Z","message":"gate","phase":"ready","limited":false,"target":"lockstep::agent"}"#,
+        );
+        let events = parse_controller_log(log, 2_000_000);
+        assert_eq!(
+            events,
+            vec![
+                (
+                    at(0.5),
+                    ControllerEvent::Gate {
+                        phase: "upgrading".to_owned(),
+                        limited: true
+                    }
+                ),
+                (
+                    at(1.0),
+                    ControllerEvent::ReExecuting {
+                        binary: "0.1.1-ubuntu-amd64".to_owned()
+                    }
+                ),
+                (
+                    at(2.0),
+                    ControllerEvent::Gate {
+                        phase: "ready".to_owned(),
+                        limited: false
+                    }
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_trace_says_when_a_client_was_first_refused_and_when_it_lost_its_connection() {
+        let trace = ClientTrace {
+            changes: vec![
+                (at(1.0), stats(0, 1)),
+                (at(2.0), stats(1, 1)),
+                (at(3.0), stats(1, 3)),
+            ],
+        };
+        assert_eq!(trace.first_refused(), Some(at(2.0)));
+        assert_eq!(trace.disconnects(), vec![at(1.0), at(3.0)]);
+        assert_eq!(trace.last(), stats(1, 3));
     }
 }

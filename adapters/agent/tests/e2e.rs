@@ -11,10 +11,35 @@ use serde_json::json;
 
 const READY_WITHIN: Duration = Duration::from_secs(120);
 
+fn unix_micros_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_bootstrap_then_deploy() {
+async fn plain_bootstrap_returns_once_ready_then_deploys() {
     let controller = Controller::bootstrap(&[], &[]);
+    let returned = unix_micros_now();
+    // Before anything else: the controller is Ready the moment bootstrap has returned.
+    let phase = controller
+        .client()
+        .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(30))
+        .await
+        .map(|status| status["phase"].clone());
     controller.assert_bootstrapped();
+    assert_eq!(
+        phase.expect("Upgrade.Status answers"),
+        "ready",
+        "bootstrap returned before Ready"
+    );
+    // And it opened its full API before bootstrap returned, not in the moment since.
+    let ready = common::ready_unix_micros(&controller.log()).expect("a gate-ready log line");
+    assert!(
+        ready <= returned,
+        "Ready at {ready} µs, after bootstrap returned at {returned} µs"
+    );
     let exe = controller.serving_exe().expect("a worker runs");
     assert!(exe.starts_with(controller.binary_dir(own())), "{exe:?}");
 
@@ -79,24 +104,86 @@ async fn the_demo_holds_its_claims() {
     assert!(!stdout.contains("FAIL"), "{}", text(&output));
 }
 
+/// A `lockstep deploy` started before Ready (as soon as bootstrap wrote `controller.yaml`)
+/// waits through the limited phases and the restart, and its deploy is applied exactly
+/// once, after N+1's database steps ran in the new binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_before_ready() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
-    let controller = Controller::bootstrap(&["--auto-upgrade", "--metadata-source", &source], &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = bundle_file(scratch.path());
+    let (controller, deploy) = Controller::bootstrap_alongside(
+        &["--auto-upgrade", "--metadata-source", &source],
+        &[],
+        |data_dir| {
+            std::process::Command::new(common::LOCKSTEP)
+                .arg("--data-dir")
+                .arg(data_dir)
+                .args(["deploy", bundle.to_str().unwrap(), "--timeout", "180"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("lockstep deploy starts")
+        },
+    );
+    let deploy = deploy
+        .expect("bootstrap wrote controller.yaml")
+        .wait_with_output()
+        .unwrap();
     controller.assert_bootstrapped();
+    assert!(deploy.status.success(), "{}", text(&deploy));
+    // It found the controller limited and waited (the CLI's note names the phase).
+    let note = String::from_utf8_lossy(&deploy.stderr)
+        .lines()
+        .find(|line| line.contains("waiting up to"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("the deploy did not wait for Ready: {}", text(&deploy)));
+    assert!(
+        [
+            "bootstrapping",
+            "running-steps",
+            "checking-agent-version",
+            "upgrading"
+        ]
+        .iter()
+        .any(|phase| note.contains(&format!(" is {phase}"))),
+        "{note}"
+    );
+
     let exe = controller.serving_exe().expect("a worker runs");
     assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
     let status = controller.status().await;
     assert_eq!(status["agent-version"], next().to_string());
-    // The new version's database steps ran exactly once.
-    let checkpoints = common::checkpoint_events(&controller.data());
+    common::assert_bundle_deployed_once(&controller.full_status().await);
+
+    // The store: N+1's database step ran exactly once, and every application and unit of
+    // the bundle was written once, after it (by the new binary).
+    let log = common::store_log(&controller.data());
     let step = format!(
         "{}@{}",
         lockstep_agent::steps::RECORD_AGENT_BINARIES,
         next()
     );
-    assert_eq!(checkpoints.get(&step), Some(&1), "{checkpoints:?}");
+    let checkpointed = match log.checkpoints.get(&step).map(Vec::as_slice) {
+        Some([revision]) => *revision,
+        other => panic!("{step} checkpointed at {other:?}"),
+    };
+    let bundle = lockstep_agent::bundle::Bundle::parse(lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    for application in &bundle.applications {
+        let first = log.applications[&application.name];
+        assert!(
+            first > checkpointed,
+            "{} written at revision {first}, before {step} at {checkpointed}",
+            application.name
+        );
+        let units = &log.units[&application.name];
+        assert_eq!(units.len(), application.num_units as usize, "{units:?}");
+        assert!(
+            units.values().all(|revision| *revision > checkpointed),
+            "{units:?}"
+        );
+    }
 }
 
 /// `--restart=exit`: the worker exits with status 3 and the launcher starts the new binary.
@@ -298,12 +385,21 @@ async fn upgrade_controller_from_ready_with_a_watcher_that_loses_nothing() {
     assert_eq!(status["agent-version"], next().to_string());
 }
 
-/// Kill -9 of the serving process at a moment of every phase: the controller converges,
-/// and the database steps ran exactly once.
+/// The phases the kill test kills the serving process in, each held long enough to be seen
+/// and acted on: `checking-agent-version` by a mirror whose metadata answers are slow,
+/// `upgrading` by the download, verification and unpacking of a debug binary, and
+/// `running-steps` (N+1's) by a pause inside the database step's transaction.
+const KILLED_IN: [&str; 3] = ["checking-agent-version", "upgrading", "running-steps"];
+
+/// Kill -9 of the serving process once in each phase of [`KILLED_IN`], N+1's database step
+/// killed inside its transaction: bootstrap still completes, the controller converges Ready
+/// on N+1, and each database step is checkpointed exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_in_every_phase_converges_with_database_steps_once() {
+async fn kill_9_while_checking_upgrading_and_running_steps_converges_ready_with_database_steps_once()
+ {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let source = mirror.source();
+    let served = common::http_mirror::HttpMirror::serve(mirror.path(), Duration::from_millis(400));
+    let source = served.tools_url();
     // Bootstrap without waiting: the test kills while it goes.
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("controller");
@@ -320,6 +416,7 @@ async fn kill_9_in_every_phase_converges_with_database_steps_once() {
             "--metadata-source",
             &source,
         ])
+        .env(lockstep_agent::steps::PAUSE_DATABASE_STEP_MS, "1500")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -330,19 +427,15 @@ async fn kill_9_in_every_phase_converges_with_database_steps_once() {
         bootstrap: std::process::Command::new("true").output().unwrap(),
         children: std::sync::Mutex::default(),
     };
+    const PAUSING: &str = "failpoint: pausing inside the step's transaction";
     let mut killed = std::collections::BTreeSet::new();
     let mut client = None;
     let started = std::time::Instant::now();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
     while started.elapsed() < Duration::from_secs(200) {
         if let Ok(Some(_)) = bootstrap.try_wait() {
             break;
         }
-        // A random pause, then kill the worker in whatever phase it is, once per phase.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        tokio::time::sleep(Duration::from_millis(20 + seed % 150)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let Some(worker) = controller.worker_pid() else {
             continue;
         };
@@ -365,7 +458,13 @@ async fn kill_9_in_every_phase_converges_with_database_steps_once() {
             continue;
         };
         let phase = status["phase"].as_str().unwrap_or("").to_owned();
-        if phase == "ready" || killed.contains(&phase) {
+        if !KILLED_IN.contains(&phase.as_str()) || killed.contains(&phase) {
+            continue;
+        }
+        // In running-steps, only once the database step is inside its transaction (its
+        // pause logged, its checkpoint not yet counted).
+        if phase == "running-steps" && (status["step"] != 0 || !controller.log().contains(PAUSING))
+        {
             continue;
         }
         let _ = rustix::process::kill_process(
@@ -381,14 +480,19 @@ async fn kill_9_in_every_phase_converges_with_database_steps_once() {
         text(&output),
         controller.log()
     );
+    let wanted: std::collections::BTreeSet<String> =
+        KILLED_IN.iter().map(|phase| phase.to_string()).collect();
+    assert_eq!(killed, wanted, "a kill in every phase named");
     controller.wait_ready(READY_WITHIN).await;
-    assert!(!killed.is_empty(), "the test killed nothing");
     let status = controller.status().await;
+    assert_eq!(status["phase"], "ready", "{status:#}");
     assert_eq!(
         status["agent-version"],
         next().to_string(),
         "killed in {killed:?}"
     );
+    let exe = controller.serving_exe().expect("a worker runs");
+    assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
     let checkpoints = common::checkpoint_events(&controller.data());
     for (step, count) in &checkpoints {
         assert_eq!(
@@ -402,6 +506,14 @@ async fn kill_9_in_every_phase_converges_with_database_steps_once() {
         next()
     );
     assert!(checkpoints.contains_key(&step), "{checkpoints:?}");
+    // The kill in running-steps landed inside the step's transaction, which then ran again:
+    // paused at least twice, committed once.
+    let pauses = controller.log().matches(PAUSING).count();
+    assert!(
+        pauses >= 2,
+        "{step} paused {pauses} times:\n{}",
+        controller.log()
+    );
 }
 
 /// Under systemd: READY=1 once the API is fully available, STATUS= lines on the way; and a

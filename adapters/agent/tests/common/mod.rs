@@ -3,6 +3,7 @@
 //! by its pid when the test ends, pass or fail.
 #![allow(dead_code, clippy::print_stderr)]
 
+pub mod http_mirror;
 pub mod proxy;
 
 use std::path::{Path, PathBuf};
@@ -147,6 +148,54 @@ impl Controller {
             bootstrap,
             children: std::sync::Mutex::default(),
         }
+    }
+
+    /// [`Controller::bootstrap`], with `alongside` called with the data dir as soon as
+    /// `controller.yaml` exists: the daemon is starting then, far from Ready, so clients
+    /// started by `alongside` overlap every limited phase. `None` if bootstrap exited first.
+    pub fn bootstrap_alongside<T>(
+        args: &[&str],
+        env: &[(&str, &str)],
+        alongside: impl FnOnce(&Path) -> T,
+    ) -> (Controller, Option<T>) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let data_dir = dir.path().join("controller");
+        let mut command = Command::new(LOCKSTEP);
+        command
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["bootstrap", "--api-port", "0"]);
+        if !args.contains(&"--timeout") {
+            command.args(["--timeout", "180"]);
+        }
+        command
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("lockstep runs");
+        let controller_file = DataDir::new(&data_dir).controller_config_path();
+        let started = loop {
+            if controller_file.exists() {
+                break Some(alongside(&data_dir));
+            }
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let bootstrap = child.wait_with_output().expect("lockstep bootstrap ends");
+        (
+            Controller {
+                dir,
+                data_dir,
+                bootstrap,
+                children: std::sync::Mutex::default(),
+            },
+            started,
+        )
     }
 
     /// A view of a controller someone else set up in `data_dir` (such as one `lockstep
@@ -468,4 +517,45 @@ pub fn assert_bundle_deployed_once(status: &Value) {
             assert_eq!(units, num_units as usize, "{application}: {status:#}");
         }
     }
+}
+
+/// The store's event log (SQLite, read-only): each database step's checkpoints, each
+/// application's and unit's first revision.
+pub fn store_log(data: &DataDir) -> lockstep_agent::demo::StoreLog {
+    let store =
+        lockstep_store::SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadOnly)
+            .expect("open the store read-only");
+    lockstep_agent::demo::StoreLog::read(&store).expect("the event log")
+}
+
+/// When the controller first opened its full API, from its text log (`gate phase="ready"
+/// limited=false`), in microseconds since the Unix epoch.
+pub fn ready_unix_micros(log: &str) -> Option<u64> {
+    log.lines().map(strip_ansi).find_map(|line| {
+        (line.contains(" gate ") && line.contains("limited=false"))
+            .then(|| {
+                line.split_whitespace()
+                    .next()
+                    .and_then(lockstep_agent::demo::parse_rfc3339_micros)
+            })
+            .flatten()
+    })
+}
+
+/// `line` without its terminal colour codes (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }
