@@ -4,8 +4,11 @@
 //! free port, opens `CONNECTIONS` clients that each make `CALLS` sequential `Pinger.Ping`
 //! calls (every one asks the gate), and prints calls per second and the p50/p99 round
 //! trip; then times `gate::admit` alone, in the same process, and prints its median cost
-//! as a fraction of the median round trip.
-#![allow(clippy::print_stdout)]
+//! as a fraction of the median round trip. Every login and every reply is checked (a bench
+//! of error replies measures nothing). `LOCKSTEP_BENCH_QUICK=1` runs one round of a tenth
+//! of the calls and of the gate's samples (same code paths, same checks): CI runs it so that
+//! a broken bench fails.
+#![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 mod common;
 
@@ -17,15 +20,43 @@ use lockstep_core::Phase;
 use lockstep_core::gate::{self, Login};
 use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::{Credentials, client_config};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 
 const CONNECTIONS: usize = 4;
 const CALLS: usize = 2_000;
 const ROUNDS: usize = 3;
+/// `gate::admit` is timed in samples of this many calls; the median sample is reported.
+const GATE_SAMPLES: usize = 31;
+const GATE_CALLS_PER_SAMPLE: usize = 100_000;
 
-async fn client(port: u16, ca: &str) -> Vec<Duration> {
+/// How much work a run does: the full run, or `LOCKSTEP_BENCH_QUICK=1`'s (anything but `0`)
+/// one round of a tenth, for CI.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    quick: bool,
+    rounds: usize,
+    calls: usize,
+    gate_samples: usize,
+    gate_calls_per_sample: usize,
+}
+
+impl Size {
+    fn from_env() -> Size {
+        let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+        let divisor = if quick { 10 } else { 1 };
+        Size {
+            quick,
+            rounds: if quick { 1 } else { ROUNDS },
+            calls: CALLS / divisor,
+            gate_samples: if quick { 5 } else { GATE_SAMPLES },
+            gate_calls_per_sample: GATE_CALLS_PER_SAMPLE / divisor,
+        }
+    }
+}
+
+async fn client(port: u16, ca: &str, calls: usize) -> Vec<Duration> {
     let connector =
         tokio_rustls::TlsConnector::from(client_config(ca, &[&rustls::version::TLS13]).unwrap());
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -40,21 +71,33 @@ async fn client(port: u16, ca: &str) -> Vec<Duration> {
         .send(Message::Text(login.to_string().into()))
         .await
         .unwrap();
-    socket.next().await.unwrap().unwrap();
-    let mut durations = Vec::with_capacity(CALLS);
-    for id in 0..CALLS {
-        let ping = json!({"request-id": id + 2, "type": "Pinger", "version": 1, "request": "Ping"});
+    let logged_in: Value = loop {
+        if let Message::Text(text) = socket.next().await.unwrap().unwrap() {
+            break serde_json::from_str(&text).unwrap();
+        }
+    };
+    assert!(
+        logged_in["response"]["server-version"].is_string(),
+        "{logged_in}"
+    );
+    let mut durations = Vec::with_capacity(calls);
+    for id in 2..calls + 2 {
+        let ping = json!({"request-id": id, "type": "Pinger", "version": 1, "request": "Ping"});
         let started = Instant::now();
         socket
             .send(Message::Text(ping.to_string().into()))
             .await
             .unwrap();
-        loop {
-            if let Message::Text(_) = socket.next().await.unwrap().unwrap() {
-                break;
+        let (text, elapsed) = loop {
+            if let Message::Text(text) = socket.next().await.unwrap().unwrap() {
+                break (text, started.elapsed());
             }
-        }
-        durations.push(started.elapsed());
+        };
+        durations.push(elapsed);
+        // Checked after the clock stopped: the check is not the server's time.
+        let reply: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(reply["request-id"], id, "{reply}");
+        assert!(reply.get("error").is_none(), "{reply}");
     }
     durations
 }
@@ -65,6 +108,7 @@ fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    let size = Size::from_env();
     let credentials = Credentials::generate("bench", &[]).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -83,22 +127,30 @@ async fn main() {
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
 
     println!(
-        "lockstep-transport API bench: {CONNECTIONS} connections x {CALLS} sequential Pinger.Ping over TLS 1.3, {ROUNDS} rounds"
+        "lockstep-transport API bench{}: {CONNECTIONS} connections x {} sequential Pinger.Ping over TLS 1.3, {} rounds",
+        if size.quick {
+            " (quick: LOCKSTEP_BENCH_QUICK)"
+        } else {
+            ""
+        },
+        size.calls,
+        size.rounds
     );
     println!("round   calls/s      p50 µs    p99 µs");
     let mut medians = Vec::new();
-    for round in 1..=ROUNDS {
+    for round in 1..=size.rounds {
         let started = Instant::now();
         let clients: Vec<_> = (0..CONNECTIONS)
             .map(|_| {
                 let ca = credentials.ca_pem.clone();
-                tokio::spawn(async move { client(port, &ca).await })
+                tokio::spawn(async move { client(port, &ca, size.calls).await })
             })
             .collect();
         let mut all = Vec::new();
         for handle in clients {
             all.extend(handle.await.unwrap());
         }
+        assert_eq!(all.len(), CONNECTIONS * size.calls);
         let elapsed = started.elapsed();
         all.sort();
         let (p50, p99) = (percentile(&all, 0.5), percentile(&all, 0.99));
@@ -115,9 +167,9 @@ async fn main() {
     // The gate alone, as each call asks it (Ready, a logged-in user, an admitted call).
     let view = common::view(Phase::Ready);
     let mut samples = Vec::new();
-    for _ in 0..31 {
+    for _ in 0..size.gate_samples {
         let started = Instant::now();
-        for _ in 0..100_000 {
+        for _ in 0..size.gate_calls_per_sample {
             let admitted = gate::admit(
                 std::hint::black_box(&view),
                 Login::User,
@@ -126,7 +178,7 @@ async fn main() {
             );
             assert!(admitted.is_ok());
         }
-        samples.push(started.elapsed().as_secs_f64() * 1e9 / 100_000.0);
+        samples.push(started.elapsed().as_secs_f64() * 1e9 / size.gate_calls_per_sample as f64);
     }
     samples.sort_by(f64::total_cmp);
     let gate_ns = samples[samples.len() / 2];

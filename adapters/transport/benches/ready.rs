@@ -6,8 +6,11 @@
 //! Run: `cargo bench -p lockstep-transport --bench ready`. Each trial limits the gate,
 //! starts both waiters, opens the gate after a delay that varies from trial to trial (so
 //! the 1 s loop is caught at every point of its period), and records, for each, the time
-//! from the gate opening to its first successful `ModelConfig.ModelGet`.
-#![allow(clippy::print_stdout)]
+//! from the gate opening to its first successful `ModelConfig.ModelGet`. Each waiter must
+//! have been refused before the gate opened and must get the model's config after: any
+//! other reply stops the bench. `LOCKSTEP_BENCH_QUICK=1` runs one trial (same code paths,
+//! same checks): CI runs it so that a broken bench fails.
+#![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 mod common;
 
@@ -26,6 +29,29 @@ use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
 const TRIALS: u64 = 20;
+
+/// How much work a run does: the full run, or `LOCKSTEP_BENCH_QUICK=1`'s (anything but `0`)
+/// one trial, for CI.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    quick: bool,
+    trials: u64,
+}
+
+impl Size {
+    fn from_env() -> Size {
+        let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+        Size {
+            quick,
+            trials: if quick { 1 } else { TRIALS },
+        }
+    }
+}
+
+/// `ModelGet`'s reply must show the bench's model: the waiter was answered, not refused.
+fn assert_model_config(response: &Value) {
+    assert_eq!(response["config"]["name"]["value"], "bench", "{response}");
+}
 
 /// python-jujuclient's loop (`_rpc_retry_if_upgrading`): the same frame every 1.0 s.
 async fn jujuclient_style(
@@ -58,20 +84,33 @@ async fn jujuclient_style(
             }
         }
     };
-    exchange(
+    let logged_in = exchange(
         json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
                     "params": {"auth-tag": "user-admin", "credentials": "bench"}}),
     )
     .await;
+    assert!(logged_in.get("error").is_none(), "{logged_in}");
     let frame = json!({"request-id": 2, "type": "ModelConfig", "version": 3, "request": "ModelGet", "params": {}});
+    let mut refusals = 0;
     loop {
         let reply = exchange(frame.clone()).await;
-        if !reply["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("upgrade in progress")
-        {
-            return ready_at.get().expect("answered only after Ready").elapsed();
+        match reply.get("error") {
+            None => {
+                let elapsed = ready_at.get().expect("answered only after Ready").elapsed();
+                assert!(refusals > 0, "never refused: it did not wait for Ready");
+                assert_model_config(&reply["response"]);
+                return elapsed;
+            }
+            Some(error) => {
+                assert!(
+                    error
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains("upgrade in progress"),
+                    "refused for another reason than the upgrade: {reply}"
+                );
+                refusals += 1;
+            }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -92,8 +131,8 @@ async fn lockstep_client(
         retry: RetryPolicy::default(),
         client_id: "bench".into(),
     });
-    client.wait_ready(Duration::from_secs(60)).await.unwrap();
-    client
+    let phases = client.wait_ready(Duration::from_secs(60)).await.unwrap();
+    let response = client
         .call(
             "ModelConfig",
             3,
@@ -103,7 +142,11 @@ async fn lockstep_client(
         )
         .await
         .unwrap();
-    ready_at.get().expect("answered only after Ready").elapsed()
+    let elapsed = ready_at.get().expect("answered only after Ready").elapsed();
+    // It waited through the limited phase: a client that saw only Ready measured nothing.
+    assert_eq!(phases, [Phase::RunningSteps, Phase::Ready], "phases seen");
+    assert_model_config(&response);
+    elapsed
 }
 
 fn median(values: &mut [Duration]) -> Duration {
@@ -113,6 +156,7 @@ fn median(values: &mut [Duration]) -> Duration {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    let size = Size::from_env();
     let credentials = Credentials::generate("bench", &[]).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -131,7 +175,7 @@ async fn main() {
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
 
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for trial in 0..TRIALS {
+    for trial in 0..size.trials {
         gate.send(common::view(Phase::RunningSteps)).unwrap();
         let ready_at = Arc::new(tokio::sync::OnceCell::new());
         let lockstep = tokio::spawn(lockstep_client(
@@ -145,7 +189,7 @@ async fn main() {
             Arc::clone(&ready_at),
         ));
         // Open the gate at a point that moves through the 1 s retry period.
-        tokio::time::sleep(Duration::from_millis(500 + trial * 1000 / TRIALS)).await;
+        tokio::time::sleep(Duration::from_millis(500 + trial * 1000 / size.trials)).await;
         ready_at.set(Instant::now()).unwrap();
         gate.send(common::view(Phase::Ready)).unwrap();
         ours.push(lockstep.await.unwrap());
@@ -153,7 +197,15 @@ async fn main() {
     }
     server.abort();
     let (ours, theirs) = (median(&mut ours), median(&mut theirs));
-    println!("time from Ready to the first successful call, median of {TRIALS} trials:");
+    println!(
+        "time from Ready to the first successful call, median of {} trials{}:",
+        size.trials,
+        if size.quick {
+            " (quick: LOCKSTEP_BENCH_QUICK)"
+        } else {
+            ""
+        }
+    );
     println!(
         "  lockstep client (Upgrade.WatchProgress)   {:>9.2} ms",
         ours.as_secs_f64() * 1e3
