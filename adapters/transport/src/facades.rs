@@ -964,15 +964,28 @@ pub fn agent_version_change(
     Ok(Some(current_model.agent_stream))
 }
 
-/// Writes the model's agent-version (the store refuses it while an upgrade-info record is
-/// current, atomically with the write).
+/// Writes the model's agent-version as an operator's change (the store checks the core's
+/// rule, `lockstep_core::upgrader`, atomically with the write).
 pub fn set_agent_version(store: &dyn Store, version: Version) -> Result<(), WireError> {
-    match store.set_agent_version(version) {
-        Ok(model) => {
+    use lockstep_store::{AgentVersionCheck, AgentVersionRefusal, AgentVersionSet};
+    let check = AgentVersionCheck {
+        requester: lockstep_core::upgrader::AgentVersionRequester::Operator,
+        catalogue: None,
+    };
+    match store
+        .set_agent_version(version, &check)
+        .map_err(store_error)?
+    {
+        AgentVersionSet::Set { model, .. } => {
             assert_eq!(model.agent_version, version);
             Ok(())
         }
-        Err(StoreError::UpgradeInProgress { current }) => Err(agent_version_refused(&current)),
-        Err(error) => Err(store_error(error)),
+        AgentVersionSet::Refused {
+            refusal: AgentVersionRefusal::UpgradeInProgress { record },
+            ..
+        } => Err(agent_version_refused(&record)),
+        AgentVersionSet::Refused { refusal, .. } => {
+            Err(WireError::new(refusal.code(), refusal.to_string()))
+        }
     }
 }
