@@ -727,16 +727,18 @@ fn a_retry_with_no_steps_left_checks_the_version_instead() {
 
 /// Every controller hears the model's agent-version move, the one that moved it too. While
 /// its own upgrade to that version is under way the news is not a second request (no new
-/// lookup, no "already in progress" message); once that attempt has failed (staging refused),
-/// the same news starts a new check although the model already names the version: a
-/// controller must never conclude "the model says so, so it is under way" (sweep seed 17).
+/// lookup, no "already in progress" message), also while a failed staging waits to be tried
+/// again. Once the attempt is over (staging failed every time: agent-version reset), news of
+/// the version starts a new check: a controller must never conclude "the model says so, so
+/// it is under way" (sweep seed 17).
 #[test]
 fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way() {
     let mut world = world(controllers_upgrading(1, V42, V42, registry()));
     run(&mut world);
     assert_eq!(phases(&world), [Phase::Ready]);
     world.deliver(0, Input::UpgradeRequested { version: Some(V43) });
-    let mut heard_while_staging = false;
+    let mut heard = 0;
+    let mut failed = 0;
     run_with(&mut world, 1_000, |world| {
         let staging = world.hosts[0]
             .in_flight
@@ -745,8 +747,9 @@ fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way()
         let Some(index) = staging else {
             return false;
         };
-        if !heard_while_staging {
-            heard_while_staging = true;
+        if heard == failed {
+            // News of 2.9.43 while staging it (the first time, and at each retry).
+            heard += 1;
             world.hosts[0].status_message = None;
             let before = world.hosts[0].in_flight.len();
             world.deliver(0, Input::AgentVersionChanged(V43));
@@ -754,6 +757,7 @@ fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way()
             assert_eq!(world.hosts[0].status_message, None);
             return true;
         }
+        failed += 1;
         let (id, _) = world.hosts[0].in_flight.remove(index);
         world.deliver(
             0,
@@ -764,11 +768,17 @@ fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way()
         );
         true
     });
-    assert!(heard_while_staging);
+    assert_eq!(failed, 3, "staged as often as in Upgrading, then given up");
     assert_eq!(phases(&world), [Phase::Ready]);
-    assert_eq!(world.store.model.agent_version, V43);
     assert_eq!(world.hosts[0].config.running.number, V42);
-    // The attempt failed; the model still names 2.9.43. The news must start a new check.
+    assert_eq!(
+        world.store.model.agent_version, V42,
+        "the model does not name a version its controller could not install"
+    );
+    let message = world.hosts[0].status_message.clone().unwrap_or_default();
+    assert_eq!(message, "agent-version reset to 2.9.42");
+    // The operator sets 2.9.43 again. The news must start a new check.
+    world.store.model.agent_version = V43;
     world.deliver(0, Input::AgentVersionChanged(V43));
     assert!(
         !world.hosts[0].in_flight.is_empty(),
@@ -1059,4 +1069,54 @@ fn controllers_first_reads_reported_binaries_not_configured_ones() {
         world.hosts[2].config.running.number, V44,
         "follows its controllers"
     );
+}
+
+/// Found by the sweep once the simulator fed each agent-version change once (seed 20 of
+/// `--seeds 0..2000`): an operator's upgrade pre-staged while Ready failed its one staging
+/// (a corrupt download), and the controller gave it up there, leaving the model naming
+/// 2.9.43 while it ran 2.9.42, and nothing would ever try again (the simulator had been
+/// feeding the same news every minute, which no driver does). A failed pre-staging is now
+/// tried again as in Upgrading: here the second attempt succeeds and the upgrade completes.
+#[test]
+fn a_failed_pre_staging_in_ready_is_tried_again() {
+    let mut world = world(controllers_upgrading(1, V42, V42, registry()));
+    run(&mut world);
+    world.deliver(0, Input::UpgradeRequested { version: Some(V43) });
+    let mut failed = false;
+    run_with(&mut world, 1_000, |world| {
+        if failed {
+            return false;
+        }
+        let Some(index) = world.hosts[0]
+            .in_flight
+            .iter()
+            .position(|(_, request)| matches!(request, Request::StageBinary(_)))
+        else {
+            return false;
+        };
+        failed = true;
+        let (id, _) = world.hosts[0].in_flight.remove(index);
+        world.deliver(
+            0,
+            Input::Staged {
+                id,
+                result: Err("sha256 mismatch".to_owned()),
+            },
+        );
+        let message = world.hosts[0].status_message.clone().unwrap_or_default();
+        assert!(
+            message.contains("failed (will retry): sha256 mismatch"),
+            "{message}"
+        );
+        assert_eq!(process_phase(world, 0), Some(Phase::Ready), "still serving");
+        assert!(
+            timer_at(world, 0, Timer::StageRetry).is_some(),
+            "a retry is armed"
+        );
+        true
+    });
+    assert!(failed);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    assert_eq!(world.hosts[0].config.running.number, V43);
+    assert_eq!(world.store.model.agent_version, V43);
 }

@@ -152,6 +152,14 @@ pub(crate) struct Check {
     /// Ready controllers: the record revision for which the model was read again, to
     /// learn whether `agent-version` still names the record's target.
     model_read_for: Option<Revision>,
+    /// Ready: failed stagings of the chosen binary so far (bounded by
+    /// [`Limits::stage_attempts_max`], as in Upgrading).
+    stage_attempts: u8,
+    /// Ready: a staging of the chosen binary is to be tried again at `StageRetry`.
+    stage_retry_wait: bool,
+    /// Ready: `agent-version` is being reset to the running version, after the chosen
+    /// binary could not be staged.
+    resetting: bool,
 }
 
 /// [`Occasion`] without borrowed data, kept in state.
@@ -2341,9 +2349,25 @@ impl Machine {
                     Timer::CatalogueCheck,
                     self.config.limits.catalogue_check_interval,
                 );
-                if self.pending.is_none() {
+                // Not while an upgrade is chosen: its staging (or its retry) comes first.
+                if self.pending.is_none() && check.chosen.is_none() {
                     check.occasion = Some(OccasionKey::Periodic);
                     self.start_check(io);
+                }
+                Handled
+            }
+            Event::Timer(Timer::StageRetry) if check.stage_retry_wait => {
+                match (&check.chosen, self.pending) {
+                    (Some(plan), None) => {
+                        check.stage_retry_wait = false;
+                        let plan = plan.clone();
+                        self.request(io, Pending::Stage, Request::StageBinary(plan));
+                    }
+                    // Another request first (a record to retire): try again after it.
+                    (Some(_), Some(_)) => {
+                        io.set_timer(Timer::StageRetry, self.config.limits.stage_retry_delay);
+                    }
+                    (None, _) => check.stage_retry_wait = false,
                 }
                 Handled
             }
@@ -2376,6 +2400,15 @@ impl Machine {
                 Handled
             }
             Event::Input(Input::Done { id }) if self.completes_agent_version_write(*id) => {
+                if check.resetting {
+                    check.resetting = false;
+                    let running = self.config.running.number;
+                    if let Some(model) = &mut self.model {
+                        model.agent_version = running;
+                    }
+                    self.status_message(io, format!("agent-version reset to {running}"));
+                    return Handled;
+                }
                 // Pre-stage while still Ready: the gate closes only once the binary is verified.
                 if let Some(plan) = check.chosen.clone() {
                     if let Some(model) = &mut self.model {
@@ -2388,7 +2421,17 @@ impl Machine {
             Event::Input(Input::AgentVersionRefused { id, view, .. })
                 if self.completes_agent_version_write(*id) =>
             {
-                if let Some(plan) = check.chosen.take() {
+                if check.resetting {
+                    check.resetting = false;
+                    self.status_message(
+                        io,
+                        format!(
+                            "agent-version not reset to {}: {}",
+                            self.config.running.number,
+                            refusal_reason(&view.normalized())
+                        ),
+                    );
+                } else if let Some(plan) = check.chosen.take() {
                     self.status_message(
                         io,
                         upgrade_refused_message(plan.binary.number, &view.normalized()),
@@ -2416,11 +2459,7 @@ impl Machine {
                         None => Handled,
                     },
                     Err(reason) => {
-                        check.chosen = None;
-                        self.status_message(
-                            io,
-                            format!("upgrade not started: staging failed: {reason}"),
-                        );
+                        self.pre_staging_failed(io, check, reason);
                         Handled
                     }
                 }
@@ -2463,6 +2502,66 @@ impl Machine {
             check.occasion = Some(OccasionKey::Operator(Some(version)));
             self.start_check(io);
         }
+    }
+
+    /// A staging of the binary chosen while Ready failed: tried again after
+    /// [`Limits::stage_retry_delay`], [`Limits::stage_attempts_max`] times in all (the
+    /// bounds of Upgrading); then the upgrade is given up. A controller that had the model
+    /// name that version then resets `agent-version` to the version it runs (Juju's fix:
+    /// the model must not name a version its controller cannot install, or nothing ever
+    /// tries again), unless the store refuses because an upgrade-info record is current
+    /// (that record's upgrade then decides). An agent other than a controller reports it.
+    fn pre_staging_failed(&mut self, io: &mut Io, check: &mut Check, reason: &str) {
+        let Some(plan) = check.chosen.clone() else {
+            return;
+        };
+        check.stage_attempts += 1;
+        if check.stage_attempts < self.config.limits.stage_attempts_max {
+            self.status_message(
+                io,
+                format!(
+                    "staging agent binary {} failed (will retry): {reason}",
+                    plan.binary
+                ),
+            );
+            check.stage_retry_wait = true;
+            io.set_timer(Timer::StageRetry, self.config.limits.stage_retry_delay);
+            return;
+        }
+        let version = plan.binary.number;
+        let attempts = check.stage_attempts;
+        check.chosen = None;
+        check.stage_attempts = 0;
+        let running = self.config.running.number;
+        let model_names_it = self
+            .model
+            .as_ref()
+            .is_some_and(|model| model.agent_version == version);
+        if self.is_controller() && model_names_it && version != running {
+            self.status_message(
+                io,
+                format!(
+                    "upgrade to {version} failed: agent binary {} could not be staged after \
+                     {attempts} attempts: {reason}; resetting agent-version to {running}",
+                    plan.binary
+                ),
+            );
+            check.resetting = true;
+            self.request(
+                io,
+                Pending::SetAgentVersion(running),
+                Request::SetAgentVersion(running),
+            );
+            return;
+        }
+        self.status_message(
+            io,
+            format!(
+                "upgrade not started: agent binary {} could not be staged after {attempts} \
+                 attempts: {reason}",
+                plan.binary
+            ),
+        );
     }
 
     /// A Ready controller tends the current upgrade-info record, which nobody else may be
@@ -2743,16 +2842,18 @@ impl Upgrade {
 
 /// Why an upgrade did not start: the store refused to change `agent-version`.
 fn upgrade_refused_message(version: Version, view: &RecordView) -> String {
+    format!("upgrade to {version} not started: {}", refusal_reason(view))
+}
+
+/// Why the store refused to change `agent-version`, from the record the refusal found.
+fn refusal_reason(view: &RecordView) -> String {
     match view.current {
         Some((record, _)) => format!(
-            "upgrade to {version} not started: agent-version cannot change while the \
-             upgrade {} -> {} is recorded as {} (controllers ready {:?})",
+            "agent-version cannot change while the upgrade {} -> {} is recorded as {} \
+             (controllers ready {:?})",
             record.previous_version, record.target_version, record.status, record.controllers_ready
         ),
-        None => format!(
-            "upgrade to {version} not started: agent-version cannot change while an upgrade \
-             is in progress"
-        ),
+        None => "agent-version cannot change while an upgrade is in progress".to_owned(),
     }
 }
 
