@@ -176,6 +176,68 @@ fn backoff(policy: &RetryPolicy, attempt: u32, jitter: u16) -> Millis {
     Millis(full / 2 + full * jitter / 2000)
 }
 
+/// Which of a client's controller addresses the next connect tries: the first (the address
+/// the client was given), then each fallback (the other controllers of a highly available
+/// model) in turn, round and round.
+///
+/// The client moves on only when a connect fails: refused, reset, a TLS or websocket
+/// failure, or no answer within [`Failover::CONNECT_TIMEOUT`] (the driver abandons a
+/// connect at that bound and reports [`Connect::TimedOut`]). A connect that opened stays:
+/// a client keeps talking to a controller that answers, and a disconnect after a working
+/// connection reconnects to the same controller first (it is most likely restarting).
+/// With one address there is nowhere else to go.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Failover {
+    addresses: usize,
+    current: usize,
+}
+
+/// How a connect to the address [`Failover::address`] named ended.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Connect {
+    /// Connected (TCP, TLS and websocket) within the connect timeout.
+    Opened,
+    /// Refused, reset, or a TLS or websocket failure.
+    Failed,
+    /// No answer within [`Failover::CONNECT_TIMEOUT`]: abandoned.
+    TimedOut,
+}
+
+impl Failover {
+    /// How long one connect (TCP, TLS, websocket) may take before it counts as failed and,
+    /// with fallback addresses, the next controller is tried. A call's own deadline still
+    /// bounds the whole retry loop.
+    pub const CONNECT_TIMEOUT: Millis = Millis(10_000);
+
+    /// Failover among `addresses` addresses (at least one: the client's own).
+    pub fn new(addresses: usize) -> Failover {
+        assert!(addresses >= 1, "a client connects to at least one address");
+        Failover {
+            addresses,
+            current: 0,
+        }
+    }
+
+    /// The index of the address the next connect tries: 0 for the client's own, `n` for
+    /// its `n`-th fallback.
+    pub fn address(&self) -> usize {
+        self.current
+    }
+
+    /// Records how the connect to [`Failover::address`] ended; returns the address the next
+    /// connect tries.
+    pub fn connect_ended(&mut self, connect: Connect) -> usize {
+        match connect {
+            Connect::Opened => {}
+            Connect::Failed | Connect::TimedOut => {
+                self.current = (self.current + 1) % self.addresses;
+            }
+        }
+        assert!(self.current < self.addresses);
+        self.current
+    }
+}
+
 /// Where a watcher stands in the event log, so that after a reconnect it resumes there and
 /// delivers every change exactly once, in order.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
@@ -356,6 +418,32 @@ mod tests {
             panic!("the attempt bound holds")
         };
         assert!(give_up.disconnected && give_up.to_string().contains("could not be reached"));
+    }
+
+    #[test]
+    fn failover_moves_on_only_when_a_connect_fails() {
+        let mut failover = Failover::new(3);
+        assert_eq!(failover.address(), 0, "the client's own address first");
+        assert_eq!(
+            failover.connect_ended(Connect::Opened),
+            0,
+            "stays while it answers"
+        );
+        assert_eq!(failover.connect_ended(Connect::Failed), 1);
+        assert_eq!(failover.connect_ended(Connect::TimedOut), 2);
+        assert_eq!(failover.connect_ended(Connect::Opened), 2);
+        assert_eq!(
+            failover.connect_ended(Connect::Failed),
+            0,
+            "round and round"
+        );
+        let mut alone = Failover::new(1);
+        assert_eq!(
+            alone.connect_ended(Connect::TimedOut),
+            0,
+            "nowhere else to go"
+        );
+        assert_eq!(Failover::CONNECT_TIMEOUT, Millis(10_000));
     }
 
     #[test]

@@ -17,17 +17,21 @@
 //! - [`version`]: Juju's version grammar and ordering: `2.9.43`, `1.25-beta1`,
 //!   `2.9.43.1`, binaries `2.9.43-ubuntu-amd64`.
 //! - [`client`]: what an API client decides: retries with capped, jittered backoff until
-//!   a deadline, reconnects, where a watcher resumes, `operation-id`s. Driven by the tokio
+//!   a deadline, reconnects, which controller address to connect to next, where a watcher
+//!   resumes, `operation-id`s. Driven by the tokio
 //!   client and by the simulator alike.
 //! - [`phase`]: the observable phases and progress.
 //! - [`role`]: machine roles (controller, host-machine).
 //! - [`policy`]: the upgrade policy (off, auto-patch at bootstrap, pinned, local binary),
-//!   agent streams and their fallbacks, selection from a catalogue, and the rollback
-//!   high-water mark.
+//!   agent streams and their fallbacks, selection from a catalogue, the catalogue entry
+//!   that serves a binary, and the rollback high-water mark.
 //! - [`steps`]: the upgrade-step registry an embedder supplies, and the plan for
 //!   upgraded-to → running version and this agent's roles.
 //! - [`gate`]: which API calls are admitted in which phase, and the exact rejection.
 //! - [`jobs`]: roles × environment capabilities → the jobs the API reports.
+//! - [`upgrader`]: the Upgrader facade's decisions: the version an agent should run
+//!   (controllers first, from the binaries they reported) and whether the model's
+//!   `agent-version` may change (checked by the store inside its write transaction).
 //! - [`lifecycle`]: the statig machine that takes an agent through the phases, driven by
 //!   `handle` / `handle_timeout` / `poll_output` / `poll_timeout`.
 //! - [`time`]: [`Timestamp`] and [`Millis`].
@@ -46,6 +50,7 @@ pub mod steps;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod time;
+pub mod upgrader;
 pub mod version;
 
 pub use lifecycle::{Input, Lifecycle, Output, Request};

@@ -386,6 +386,54 @@ impl Catalogue {
             })
     }
 
+    /// The entry that serves exactly `binary`: from the first stream that lists it, searching
+    /// the streams Juju prefers for that binary's version (`Stream::preferred(model_stream,
+    /// &binary.number)`, Juju's `PreferredStreams(&version, ..., agent-stream)`), and from no
+    /// other stream. A binary listed only in a stream the model does not search is not
+    /// served: a `released` model never hands out a `devel` build.
+    ///
+    /// This is the one rule for "which entry serves a binary": the version decision
+    /// ([`select`] for an exact version), the controller's `Upgrader.Tools` answer and its
+    /// tools endpoint all use it.
+    pub fn entry_for(
+        &self,
+        binary: &Binary,
+        model_stream: Option<Stream>,
+    ) -> Option<&CatalogueEntry> {
+        let streams = Stream::preferred(model_stream, &binary.number);
+        let listed = self.listed(binary);
+        let entry = streams
+            .iter()
+            .find_map(|stream| listed.iter().find(|entry| entry.stream == *stream));
+        if let Some(entry) = entry {
+            assert_eq!(entry.binary, *binary);
+            assert!(streams.contains(&entry.stream));
+        }
+        entry
+    }
+
+    /// True when some binary of exactly `version` (any release, any architecture) is listed
+    /// in a stream the model searches for that version (`Stream::preferred(model_stream,
+    /// &version)`): the catalogue check of an operator's `agent-version` change (Juju's
+    /// `no agent binaries found for version`).
+    pub fn lists_version(&self, version: Version, model_stream: Option<Stream>) -> bool {
+        let streams = Stream::preferred(model_stream, &version);
+        self.entries
+            .iter()
+            .any(|entry| entry.binary.number == version && streams.contains(&entry.stream))
+    }
+
+    /// The entries of exactly `binary`, one per stream (the entries are sorted by binary).
+    fn listed(&self, binary: &Binary) -> &[CatalogueEntry] {
+        let start = self.entries.partition_point(|entry| entry.binary < *binary);
+        let end = start
+            + self.entries[start..]
+                .iter()
+                .take_while(|entry| entry.binary == *binary)
+                .count();
+        &self.entries[start..end]
+    }
+
     /// The candidate of exactly `version` for this release and architecture, if any.
     pub fn find(
         &self,
@@ -603,7 +651,7 @@ pub fn select(
                 exact(
                     catalogue,
                     running,
-                    streams,
+                    request.stream,
                     requested,
                     VersionOrigin::UpgradeController,
                 )?
@@ -627,7 +675,7 @@ pub fn select(
                 exact(
                     catalogue,
                     running,
-                    streams,
+                    request.stream,
                     *pinned,
                     VersionOrigin::AgentVersion,
                 )?
@@ -711,22 +759,29 @@ pub fn select(
     Ok(decision)
 }
 
-/// The candidate of exactly `version`, or an error naming what was searched.
+/// The entry of exactly `version` for the running release and architecture
+/// ([`Catalogue::entry_for`]: the streams preferred for `version`), or an error naming what
+/// was searched.
 fn exact(
     catalogue: &Catalogue,
     running: &Binary,
-    streams: &'static [Stream],
+    model_stream: Option<Stream>,
     version: Version,
     origin: VersionOrigin,
 ) -> Result<Decision, PolicyError> {
-    match catalogue.find(version, &running.release, &running.arch, streams) {
+    let wanted = Binary {
+        number: version,
+        release: running.release.clone(),
+        arch: running.arch.clone(),
+    };
+    match catalogue.entry_for(&wanted, model_stream) {
         Some(entry) => Ok(Decision::Upgrade {
             entry: entry.clone(),
         }),
         None => Err(PolicyError::VersionNotFound {
             version,
             origin,
-            streams,
+            streams: Stream::preferred(model_stream, &version),
             release: running.release.clone(),
             arch: running.arch.clone(),
         }),
@@ -1527,6 +1582,64 @@ mod tests {
                 .to_string()
                 .contains("catalogue lists 2.9.44-ubuntu-amd64 twice in stream released"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn the_entry_for_a_binary_comes_from_its_versions_streams_and_no_other() {
+        let world = world();
+        let served = |binary: &str, model_stream: Option<Stream>| {
+            world
+                .entry_for(&b(binary), model_stream)
+                .map(|entry| (entry.stream, entry.size_bytes))
+        };
+        // A release searches released only: the released build, never the devel rebuild.
+        assert_eq!(served("2.9.44-ubuntu-amd64", None), Some((Released, 1024)));
+        assert_eq!(
+            served("2.9.44-ubuntu-amd64", Some(Released)),
+            Some((Released, 1024))
+        );
+        // An explicit devel stream prefers the devel build.
+        assert_eq!(
+            served("2.9.44-ubuntu-amd64", Some(Devel)),
+            Some((Devel, 2048))
+        );
+        // Listed only in a stream the model does not search: not served (no "any stream"
+        // fallback), although the catalogue lists the binary.
+        assert_eq!(served("2.9.46-ubuntu-amd64", None), None);
+        assert_eq!(served("2.9.46-ubuntu-amd64", Some(Proposed)), None);
+        assert_eq!(
+            served("2.9.46-ubuntu-amd64", Some(Devel)),
+            Some((Devel, 1024))
+        );
+        assert_eq!(served("2.9.47-ubuntu-amd64", Some(Devel)), None);
+        // Another release or architecture is another binary.
+        assert_eq!(served("2.9.44-ubuntu-arm64", None), None);
+        assert_eq!(served("2.9.50-ubuntu-arm64", None), Some((Released, 1024)));
+        // A development version searches devel, proposed, released without being asked.
+        let beta = catalogue(&[("2.10-beta1-ubuntu-amd64", Devel)]);
+        assert!(
+            beta.entry_for(&b("2.10-beta1-ubuntu-amd64"), None)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_version_is_listed_only_in_the_streams_searched_for_it() {
+        let world = world();
+        assert!(world.lists_version(v("2.9.44"), None));
+        assert!(world.lists_version(v("2.9.50"), None), "any architecture");
+        assert!(world.lists_version(v("2.9.51"), None), "any release");
+        assert!(!world.lists_version(v("2.9.45"), None), "proposed only");
+        assert!(world.lists_version(v("2.9.45"), Some(Proposed)));
+        assert!(
+            !world.lists_version(v("2.9.47"), Some(Devel)),
+            "testing only"
+        );
+        assert!(world.lists_version(v("2.9.47"), Some(Testing)));
+        assert!(
+            !world.lists_version(v("2.9.49"), Some(Testing)),
+            "not listed"
         );
     }
 

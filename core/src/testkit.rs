@@ -25,9 +25,11 @@ use crate::lifecycle::{
 };
 use crate::phase::Phase;
 use crate::policy::Catalogue;
+use crate::role::Role;
 use crate::steps::{StepKey, StepKind, StepRegistry};
 use crate::time::{Millis, Timestamp};
-use crate::version::Version;
+use crate::upgrader::{self, AgentVersionCheck, AgentVersionRefusal, AskingAgent};
+use crate::version::{Binary, Version};
 
 /// Host steps and database steps counted per key saturate here: any value above 1 is
 /// already a violation of exactly-once, and small counts keep the state space finite.
@@ -51,6 +53,10 @@ pub struct Store {
     pub invalid_record_writes: u8,
     pub capability_refreshes: u8,
     pub upgrade_available: Option<Version>,
+    /// The binary each host's agent last reported running (Juju's `Upgrader.SetTools`),
+    /// by host index: a process reports the binary it runs when it starts. `None`: never
+    /// reported. The Upgrader's controllers-first rule reads these, never a host's config.
+    pub reported: Vec<Option<Binary>>,
 }
 
 impl Store {
@@ -160,7 +166,11 @@ fn hash_input<H: std::hash::Hasher>(input: &Input, hasher: &mut H) {
         }
         Input::DesiredBinary { id, plan } => (id, plan).hash(hasher),
         Input::Staged { id, result } => (id, result).hash(hasher),
-        Input::AgentVersionRefused { id, view } => (id, view).hash(hasher),
+        Input::AgentVersionRefused {
+            id,
+            agent_version,
+            view,
+        } => (id, agent_version, view).hash(hasher),
         Input::AgentVersionChanged(version) => version.hash(hasher),
         Input::UpgradeRequested { version } => version.hash(hasher),
         Input::Operator(action) => action.hash(hasher),
@@ -169,7 +179,10 @@ fn hash_input<H: std::hash::Hasher>(input: &Input, hasher: &mut H) {
 
 /// The timers that say "something took too long": early fires are a budgeted fault.
 fn is_timeout(timer: Timer) -> bool {
-    matches!(timer, Timer::ControllersWait | Timer::TrialReady)
+    matches!(
+        timer,
+        Timer::ControllersWait | Timer::TrialReady | Timer::LeaseDeadline
+    )
 }
 
 /// One thing that can happen next in a world.
@@ -233,9 +246,9 @@ pub struct World {
     pub crashes_left: u8,
     pub expiries_left: u8,
     /// Remaining fires of the timers that say "something took too long"
-    /// ([`Timer::ControllersWait`], [`Timer::TrialReady`]). Time is abstract in the
-    /// explorer, so such a timer may fire at any moment: a timing fault, budgeted like the
-    /// others. Unbounded (255) unless an explorer narrows it.
+    /// ([`Timer::ControllersWait`], [`Timer::TrialReady`], [`Timer::LeaseDeadline`]). Time
+    /// is abstract in the explorer, so such a timer may fire at any moment: a timing fault,
+    /// budgeted like the others. Unbounded (255) unless an explorer narrows it.
     pub timeouts_left: u8,
     /// Remaining fires of the periodic [`Timer::CatalogueCheck`]. Each fire repeats the same
     /// lookup with a fresh request id, so an unbounded budget means an unbounded state
@@ -275,7 +288,7 @@ impl World {
             spec.snapshots.len(),
             "one snapshot per host"
         );
-        let hosts = spec
+        let hosts: Vec<Host> = spec
             .hosts
             .into_iter()
             .zip(spec.snapshots)
@@ -315,6 +328,7 @@ impl World {
                 invalid_record_writes: 0,
                 capability_refreshes: 0,
                 upgrade_available: None,
+                reported: vec![None; hosts.len()],
             },
             hosts,
             now: Timestamp::ZERO,
@@ -386,17 +400,20 @@ impl World {
     /// - a lease retry fails (changes nothing) while another controller holds the lease; it
     ///   is offered once the lease is free (or is this controller's own, left by a crash).
     ///
-    /// A timeout ([`Timer::ControllersWait`], [`Timer::TrialReady`]) is offered early, while
-    /// other things can still happen, only while [`World::timeouts_left`] lasts; once
-    /// nothing but a fault can happen it is offered whatever the budget (it is then late,
-    /// not early). The periodic catalogue check is offered while its budget lasts.
+    /// A timeout ([`Timer::ControllersWait`], [`Timer::TrialReady`], [`Timer::LeaseDeadline`])
+    /// is offered early, while other things can still happen, only while
+    /// [`World::timeouts_left`] lasts; once nothing but a fault can happen it is offered
+    /// whatever the budget (it is then late, not early). The periodic catalogue check is
+    /// offered while its budget lasts.
     pub fn may_fire(&self, host: usize, timer: Timer) -> bool {
         let holder = self.store.lease.map(|(holder, _)| holder);
         let mine = holder.is_some() && holder == self.hosts[host].config.controller;
         match timer {
             Timer::LeaseKeepAlive => !mine,
             Timer::LeaseRetry => holder.is_none() || mine,
-            Timer::ControllersWait | Timer::TrialReady => self.timeouts_left > 0,
+            Timer::ControllersWait | Timer::TrialReady | Timer::LeaseDeadline => {
+                self.timeouts_left > 0
+            }
             Timer::CatalogueCheck => self.catalogue_checks_left > 0,
             Timer::StepRetry | Timer::CatalogueRetry | Timer::StageRetry => true,
         }
@@ -416,7 +433,7 @@ impl World {
             }
             Action::Fire { host, timer } => {
                 match timer {
-                    Timer::ControllersWait | Timer::TrialReady => {
+                    Timer::ControllersWait | Timer::TrialReady | Timer::LeaseDeadline => {
                         // A late fire (budget spent) costs nothing.
                         self.timeouts_left = self.timeouts_left.saturating_sub(1);
                     }
@@ -455,6 +472,9 @@ impl World {
         apply_mutations(&mut process, self.mutations);
         process.handle(self.now, Input::Start);
         state.process = Some(process);
+        // Its agent reports the binary it runs as it starts (Juju's upgrader worker calls
+        // `SetTools` first thing).
+        self.store.reported[host] = Some(state.config.running.clone());
         self.drain(host);
     }
 
@@ -653,16 +673,15 @@ impl World {
             }),
             Request::DesiredBinary => {
                 let running = &self.hosts[host].config.running;
-                let desired = self.store.model.agent_version;
+                let desired = self.desired_version(host);
+                let wanted = Binary {
+                    number: desired,
+                    release: running.release.clone(),
+                    arch: running.arch.clone(),
+                };
                 let entry = self
                     .catalogue
-                    .entries()
-                    .iter()
-                    .find(|entry| {
-                        entry.binary.number == desired
-                            && entry.binary.release == running.release
-                            && entry.binary.arch == running.arch
-                    })
+                    .entry_for(&wanted, self.store.model.stream)
                     .cloned();
                 entry.map(|entry| Input::DesiredBinary {
                     id,
@@ -675,17 +694,30 @@ impl World {
                 })
             }
             Request::SetAgentVersion(version) => {
-                // Juju's rule, as the store adapter keeps it: agent-version does not change
-                // while an upgrade-info record is current. A write of the value the model
-                // already holds changes nothing and is not refused.
-                if self.store.record.is_some() && self.store.model.agent_version != version {
-                    Some(Input::AgentVersionRefused {
-                        id,
-                        view: self.store.view(),
-                    })
-                } else {
-                    self.store.model.agent_version = version;
-                    Some(Input::Done { id })
+                // The store adapter's rule, the core's one implementation: agent-version does
+                // not change while an upgrade-info record is current (Juju's rule); the value
+                // the model already holds is accepted back.
+                let record = self.store.record.map(|(record, _)| record);
+                match AgentVersionCheck::LIFECYCLE.check(
+                    self.store.model.agent_version,
+                    self.store.model.stream,
+                    record.as_ref(),
+                    version,
+                ) {
+                    Ok(_) => {
+                        self.store.model.agent_version = version;
+                        Some(Input::Done { id })
+                    }
+                    Err(AgentVersionRefusal::UpgradeInProgress { .. }) => {
+                        Some(Input::AgentVersionRefused {
+                            id,
+                            agent_version: self.store.model.agent_version,
+                            view: self.store.view(),
+                        })
+                    }
+                    Err(refusal) => {
+                        unreachable!("the lifecycle's write is refused only by a record: {refusal}")
+                    }
                 }
             }
             Request::ReportUpgradeAvailable(version) => {
@@ -706,6 +738,36 @@ impl World {
         {
             self.hosts[host].completions.push(input);
         }
+    }
+
+    /// The Upgrader's answer to `host`'s `DesiredBinary` (the core's controllers-first
+    /// rule), from what the hosts reported ([`Store::reported`]). The API server answering
+    /// is the first controller host (hosts list controllers first); a world without one
+    /// serves from a server running the model's agent-version.
+    fn desired_version(&self, host: usize) -> Version {
+        let is_controller = |state: &Host| state.config.roles.contains(Role::Controller);
+        let server_version = self
+            .hosts
+            .iter()
+            .find(|state| is_controller(state))
+            .map_or(self.store.model.agent_version, |state| {
+                state.config.running.number
+            });
+        let controllers = self
+            .hosts
+            .iter()
+            .zip(&self.store.reported)
+            .filter(|(state, _)| is_controller(state))
+            .map(|(_, reported)| reported.as_ref());
+        upgrader::desired_version(
+            self.store.model.agent_version,
+            AskingAgent {
+                roles: self.hosts[host].config.roles,
+                reported: self.store.reported[host].as_ref(),
+            },
+            controllers,
+            server_version,
+        )
     }
 
     fn run_database_step(
@@ -916,7 +978,9 @@ impl World {
         let holder = self.store.lease.map(|(holder, _)| holder);
         let mine = holder.is_some() && holder == self.hosts[host].config.controller;
         match timer {
-            Timer::ControllersWait | Timer::TrialReady => self.timeouts_left == 0,
+            Timer::ControllersWait | Timer::TrialReady | Timer::LeaseDeadline => {
+                self.timeouts_left == 0
+            }
             Timer::CatalogueCheck => self.catalogue_checks_left == 0,
             // Nobody else can take a lease this controller holds; only expiry frees it.
             Timer::LeaseKeepAlive => mine && self.expiries_left == 0,

@@ -29,6 +29,9 @@ const TABLE: &str = include_str!("../../spec/transitions.json");
 #[derive(Debug)]
 enum Entry {
     Ignored,
+    /// The phase stays and no request is made, but the input's value is kept for later
+    /// (the model's agent-version news, acted on in Ready).
+    Remembered,
     Allowed {
         next: BTreeSet<String>,
         requests: BTreeSet<String>,
@@ -45,6 +48,7 @@ fn table() -> BTreeMap<(String, String), Entry> {
             let cell = &json["transitions"][phase][input];
             let entry = match cell {
                 Value::String(text) if text == "ignored" => Entry::Ignored,
+                Value::String(text) if text == "remembered" => Entry::Remembered,
                 Value::Object(_) => {
                     let list = |field: &str| -> BTreeSet<String> {
                         serde_json::from_value(cell[field].clone())
@@ -133,11 +137,13 @@ impl Driver {
     }
 
     /// Runs `deliver` (which feeds one input to `host`) and checks it against the table.
+    /// `news` is the version an `AgentVersionChanged` input carries.
     fn observe(
         &mut self,
         host: usize,
         before: Phase,
         kind: InputKind,
+        news: Option<Version>,
         deliver: impl FnOnce(&mut World),
     ) {
         let ids_before: BTreeSet<RequestId> = self.world.hosts[host]
@@ -163,6 +169,25 @@ impl Driver {
                 key.0,
                 key.1
             ),
+            Entry::Remembered => {
+                assert!(
+                    after == before && requests.is_empty(),
+                    "{} × {}: the table says remembered, but it went to {after} and asked \
+                     {requests:?}",
+                    key.0,
+                    key.1
+                );
+                let kept = self.world.hosts[host]
+                    .process
+                    .as_ref()
+                    .and_then(|process| process.agent_version_news());
+                assert!(
+                    news.is_some() && kept == news,
+                    "{} × {}: the table says remembered, but the core keeps {kept:?} of {news:?}",
+                    key.0,
+                    key.1
+                );
+            }
             Entry::Allowed {
                 next,
                 requests: allowed,
@@ -211,19 +236,24 @@ impl Driver {
     /// Applies a world action, observing it against the table when it feeds the core.
     fn apply(&mut self, action: Action) {
         match action {
-            Action::Boot { host } => {
-                self.observe(host, Phase::Bootstrapping, InputKind::Start, |world| {
-                    world.apply(action)
-                })
-            }
+            Action::Boot { host } => self.observe(
+                host,
+                Phase::Bootstrapping,
+                InputKind::Start,
+                None,
+                |world| world.apply(action),
+            ),
             Action::Deliver { host } => {
-                let kind = self.world.hosts[host].completions[0].kind();
+                let input = &self.world.hosts[host].completions[0];
+                let (kind, news) = (input.kind(), news_of(input));
                 let before = self.phase(host).expect("running");
-                self.observe(host, before, kind, |world| world.apply(action));
+                self.observe(host, before, kind, news, |world| world.apply(action));
             }
             Action::Fire { host, .. } => {
                 let before = self.phase(host).expect("running");
-                self.observe(host, before, InputKind::Timer, |world| world.apply(action));
+                self.observe(host, before, InputKind::Timer, None, |world| {
+                    world.apply(action)
+                });
             }
             _ => self.world.apply(action),
         }
@@ -238,7 +268,7 @@ impl Driver {
             });
             if let Some(&Action::Fire { host, .. }) = due {
                 let before = self.phase(host).expect("running");
-                self.observe(host, before, InputKind::Timer, |world| {
+                self.observe(host, before, InputKind::Timer, None, |world| {
                     world.apply(Action::Fire { host, timer })
                 });
                 return true;
@@ -258,9 +288,9 @@ impl Driver {
             {
                 let before = self.phase(host).expect("running");
                 let (id, request) = self.world.hosts[host].in_flight.remove(index);
-                let input = failure(id, &request);
+                let input = failure(id, &request, false);
                 let kind = input.kind();
-                self.observe(host, before, kind, |world| world.deliver(host, input));
+                self.observe(host, before, kind, None, |world| world.deliver(host, input));
             }
             action => self.apply(action),
         }
@@ -278,14 +308,16 @@ impl Driver {
                     Request::RunStep { .. }
                         | Request::StageBinary(_)
                         | Request::LookupCatalogue { .. }
+                        | Request::SetAgentVersion(_)
                 )
             });
         let choice = self.next();
         if let (Some(index), true) = (failing, choice.is_multiple_of(2)) {
             let (id, request) = self.world.hosts[host].in_flight.remove(index);
-            let input = failure(id, &request);
+            // Half the refused agent-version writes find the model holding the value.
+            let input = failure(id, &request, choice.is_multiple_of(4));
             let kind = input.kind();
-            self.observe(host, before, kind, |world| world.deliver(host, input));
+            self.observe(host, before, kind, None, |world| world.deliver(host, input));
             return;
         }
         let stale = RequestId(1_000_000 + choice);
@@ -321,6 +353,7 @@ impl Driver {
             },
             12 => Input::AgentVersionRefused {
                 id: stale,
+                agent_version: self.world.store.model.agent_version,
                 view: RecordView::default(),
             },
             13 => Input::RecordWritten {
@@ -336,8 +369,16 @@ impl Driver {
                 lease: None,
             },
         };
-        let kind = input.kind();
-        self.observe(host, before, kind, |world| world.deliver(host, input));
+        let (kind, news) = (input.kind(), news_of(&input));
+        self.observe(host, before, kind, news, |world| world.deliver(host, input));
+    }
+}
+
+/// The version an `AgentVersionChanged` input carries.
+fn news_of(input: &Input) -> Option<Version> {
+    match input {
+        Input::AgentVersionChanged(version) => Some(*version),
+        _ => None,
     }
 }
 
@@ -358,8 +399,10 @@ fn moved_on(previous: Version, target: Version, revision: u64) -> RecordView {
     }
 }
 
-/// The failed completion of a request.
-fn failure(id: RequestId, request: &Request) -> Input {
+/// The failed completion of a request. A refused `agent-version` write finds the model
+/// holding the value asked for when `holds` (a write another controller made first), and
+/// the version before it otherwise.
+fn failure(id: RequestId, request: &Request, holds: bool) -> Input {
     match request {
         // Another upgrade got there first: past pending, every controller ready.
         Request::UpdateRecord {
@@ -374,6 +417,15 @@ fn failure(id: RequestId, request: &Request) -> Input {
         },
         Request::SetAgentVersion(version) => Input::AgentVersionRefused {
             id,
+            agent_version: if holds {
+                *version
+            } else {
+                Version::new(
+                    version.major,
+                    version.minor,
+                    version.patch.saturating_sub(1),
+                )
+            },
             view: moved_on(
                 *version,
                 Version::new(version.major, version.minor, version.patch + 1),

@@ -727,16 +727,18 @@ fn a_retry_with_no_steps_left_checks_the_version_instead() {
 
 /// Every controller hears the model's agent-version move, the one that moved it too. While
 /// its own upgrade to that version is under way the news is not a second request (no new
-/// lookup, no "already in progress" message); once that attempt has failed (staging refused),
-/// the same news starts a new check although the model already names the version: a
-/// controller must never conclude "the model says so, so it is under way" (sweep seed 17).
+/// lookup, no "already in progress" message), also while a failed staging waits to be tried
+/// again. Once the attempt is over (staging failed every time: agent-version reset), news of
+/// the version starts a new check: a controller must never conclude "the model says so, so
+/// it is under way" (sweep seed 17).
 #[test]
 fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way() {
     let mut world = world(controllers_upgrading(1, V42, V42, registry()));
     run(&mut world);
     assert_eq!(phases(&world), [Phase::Ready]);
     world.deliver(0, Input::UpgradeRequested { version: Some(V43) });
-    let mut heard_while_staging = false;
+    let mut heard = 0;
+    let mut failed = 0;
     run_with(&mut world, 1_000, |world| {
         let staging = world.hosts[0]
             .in_flight
@@ -745,8 +747,9 @@ fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way()
         let Some(index) = staging else {
             return false;
         };
-        if !heard_while_staging {
-            heard_while_staging = true;
+        if heard == failed {
+            // News of 2.9.43 while staging it (the first time, and at each retry).
+            heard += 1;
             world.hosts[0].status_message = None;
             let before = world.hosts[0].in_flight.len();
             world.deliver(0, Input::AgentVersionChanged(V43));
@@ -754,6 +757,7 @@ fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way()
             assert_eq!(world.hosts[0].status_message, None);
             return true;
         }
+        failed += 1;
         let (id, _) = world.hosts[0].in_flight.remove(index);
         world.deliver(
             0,
@@ -764,11 +768,17 @@ fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way()
         );
         true
     });
-    assert!(heard_while_staging);
+    assert_eq!(failed, 3, "staged as often as in Upgrading, then given up");
     assert_eq!(phases(&world), [Phase::Ready]);
-    assert_eq!(world.store.model.agent_version, V43);
     assert_eq!(world.hosts[0].config.running.number, V42);
-    // The attempt failed; the model still names 2.9.43. The news must start a new check.
+    assert_eq!(
+        world.store.model.agent_version, V42,
+        "the model does not name a version its controller could not install"
+    );
+    let message = world.hosts[0].status_message.clone().unwrap_or_default();
+    assert_eq!(message, "agent-version reset to 2.9.42");
+    // The operator sets 2.9.43 again. The news must start a new check.
+    world.store.model.agent_version = V43;
     world.deliver(0, Input::AgentVersionChanged(V43));
     assert!(
         !world.hosts[0].in_flight.is_empty(),
@@ -778,4 +788,335 @@ fn a_controller_acts_on_agent_version_news_unless_its_own_upgrade_is_under_way()
     run(&mut world);
     assert_eq!(phases(&world), [Phase::Ready]);
     assert_eq!(world.hosts[0].config.running.number, V43);
+}
+
+// ------------------------------------------------------------------ decisions moved into
+// the core (issue 15): the lease's deadline, agent-version news in every phase, the
+// refusal of an agent-version write, controllers first from reported binaries
+
+use lockstep_core::lifecycle::{Limits, Timer};
+use lockstep_core::{Millis, Timestamp};
+
+/// Runs only `hosts`, in order (deliver, then execute, then boot; their timers, except the
+/// periodic catalogue check, only when nothing else is left), until none of them has
+/// anything left to do. Checks the invariants after every step.
+fn run_only(world: &mut World, hosts: &[usize]) {
+    for _ in 0..10_000 {
+        let actions: Vec<Action> = world
+            .actions()
+            .into_iter()
+            .filter(|action| match *action {
+                Action::Boot { host } | Action::Deliver { host } | Action::Execute { host, .. } => {
+                    hosts.contains(&host)
+                }
+                Action::Fire { host, timer } => {
+                    hosts.contains(&host) && timer != Timer::CatalogueCheck
+                }
+                Action::Crash { .. } | Action::ExpireLease => false,
+            })
+            .collect();
+        let first = |wanted: fn(&Action) -> bool| actions.iter().copied().find(wanted);
+        let next = first(|action| matches!(action, Action::Deliver { .. }))
+            .or_else(|| first(|action| matches!(action, Action::Execute { .. })))
+            .or_else(|| first(|action| matches!(action, Action::Boot { .. })))
+            .or_else(|| first(|action| matches!(action, Action::Fire { .. })));
+        let Some(action) = next else {
+            return;
+        };
+        world.apply(action);
+        world.check().expect("no invariant broken");
+    }
+    panic!("hosts {hosts:?} did not settle");
+}
+
+fn timer_at(world: &World, host: usize, wanted: Timer) -> Option<Timestamp> {
+    world.hosts[host]
+        .process
+        .as_ref()
+        .expect("running")
+        .timers()
+        .find(|(timer, _)| *timer == wanted)
+        .map(|(_, at)| at)
+}
+
+#[test]
+fn the_lease_lives_five_keep_alives_and_is_given_up_one_interval_before_it_may_expire() {
+    let limits = Limits::default();
+    assert_eq!(limits.lease_keepalive_interval, Millis(1_000));
+    assert_eq!(limits.lease_ttl(), Millis(5_000));
+    assert_eq!(limits.lease_keepalive_deadline(), Millis(4_000));
+    let fast = Limits {
+        lease_keepalive_interval: Millis(200),
+        ..limits
+    };
+    assert_eq!(fast.lease_ttl(), Millis(1_000));
+    assert_eq!(fast.lease_keepalive_deadline(), Millis(800));
+}
+
+/// A coordinator's keep-alive that the store never answers: at the deadline (the lease's
+/// TTL less one interval after it was sent) the core gives the lease up exactly as if the
+/// store had said it was lost, and campaigns again after its delay; the answer that comes
+/// late is ignored by its id. The upgrade then completes under a lease taken again.
+#[test]
+fn a_keep_alive_unanswered_by_its_deadline_gives_the_lease_up() {
+    use lockstep_core::lifecycle::LeaseToken;
+    let mut world = world(controllers_upgrading(1, V42, V43, registry()));
+    // Run until the coordinator holds its lease: its keep-alive timer is armed (and its
+    // first database step asked, which stays in flight meanwhile).
+    let mut held = false;
+    for _ in 0..1_000 {
+        if world.hosts[0].process.is_some() && timer_at(&world, 0, Timer::LeaseKeepAlive).is_some()
+        {
+            held = true;
+            break;
+        }
+        assert!(world.run_in_order(1) > 0, "the world settled first");
+    }
+    assert!(held, "the coordinator took its lease");
+    let (_, token) = world.store.lease.expect("the lease is held");
+    // The keep-alive is sent one interval later; the store never answers it.
+    let interval = Limits::default().lease_keepalive_interval;
+    world.advance(interval);
+    world.apply(Action::Fire {
+        host: 0,
+        timer: Timer::LeaseKeepAlive,
+    });
+    let index = world.hosts[0]
+        .in_flight
+        .iter()
+        .position(|(_, request)| matches!(request, Request::KeepAliveLease(_)))
+        .expect("a keep-alive sent");
+    let (keepalive, _) = world.hosts[0].in_flight.remove(index);
+    let sent = world.now;
+    assert_eq!(
+        timer_at(&world, 0, Timer::LeaseDeadline),
+        Some(sent + Limits::default().lease_keepalive_deadline()),
+        "the deadline is armed when the keep-alive is sent"
+    );
+    // At the deadline, the lease is given up: no keep-alive, a campaign after the delay.
+    world.advance(Limits::default().lease_keepalive_deadline());
+    world.apply(Action::Fire {
+        host: 0,
+        timer: Timer::LeaseDeadline,
+    });
+    assert_eq!(timer_at(&world, 0, Timer::LeaseKeepAlive), None);
+    assert_eq!(timer_at(&world, 0, Timer::LeaseDeadline), None);
+    assert_eq!(
+        timer_at(&world, 0, Timer::LeaseRetry),
+        Some(world.now + Limits::default().lease_retry_delay),
+        "it campaigns again after its delay"
+    );
+    // The answer arrives late: ignored by its id (no keep-alive timer re-armed).
+    let before = world.hosts[0].in_flight.len();
+    world.deliver(
+        0,
+        Input::LeaseAnswered {
+            id: keepalive,
+            lease: Some(LeaseToken(token.0)),
+        },
+    );
+    assert_eq!(timer_at(&world, 0, Timer::LeaseKeepAlive), None);
+    assert_eq!(world.hosts[0].in_flight.len(), before, "nothing asked");
+    // The store still has the lease (nobody else wanted it): the campaign gets it back and
+    // the upgrade completes, its database step once.
+    run(&mut world);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    assert_eq!(
+        world.store.last_archived.map(|record| record.status),
+        Some(UpgradeStatus::Complete)
+    );
+    assert!(world.store.database_runs.values().all(|&runs| runs == 1));
+}
+
+/// The model's agent-version moves while the controller is still running its steps: the
+/// core keeps the news (no request, no phase change) and acts on it when it reaches Ready,
+/// pre-staging there. Before, the news was dropped outside Ready and each driver kept its
+/// own copy to send again.
+#[test]
+fn agent_version_news_before_ready_is_acted_on_at_ready() {
+    let mut world = world(controllers_upgrading(1, V42, V43, registry()));
+    let mut told = false;
+    let mut staged_in = None;
+    run_with(&mut world, 10_000, |world| {
+        let phase = process_phase(world, 0);
+        if !told && phase == Some(Phase::RunningSteps) {
+            told = true;
+            // An operator sets agent-version 2.9.44 while 2.9.43's steps run.
+            world.store.model.agent_version = V44;
+            let before = world.hosts[0].in_flight.len();
+            world.deliver(0, Input::AgentVersionChanged(V44));
+            let process = world.hosts[0].process.as_ref().unwrap();
+            assert_eq!(process.phase(), Phase::RunningSteps, "no phase change");
+            assert_eq!(process.agent_version_news(), Some(V44), "kept");
+            assert_eq!(world.hosts[0].in_flight.len(), before, "nothing asked");
+            return true;
+        }
+        if staged_in.is_none()
+            && world.hosts[0].in_flight.iter().any(|(_, request)| {
+                matches!(request, Request::StageBinary(plan) if plan.binary.number == V44)
+            })
+        {
+            staged_in = phase;
+        }
+        false
+    });
+    assert!(told);
+    assert_eq!(
+        staged_in,
+        Some(Phase::Ready),
+        "acted on in Ready, pre-staging"
+    );
+    assert_eq!(phases(&world), [Phase::Ready]);
+    assert_eq!(world.hosts[0].config.running.number, V44);
+    assert_eq!(
+        world.hosts[0].durable.as_ref().unwrap().upgraded_to_version,
+        V44
+    );
+}
+
+/// Juju accepts the current value of agent-version back. When the store refuses a write
+/// although the model already holds the value asked for (another controller wrote it
+/// first, a record is current), the core itself treats the write as done and goes on; a
+/// refusal that found another value is a refusal.
+#[test]
+fn a_refused_agent_version_write_the_model_already_holds_is_done() {
+    let record = UpgradeInfo {
+        previous_version: V43,
+        target_version: V44,
+        status: UpgradeStatus::Pending,
+        controllers_ready: ControllerSet::EMPTY,
+        controllers_done: ControllerSet::EMPTY,
+    };
+    let view = RecordView {
+        current: Some((record, Revision(9))),
+        last_archived: None,
+        revision: Revision(9),
+    };
+    for (model_holds, expected) in [(V44, true), (V43, false)] {
+        let mut world = world(controllers_upgrading(1, V43, V43, registry()));
+        run(&mut world);
+        assert_eq!(phases(&world), [Phase::Ready]);
+        world.deliver(0, Input::UpgradeRequested { version: Some(V44) });
+        let write = loop {
+            if let Some(index) = world.hosts[0]
+                .in_flight
+                .iter()
+                .position(|(_, request)| matches!(request, Request::SetAgentVersion(_)))
+            {
+                break world.hosts[0].in_flight.remove(index);
+            }
+            assert!(world.run_in_order(1) > 0, "an agent-version write is asked");
+        };
+        assert_eq!(write.1, Request::SetAgentVersion(V44));
+        world.hosts[0].status_message = None;
+        world.deliver(
+            0,
+            Input::AgentVersionRefused {
+                id: write.0,
+                agent_version: model_holds,
+                view,
+            },
+        );
+        let staging = world.hosts[0]
+            .in_flight
+            .iter()
+            .any(|(_, request)| matches!(request, Request::StageBinary(_)));
+        assert_eq!(staging, expected, "model holds {model_holds}");
+        let message = world.hosts[0].status_message.clone().unwrap_or_default();
+        assert_eq!(
+            message.contains("upgrade to 2.9.44 not started"),
+            !expected,
+            "model holds {model_holds}: {message}"
+        );
+        world.check().expect("no invariant broken");
+    }
+}
+
+/// Juju's controllers-first rule, decided by the core from what the hosts *reported*:
+/// controller 1 is configured to run 2.9.44 (its binary is switched) but last reported
+/// 2.9.43, so a machine agent is told to stay on 2.9.43; a copy of the rule that read
+/// configured versions would send it to 2.9.44 ahead of its controller. Once controller 1
+/// starts on 2.9.44 and reports it, the machine agent follows.
+#[test]
+fn controllers_first_reads_reported_binaries_not_configured_ones() {
+    let mut spec = controllers_upgrading(2, V44, V44, registry());
+    spec.hosts.push(host_machine(V43));
+    spec.snapshots.push(Some(snapshot(V43)));
+    let mut world = world(spec);
+    // Controller 1 reported 2.9.43 before it was switched; it has not started since.
+    world.store.reported[1] = Some(binary(V43));
+    run_only(&mut world, &[0]);
+    assert_eq!(process_phase(&world, 0), Some(Phase::Ready));
+    assert_eq!(world.store.reported[0], Some(binary(V44)));
+    assert_eq!(
+        world.hosts[1].config.running.number, V44,
+        "configured 2.9.44"
+    );
+    // The machine agent asks: controller 1 has not reported 2.9.44, so it stays.
+    run_only(&mut world, &[2]);
+    assert_eq!(process_phase(&world, 2), Some(Phase::Ready));
+    assert_eq!(
+        world.hosts[2].config.running.number, V43,
+        "waits for controller 1"
+    );
+    // Controller 1 starts on 2.9.44 and reports it; the model's news reaches the agent.
+    run_only(&mut world, &[1]);
+    assert_eq!(world.store.reported[1], Some(binary(V44)));
+    world.deliver(2, Input::AgentVersionChanged(V44));
+    run_only(&mut world, &[2]);
+    assert_eq!(process_phase(&world, 2), Some(Phase::Ready));
+    assert_eq!(
+        world.hosts[2].config.running.number, V44,
+        "follows its controllers"
+    );
+}
+
+/// Found by the sweep once the simulator fed each agent-version change once (seed 20 of
+/// `--seeds 0..2000`): an operator's upgrade pre-staged while Ready failed its one staging
+/// (a corrupt download), and the controller gave it up there, leaving the model naming
+/// 2.9.43 while it ran 2.9.42, and nothing would ever try again (the simulator had been
+/// feeding the same news every minute, which no driver does). A failed pre-staging is now
+/// tried again as in Upgrading: here the second attempt succeeds and the upgrade completes.
+#[test]
+fn a_failed_pre_staging_in_ready_is_tried_again() {
+    let mut world = world(controllers_upgrading(1, V42, V42, registry()));
+    run(&mut world);
+    world.deliver(0, Input::UpgradeRequested { version: Some(V43) });
+    let mut failed = false;
+    run_with(&mut world, 1_000, |world| {
+        if failed {
+            return false;
+        }
+        let Some(index) = world.hosts[0]
+            .in_flight
+            .iter()
+            .position(|(_, request)| matches!(request, Request::StageBinary(_)))
+        else {
+            return false;
+        };
+        failed = true;
+        let (id, _) = world.hosts[0].in_flight.remove(index);
+        world.deliver(
+            0,
+            Input::Staged {
+                id,
+                result: Err("sha256 mismatch".to_owned()),
+            },
+        );
+        let message = world.hosts[0].status_message.clone().unwrap_or_default();
+        assert!(
+            message.contains("failed (will retry): sha256 mismatch"),
+            "{message}"
+        );
+        assert_eq!(process_phase(world, 0), Some(Phase::Ready), "still serving");
+        assert!(
+            timer_at(world, 0, Timer::StageRetry).is_some(),
+            "a retry is armed"
+        );
+        true
+    });
+    assert!(failed);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    assert_eq!(world.hosts[0].config.running.number, V43);
+    assert_eq!(world.store.model.agent_version, V43);
 }

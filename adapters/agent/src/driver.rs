@@ -23,7 +23,7 @@ use lockstep_core::lifecycle::{
 };
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
 use lockstep_core::steps::{StepKind, StepRegistry};
-use lockstep_core::{Binary, Lifecycle, Millis, Phase, Timestamp, Version};
+use lockstep_core::{Binary, Lifecycle, Phase, Timestamp, Version};
 use lockstep_store::Store;
 use lockstep_streams::{AsyncSource, DirectorySource, HttpSource, LookupConfig};
 use tokio::sync::{mpsc, watch};
@@ -85,8 +85,6 @@ pub struct DriverConfig {
     /// `machine-0`.
     pub tag: String,
     pub controller: Option<ControllerId>,
-    /// The lease's TTL, a few keep-alive intervals.
-    pub lease_ttl: Millis,
     /// Capabilities the environment provider reports (`manage-firewall`, ...).
     pub capabilities: String,
 }
@@ -116,8 +114,6 @@ pub struct Driver {
     notifier: Notifier,
     /// Cancels the record watch's thread.
     watch_cancel: Option<Arc<AtomicBool>>,
-    /// The model's agent-version as the model watch last read it.
-    model_version: Arc<std::sync::Mutex<Option<lockstep_core::Version>>>,
     /// Requests running (each completes by sending an input).
     tasks: tokio::task::JoinSet<()>,
     /// Set when the driver ends: operations being retried give up.
@@ -163,7 +159,6 @@ impl Driver {
             status,
             notifier,
             watch_cancel: None,
-            model_version: Arc::default(),
             tasks: tokio::task::JoinSet::new(),
             stopping: Arc::new(AtomicBool::new(false)),
         };
@@ -245,13 +240,9 @@ impl Driver {
                         limited = view.is_limited(),
                         "gate"
                     );
-                    let was_ready = self.gate.borrow().phase == Phase::Ready;
                     self.gate.send_replace(view);
                     if view.phase == Phase::Ready {
                         self.notifier.ready();
-                        if !was_ready {
-                            self.agent_version_on_ready();
-                        }
                     }
                 }
                 Output::Status(report) => {
@@ -377,7 +368,7 @@ impl Driver {
             }
             Request::AcquireLease => {
                 let holder = self.controller();
-                let ttl = config.lease_ttl;
+                let ttl = self.core.config().limits.lease_ttl();
                 self.blocking(id, "acquire the lease", move || {
                     let lease = store
                         .acquire_lease(holder, ttl)
@@ -387,36 +378,15 @@ impl Driver {
             }
             Request::KeepAliveLease(token) => {
                 // Unlike other requests, a keep-alive is not retried until it gets through:
-                // the lease was last extended one interval ago, so once the rest of its TTL
-                // has passed without an answer it may be gone, and this controller stops
-                // acting as coordinator at once (the store's fencing refuses its writes
-                // anyway; this spares them). The core campaigns again after its delay.
+                // a store error answers "not held" at once. One that never returns needs no
+                // bound here: the core gives the lease up at its own deadline
+                // (`Limits::lease_keepalive_deadline`) and ignores this answer if it comes.
                 let holder = self.controller();
-                let bound = Duration::from_millis(
-                    config
-                        .lease_ttl
-                        .0
-                        .saturating_sub(self.core.config().limits.lease_keepalive_interval.0),
-                );
-                let inputs = self.inputs_tx.clone();
-                self.tasks.spawn(async move {
-                    let answer = tokio::time::timeout(
-                        bound,
-                        tokio::task::spawn_blocking(move || store.keep_alive_lease(holder, token)),
-                    )
-                    .await;
-                    let lease = match answer {
-                        Ok(Ok(Ok(lease))) => lease,
-                        Ok(Ok(Err(error))) => {
-                            tracing::warn!(target: "lockstep::agent", %error, "lease keep-alive failed; giving the lease up");
-                            None
-                        }
-                        Ok(Err(error)) => {
-                            tracing::warn!(target: "lockstep::agent", %error, "lease keep-alive panicked; giving the lease up");
-                            None
-                        }
-                        Err(_) => {
-                            tracing::warn!(target: "lockstep::agent", bound_ms = bound.as_millis() as u64, "lease keep-alive unanswered; giving the lease up");
+                self.tasks.spawn_blocking(move || {
+                    let lease = match store.keep_alive_lease(holder, token) {
+                        Ok(lease) => lease,
+                        Err(error) => {
+                            tracing::warn!(target: "lockstep::agent", %error, "lease keep-alive failed");
                             None
                         }
                     };
@@ -474,20 +444,25 @@ impl Driver {
                 tracing::error!(target: "lockstep::agent", %id, "DesiredBinary asked of a controller");
             }
             Request::SetAgentVersion(version) => {
-                // A refusal because an upgrade-info record is current is the core's to
-                // decide about (it is told the record); only I/O failures are retried here.
+                // The store checks the core's rule inside its write and answers a refusal
+                // with what it saw; the core decides what that means. Only I/O failures are
+                // retried here.
                 self.blocking(id, "set agent-version", move || {
-                    match store.set_agent_version(version) {
-                        Ok(_) => Ok(Input::Done { id }),
-                        Err(lockstep_store::StoreError::UpgradeInProgress { .. }) => {
-                            let model = store.load_model().map_err(|e| e.to_string())?;
-                            if model.is_some_and(|model| model.agent_version == version) {
-                                return Ok(Input::Done { id });
-                            }
-                            let view = store.record_view().map_err(|e| e.to_string())?;
-                            Ok(Input::AgentVersionRefused { id, view })
-                        }
-                        Err(error) => Err(error.to_string().into()),
+                    let check = lockstep_store::AgentVersionCheck::LIFECYCLE;
+                    match store
+                        .set_agent_version(version, &check)
+                        .map_err(|e| e.to_string())?
+                    {
+                        lockstep_store::AgentVersionSet::Set { .. } => Ok(Input::Done { id }),
+                        lockstep_store::AgentVersionSet::Refused {
+                            agent_version,
+                            view,
+                            ..
+                        } => Ok(Input::AgentVersionRefused {
+                            id,
+                            agent_version,
+                            view,
+                        }),
                     }
                 });
             }
@@ -593,14 +568,14 @@ impl Driver {
     }
 
     /// Watches the model's agent-version, as Juju's upgrader does: every controller, not
-    /// only the one an operator asked, hears that the model moved to a new version. A
-    /// change is sent as `AgentVersionChanged` (the core acts on it in Ready only); the
-    /// version last read is kept for [`Driver::agent_version_on_ready`].
+    /// only the one an operator asked, hears that the model moved to a new version. Each
+    /// change read (from the version this process runs) is sent once as
+    /// `AgentVersionChanged`, in whatever phase the core is: the core keeps the latest and
+    /// acts on it in Ready.
     fn watch_model(&mut self) {
         let store = Arc::clone(&self.store);
         let inputs = self.inputs_tx.clone();
         let stopping = Arc::clone(&self.stopping);
-        let latest = Arc::clone(&self.model_version);
         let mut sent = self.core.config().running.number;
         std::thread::Builder::new()
             .name("model-watch".into())
@@ -618,14 +593,13 @@ impl Driver {
                     match read {
                         Ok((revision, model)) => {
                             seen = Some(revision);
-                            if let Some(model) = model {
-                                *latest.lock().expect("not poisoned") = Some(model.agent_version);
-                                if model.agent_version != sent {
-                                    sent = model.agent_version;
-                                    tracing::info!(target: "lockstep::agent", version = %sent, "the model's agent-version changed");
-                                    if inputs.send(Input::AgentVersionChanged(sent)).is_err() {
-                                        return;
-                                    }
+                            if let Some(model) = model
+                                && model.agent_version != sent
+                            {
+                                sent = model.agent_version;
+                                tracing::info!(target: "lockstep::agent", version = %sent, "the model's agent-version changed");
+                                if inputs.send(Input::AgentVersionChanged(sent)).is_err() {
+                                    return;
                                 }
                             }
                         }
@@ -641,17 +615,6 @@ impl Driver {
                 }
             })
             .expect("a thread can be started");
-    }
-
-    /// On entering Ready: a change the model watch sent while the core was busy elsewhere
-    /// was ignored there; if the model still names another version, say it again.
-    fn agent_version_on_ready(&mut self) {
-        let latest = *self.model_version.lock().expect("not poisoned");
-        if let Some(version) = latest
-            && version != self.core.config().running.number
-        {
-            let _ = self.inputs_tx.send(Input::AgentVersionChanged(version));
-        }
     }
 
     /// Subscribes to the upgrade-info record: the current view first, then one per change.
@@ -898,9 +861,4 @@ async fn stage(
             Ok(())
         }
     }
-}
-
-/// The lease a controller takes lives this many keep-alive intervals.
-pub fn lease_ttl(keepalive: Millis) -> Millis {
-    Millis(keepalive.0.saturating_mul(5))
 }

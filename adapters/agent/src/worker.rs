@@ -313,7 +313,6 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
             data: data.clone(),
             tag: conf.tag.clone(),
             controller: Some(ControllerId(conf.controller_id)),
-            lease_ttl: driver::lease_ttl(options.limits.lease_keepalive_interval),
             capabilities: options.capabilities.clone(),
         },
         crate::steps::registry(),

@@ -427,7 +427,10 @@ fn scenario(store: &dyn Store, dir: &Path, points: &Points) {
     };
     if !done(store) {
         if store.load_model().unwrap().unwrap().agent_version != TO {
-            store.set_agent_version(TO).expect("agent-version");
+            let set = store
+                .set_agent_version(TO, &crate::AgentVersionCheck::LIFECYCLE)
+                .expect("agent-version");
+            assert!(matches!(set, crate::AgentVersionSet::Set { .. }), "{set:?}");
         }
         let token = store
             .acquire_lease(C0, TTL)

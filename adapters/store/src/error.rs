@@ -44,8 +44,6 @@ pub enum StoreError {
     },
     /// A new upgrade-info record must start pending.
     InvalidNewRecord { record: Box<UpgradeInfo> },
-    /// Juju's rule: the agent version cannot change while an upgrade record is current.
-    UpgradeInProgress { current: Box<UpgradeInfo> },
     /// An operation that needs the model, before it was created.
     NoModel,
     /// Stored data this binary cannot read.
@@ -134,12 +132,6 @@ impl fmt::Display for StoreError {
                 f,
                 "a new upgrade-info record must be pending, not {} ({} -> {})",
                 record.status, record.previous_version, record.target_version
-            ),
-            StoreError::UpgradeInProgress { current } => write!(
-                f,
-                "an upgrade is already in progress or the last upgrade did not complete \
-                 ({} -> {}, {}): agent-version cannot change",
-                current.previous_version, current.target_version, current.status
             ),
             StoreError::NoModel => f.write_str("the store has no model yet: bootstrap first"),
             StoreError::Decode { what, detail } => {

@@ -85,8 +85,11 @@
 //!   `UpgradeInfo::may_become` refuses is an error ([`StoreError::InvalidTransition`]),
 //!   not a write: the core's testkit writes it (and counts a violation); a real store must
 //!   not. A new record must be pending.
-//! - `SetAgentVersion` is refused while an upgrade-info record is current (Juju's rule,
-//!   [`StoreError::UpgradeInProgress`]).
+//! - [`Store::set_agent_version`] decides with the core's rule
+//!   ([`AgentVersionCheck`]: no change while an upgrade-info record is current, Juju's
+//!   rule; an operator's lower version or a version without binaries refused) inside its
+//!   write transaction, and answers a refusal as [`AgentVersionSet::Refused`] with what
+//!   the transaction saw, not as an error.
 //! - A model update that changes nothing writes nothing (no event).
 //! - [`seed004::MACHINE_JOBS_TO_ROLES`] clears a migrated machine's legacy jobs; a machine
 //!   whose jobs imply no role is left as stored.
@@ -140,6 +143,7 @@ use lockstep_core::lifecycle::{
     UpgradeStatus,
 };
 use lockstep_core::steps::StepKey;
+pub use lockstep_core::upgrader::{AgentVersionChange, AgentVersionCheck, AgentVersionRefusal};
 
 use crate::error::encode;
 
@@ -158,6 +162,30 @@ impl From<StoreError> for Abort {
     fn from(error: StoreError) -> Abort {
         Abort::Store(error)
     }
+}
+
+/// How [`Store::set_agent_version`] ended (engine failures are its `Err`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum AgentVersionSet {
+    /// The model holds the version asked for: written now
+    /// ([`AgentVersionChange::Changed`]) or already ([`AgentVersionChange::Unchanged`]).
+    Set {
+        /// The model after the write.
+        model: Model,
+        /// What was written.
+        change: AgentVersionChange,
+    },
+    /// Refused by the check; nothing was written. With what the refusing transaction read:
+    /// the model's agent-version and the upgrade-info record, which a driver hands to the
+    /// core as `Input::AgentVersionRefused` as they are.
+    Refused {
+        /// Why.
+        refusal: AgentVersionRefusal,
+        /// The model's agent-version in the refusing transaction.
+        agent_version: Version,
+        /// The upgrade-info record in the refusing transaction.
+        view: RecordView,
+    },
 }
 
 /// How a transaction ended (engine failures are the `Err` of [`Store::transaction`]).
@@ -560,18 +588,74 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Ok(after.expect("the model was read"))
     }
 
-    /// `Request::SetAgentVersion`. Refused while an upgrade-info record is current (Juju's
-    /// rule).
-    fn set_agent_version(&self, version: Version) -> Result<Model, StoreError> {
-        self.update_model(&mut |tx, model| {
-            if let Some((current, _)) = tx.record()? {
-                return Err(StoreError::UpgradeInProgress {
-                    current: Box::new(current),
-                });
+    /// `Request::SetAgentVersion` (with [`AgentVersionCheck::LIFECYCLE`]) and an operator's
+    /// `ModelConfig.ModelSet` (with [`AgentVersionCheck::operator`]): sets the model's
+    /// agent-version to `version` if `check` allows it. The check is the core's one rule,
+    /// run inside this write transaction on the model and the upgrade-info record the
+    /// transaction reads: decision and write are atomic (a record created, or the version
+    /// changed, by another writer meanwhile is seen, or the transaction retried). A
+    /// refusal writes nothing and carries what the transaction saw. `NoModel` before
+    /// bootstrap.
+    fn set_agent_version(
+        &self,
+        version: Version,
+        check: &AgentVersionCheck<'_>,
+    ) -> Result<AgentVersionSet, StoreError> {
+        let mut answer = None;
+        let outcome = self.transaction(None, &mut |tx| {
+            answer = None;
+            let mut model = tx.model()?.ok_or(StoreError::NoModel)?;
+            let record = tx.record()?;
+            let decision = check.check(
+                model.agent_version,
+                model.agent_stream,
+                record.as_ref().map(|(record, _)| record),
+                version,
+            );
+            match decision {
+                Ok(AgentVersionChange::Unchanged) => {
+                    answer = Some(AgentVersionSet::Set {
+                        model,
+                        change: AgentVersionChange::Unchanged,
+                    });
+                    Err(Abort::Unchanged)
+                }
+                Ok(change @ AgentVersionChange::Changed { .. }) => {
+                    model.agent_version = version;
+                    tx.put_model(&model)?;
+                    answer = Some(AgentVersionSet::Set { model, change });
+                    Ok(())
+                }
+                Err(refusal) => {
+                    answer = Some(AgentVersionSet::Refused {
+                        refusal,
+                        agent_version: model.agent_version,
+                        view: record_view_in(tx)?,
+                    });
+                    Err(Abort::Unchanged)
+                }
             }
-            model.agent_version = version;
-            Ok(())
-        })
+        })?;
+        let answer = answer.expect("the body ran to a decision");
+        // Postconditions: a change commits, anything else writes nothing; the model
+        // answered holds the version exactly when it was set.
+        match &answer {
+            AgentVersionSet::Set { model, change } => {
+                assert_eq!(model.agent_version, version);
+                assert_eq!(
+                    matches!(outcome, TxOutcome::Committed(_)),
+                    matches!(change, AgentVersionChange::Changed { .. })
+                );
+            }
+            AgentVersionSet::Refused { agent_version, .. } => {
+                assert_ne!(
+                    *agent_version, version,
+                    "the current value is never refused"
+                );
+                assert_eq!(outcome, TxOutcome::Unchanged);
+            }
+        }
+        Ok(answer)
     }
 
     /// `Request::ReportUpgradeAvailable`.

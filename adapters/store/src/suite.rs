@@ -10,8 +10,11 @@ use lockstep_core::policy::UpgradePolicy;
 use lockstep_core::steps::{StepId, StepKey};
 use lockstep_core::{Millis, Role, Roles, Timestamp, Version};
 
+use lockstep_core::policy::{Catalogue, CatalogueEntry, Sha256, Stream};
+
 use crate::{
-    Abort, Application, ChangeKind, Changes, Clock, EntityKind, Life, Machine, ManualClock, Model,
+    Abort, AgentVersionChange, AgentVersionCheck, AgentVersionRefusal, AgentVersionSet,
+    Application, ChangeKind, Changes, Clock, EntityKind, Life, Machine, ManualClock, Model,
     OperationOutcome, Store, StoreError, Tx, Unit, seed004,
 };
 
@@ -774,7 +777,9 @@ pub(crate) fn model_requests_of_the_core<H: Harness>() {
     let store = h.store();
     assert_eq!(store.load_model().unwrap(), None);
     assert_eq!(
-        store.set_agent_version(v("2.9.43")).unwrap_err(),
+        store
+            .set_agent_version(v("2.9.43"), &AgentVersionCheck::LIFECYCLE)
+            .unwrap_err(),
         StoreError::NoModel
     );
     assert!(store.create_model(&model()).unwrap());
@@ -791,7 +796,19 @@ pub(crate) fn model_requests_of_the_core<H: Harness>() {
     assert_eq!(loaded.view().agent_version, v("2.9.42"));
     assert_eq!(loaded.view().controllers, ControllerSet::first(3));
 
-    store.set_agent_version(v("2.9.43")).unwrap();
+    let set = store
+        .set_agent_version(v("2.9.43"), &AgentVersionCheck::LIFECYCLE)
+        .unwrap();
+    assert!(
+        matches!(
+            set,
+            AgentVersionSet::Set {
+                change: AgentVersionChange::Changed { .. },
+                ..
+            }
+        ),
+        "{set:?}"
+    );
     store.report_upgrade_available(Some(v("2.9.44"))).unwrap();
     let model_after = store.load_model().unwrap().unwrap();
     assert_eq!(model_after.agent_version, v("2.9.43"));
@@ -805,16 +822,49 @@ pub(crate) fn model_requests_of_the_core<H: Harness>() {
     store
         .create_record(record(UpgradeStatus::Pending, &[0], &[]))
         .unwrap();
-    let error = store.set_agent_version(v("2.9.44")).unwrap_err();
+    // The refusal carries what the refusing transaction read, and writes nothing.
+    let revision = store.revision().unwrap();
+    let refused = store
+        .set_agent_version(v("2.9.44"), &AgentVersionCheck::LIFECYCLE)
+        .unwrap();
+    let AgentVersionSet::Refused {
+        refusal,
+        agent_version,
+        view,
+    } = refused
+    else {
+        panic!("expected a refusal, got {refused:?}");
+    };
     assert!(
-        matches!(error, StoreError::UpgradeInProgress { .. }),
-        "{error}"
+        matches!(refusal, AgentVersionRefusal::UpgradeInProgress { .. }),
+        "{refusal}"
     );
-    assert!(error.to_string().contains("already in progress"), "{error}");
+    assert!(
+        refusal.to_string().contains("already in progress"),
+        "{refusal}"
+    );
+    assert_eq!(agent_version, v("2.9.43"));
+    assert_eq!(
+        view.current.map(|(record, _)| record),
+        Some(record(UpgradeStatus::Pending, &[0], &[]))
+    );
+    assert_eq!(view.revision, revision);
+    assert_eq!(store.revision().unwrap(), revision, "nothing written");
     assert_eq!(
         store.load_model().unwrap().unwrap().agent_version,
         v("2.9.43")
     );
+    // The value the model holds is accepted back, record or not, and writes nothing.
+    assert!(matches!(
+        store
+            .set_agent_version(v("2.9.43"), &AgentVersionCheck::LIFECYCLE)
+            .unwrap(),
+        AgentVersionSet::Set {
+            change: AgentVersionChange::Unchanged,
+            ..
+        }
+    ));
+    assert_eq!(store.revision().unwrap(), revision, "nothing written");
 
     // Capabilities record when and by which version they were discovered.
     h.clock().advance(Millis(500));
@@ -1257,6 +1307,168 @@ where
     assert_eq!(names.len(), 100, "every application once");
 }
 
+// ---------------------------------------------------------------------------------------
+// The model's agent-version: the core's rule, inside the write transaction.
+// ---------------------------------------------------------------------------------------
+
+pub(crate) fn an_operators_agent_version_is_checked_in_the_write<H: Harness>() {
+    let h = H::new();
+    let store = h.store();
+    assert!(store.create_model(&model()).unwrap());
+    let binary = |version: &str| lockstep_core::Binary::new(v(version), "ubuntu", "amd64");
+    let entry = |version: &str, stream| CatalogueEntry {
+        binary: binary(version).unwrap(),
+        stream,
+        size_bytes: 1024,
+        sha256: Sha256([7; 32]),
+        path: format!("agent/juju-{version}-ubuntu-amd64.tgz"),
+    };
+    let catalogue = Catalogue::new(vec![
+        entry("2.9.41", Stream::Released),
+        entry("2.9.43", Stream::Released),
+        entry("2.9.44", Stream::Proposed),
+    ])
+    .unwrap();
+    let operator = AgentVersionCheck::operator(&catalogue);
+    let refused = |answer: AgentVersionSet| match answer {
+        AgentVersionSet::Refused {
+            refusal,
+            agent_version,
+            ..
+        } => {
+            assert_eq!(
+                agent_version,
+                v("2.9.42"),
+                "read in the refusing transaction"
+            );
+            refusal.to_string()
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let revision = store.revision().unwrap();
+    assert_eq!(
+        refused(store.set_agent_version(v("2.9.41"), &operator).unwrap()),
+        "cannot change agent-version from 2.9.42 to the lower version 2.9.41: downgrades \
+         are not supported"
+    );
+    // Listed only in proposed, and the model searches released.
+    assert_eq!(
+        refused(store.set_agent_version(v("2.9.44"), &operator).unwrap()),
+        "no agent binaries found for version 2.9.44"
+    );
+    assert_eq!(
+        store.revision().unwrap(),
+        revision,
+        "refusals write nothing"
+    );
+    assert!(matches!(
+        store.set_agent_version(v("2.9.43"), &operator).unwrap(),
+        AgentVersionSet::Set {
+            change: AgentVersionChange::Changed { .. },
+            ..
+        }
+    ));
+    // The lifecycle's reset after a failed upgrade may go lower.
+    let reset = store
+        .set_agent_version(v("2.9.42"), &AgentVersionCheck::LIFECYCLE)
+        .unwrap();
+    let AgentVersionSet::Set { model, change } = reset else {
+        panic!("expected the reset, got {reset:?}");
+    };
+    assert_eq!(model.agent_version, v("2.9.42"));
+    assert_eq!(
+        change,
+        AgentVersionChange::Changed {
+            from: v("2.9.43"),
+            to: v("2.9.42")
+        }
+    );
+}
+
+/// The rule and the write are one transaction: with one handle creating and archiving
+/// upgrade-info records and another changing agent-version as fast as they can, the event
+/// log (the commit order) never shows the model written while a record is current. A
+/// check made before its transaction would let a write land between a create and its
+/// archive.
+pub(crate) fn agent_version_is_never_written_while_a_record_is_current<H: Harness>()
+where
+    H::S: 'static,
+{
+    const ROUNDS: usize = 50;
+    let h = H::new();
+    assert!(h.store().create_model(&model()).unwrap());
+    let start = h.store().revision().unwrap();
+    let (recorder, setter) = (h.second(), h.second());
+    let records = std::thread::spawn(move || {
+        for _ in 0..ROUNDS {
+            let view = written(
+                recorder
+                    .create_record(record(UpgradeStatus::Pending, &[], &[]))
+                    .unwrap(),
+            );
+            let revision = view.current.expect("created").1;
+            written(
+                recorder
+                    .update_record(revision, record(UpgradeStatus::Aborted, &[], &[]), None)
+                    .unwrap(),
+            );
+        }
+    });
+    let versions = std::thread::spawn(move || {
+        let mut changed = 0;
+        for index in 0..ROUNDS * 2 {
+            let version = if index % 2 == 0 {
+                v("2.9.43")
+            } else {
+                v("2.9.42")
+            };
+            match setter
+                .set_agent_version(version, &AgentVersionCheck::LIFECYCLE)
+                .unwrap()
+            {
+                AgentVersionSet::Set {
+                    change: AgentVersionChange::Changed { .. },
+                    ..
+                } => changed += 1,
+                AgentVersionSet::Set { .. } => {}
+                AgentVersionSet::Refused {
+                    refusal: AgentVersionRefusal::UpgradeInProgress { .. },
+                    agent_version,
+                    view,
+                } => {
+                    assert!(view.current.is_some(), "refused with a record current");
+                    assert_ne!(agent_version, version);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        changed
+    });
+    records.join().expect("the record writer");
+    let changed = versions.join().expect("the agent-version writer");
+    let mut current = false;
+    let mut model_writes = 0;
+    for event in all_events(h.store()) {
+        if event.revision <= start {
+            continue;
+        }
+        match (event.kind, event.change) {
+            (EntityKind::UpgradeInfo, ChangeKind::Change) => current = true,
+            (EntityKind::UpgradeInfo, ChangeKind::Remove) => current = false,
+            (EntityKind::Model, _) => {
+                model_writes += 1;
+                assert!(
+                    !current,
+                    "agent-version written at revision {:?} while a record was current",
+                    event.revision
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(model_writes, changed, "every change committed once");
+}
+
 /// Instantiates every suite test for one engine.
 macro_rules! suite {
     ($module:ident, $harness:ty) => {
@@ -1303,6 +1515,14 @@ macro_rules! suite {
             #[test]
             fn model_requests_of_the_core() {
                 super::model_requests_of_the_core::<$harness>();
+            }
+            #[test]
+            fn an_operators_agent_version_is_checked_in_the_write() {
+                super::an_operators_agent_version_is_checked_in_the_write::<$harness>();
+            }
+            #[test]
+            fn agent_version_is_never_written_while_a_record_is_current() {
+                super::agent_version_is_never_written_while_a_record_is_current::<$harness>();
             }
             #[test]
             fn new_capability_changes_every_machine_without_machine_writes() {

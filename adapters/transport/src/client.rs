@@ -18,13 +18,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::client::{
-    Attempt, Call, Decision, GiveUp, OperationIds, RetryPolicy, WatchPosition,
+    Attempt, Call, Connect, Decision, Failover, GiveUp, OperationIds, RetryPolicy, WatchPosition,
 };
 use lockstep_core::lifecycle::Revision;
 use lockstep_core::{Millis, Phase, Timestamp};
@@ -32,11 +32,6 @@ use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
-
-/// How long one connect (TCP, TLS, websocket) may take before the client counts it failed
-/// and, with fallback addresses, tries the next controller: a call's own deadline still
-/// bounds everything.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and as whom to connect.
 #[derive(Clone)]
@@ -211,9 +206,10 @@ impl Connection {
 /// The client. Cheap to share: calls may run concurrently over its one connection.
 pub struct Client {
     config: ClientConfig,
-    /// Which of `address` and then `fallback_addresses` the next connect tries: it moves on
-    /// only when a connect fails, so a client stays with a controller that answers.
-    address_index: AtomicUsize,
+    /// Which of `address` and then `fallback_addresses` the next connect tries: the core's
+    /// decision ([`Failover`]: it moves on only when a connect fails or times out, so a
+    /// client stays with a controller that answers).
+    failover: Mutex<Failover>,
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
     generations: AtomicU64,
     request_ids: AtomicU64,
@@ -263,8 +259,8 @@ impl Client {
             });
         Client {
             operations: Mutex::new(OperationIds::new(config.client_id.clone())),
+            failover: Mutex::new(Failover::new(1 + config.fallback_addresses.len())),
             config,
-            address_index: AtomicUsize::new(0),
             connection: tokio::sync::Mutex::new(None),
             generations: AtomicU64::new(1),
             request_ids: AtomicU64::new(1),
@@ -291,28 +287,33 @@ impl Client {
             return Ok(Arc::clone(connection));
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        let count = 1 + self.config.fallback_addresses.len();
-        let index = self.address_index.load(Ordering::Relaxed) % count;
+        let index = self.failover.lock().expect("not poisoned").address();
         let address = match index {
             0 => &self.config.address,
             n => &self.config.fallback_addresses[n - 1],
         };
-        let opened = tokio::time::timeout(
-            CONNECT_TIMEOUT,
+        let connect_timeout = Duration::from_millis(Failover::CONNECT_TIMEOUT.0);
+        let (opened, ended) = match tokio::time::timeout(
+            connect_timeout,
             Connection::open(&self.config, address, generation),
         )
         .await
-        .unwrap_or_else(|_| {
-            Err(format!(
-                "connecting to {address}: no answer in {CONNECT_TIMEOUT:?}"
-            ))
-        });
+        {
+            Ok(Ok(connection)) => (Ok(connection), Connect::Opened),
+            Ok(Err(error)) => (Err(error), Connect::Failed),
+            Err(_) => (
+                Err(format!(
+                    "connecting to {address}: no answer in {connect_timeout:?}"
+                )),
+                Connect::TimedOut,
+            ),
+        };
+        self.failover
+            .lock()
+            .expect("not poisoned")
+            .connect_ended(ended);
         let connection = Arc::new(opened.map_err(|error| {
             tracing::debug!(target: "lockstep::client", %error, "connect failed");
-            if count > 1 {
-                self.address_index
-                    .store((index + 1) % count, Ordering::Relaxed);
-            }
         })?);
         let login = json!({"auth-tag": format!("user-{}", self.config.user), "credentials": self.config.password,
                            "client-version": crate::wire::SERVER_VERSION});

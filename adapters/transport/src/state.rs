@@ -9,7 +9,7 @@
 
 use async_trait::async_trait;
 use lockstep_core::lifecycle::Revision;
-use lockstep_core::policy::Stream;
+use lockstep_core::policy::{Catalogue, Stream};
 use lockstep_core::{Binary, Roles, Version};
 use serde_json::{Map, Value};
 
@@ -66,9 +66,15 @@ pub trait SharedState: Send + Sync + 'static {
     /// refused (an upgrade-info record is current, or a downgrade) as Juju refuses it.
     async fn agent_version_change(&self, version: Version)
     -> Result<AgentVersionChange, WireError>;
-    /// Writes the model's agent-version; refused while an upgrade-info record is current,
-    /// atomically with the write.
-    async fn set_agent_version(&self, version: Version) -> Result<(), WireError>;
+    /// Writes the model's agent-version as an operator's change, decided by the core's rule
+    /// (`lockstep_core::upgrader::AgentVersionCheck::operator(catalogue)`: no upgrade-info
+    /// record current, no downgrade, a binary of `version` in `catalogue` for the model's
+    /// streams) atomically with the write; a refusal carries the rule's message and code.
+    async fn set_agent_version(
+        &self,
+        version: Version,
+        catalogue: &Catalogue,
+    ) -> Result<(), WireError>;
 
     // --- AllWatcher --------------------------------------------------------------------
 
@@ -144,8 +150,9 @@ pub struct AgentViews {
 pub enum AgentVersionChange {
     /// The version is the current one already: nothing to do (Juju accepts it back).
     Unchanged,
-    /// The version may be set once the catalogue has a binary of it in `model_stream`.
-    Allowed { model_stream: Option<Stream> },
+    /// The version may be set once the catalogue has a binary of it
+    /// ([`SharedState::set_agent_version`] checks that, and the rest again, as it writes).
+    Allowed,
 }
 
 /// The whole state as deltas, read at `revision`.

@@ -161,25 +161,6 @@ impl FindTools {
     }
 }
 
-/// The catalogue's entry for exactly `binary`: from the first stream of the search order
-/// for its version (`model_stream` first when set) that lists it, else from any stream.
-pub fn entry_for<'a>(
-    catalogue: &'a Catalogue,
-    binary: &Binary,
-    model_stream: Option<Stream>,
-) -> Option<&'a CatalogueEntry> {
-    let listed: Vec<&CatalogueEntry> = catalogue
-        .entries()
-        .iter()
-        .filter(|entry| entry.binary == *binary)
-        .collect();
-    Stream::preferred(model_stream, &binary.number)
-        .iter()
-        .find_map(|stream| listed.iter().find(|entry| entry.stream == *stream))
-        .or(listed.first())
-        .copied()
-}
-
 /// Juju's `tools.Tools` for an entry: `{"version", "url", "size", "sha256"}`, the URL on
 /// the tools endpoint under `model_root` (`https://<address>/model/<uuid>`).
 pub fn tools_json(entry: &CatalogueEntry, model_root: &str) -> Value {
@@ -297,30 +278,6 @@ mod tests {
                 error.message
             );
         }
-    }
-
-    #[test]
-    fn an_exact_binary_is_found_in_the_model_stream_first() {
-        let catalogue = Catalogue::new(vec![
-            entry("2.9.45-ubuntu-amd64", Stream::Proposed),
-            CatalogueEntry {
-                size_bytes: 20,
-                ..entry("2.9.45-ubuntu-amd64", Stream::Devel)
-            },
-        ])
-        .unwrap();
-        let binary = Binary::parse("2.9.45-ubuntu-amd64").unwrap();
-        assert_eq!(
-            entry_for(&catalogue, &binary, Some(Stream::Devel)).map(|entry| entry.stream),
-            Some(Stream::Devel)
-        );
-        assert_eq!(
-            entry_for(&catalogue, &binary, None).map(|entry| entry.stream),
-            Some(Stream::Proposed),
-            "not in the released stream: any stream that lists it"
-        );
-        let other = Binary::parse("2.9.46-ubuntu-amd64").unwrap();
-        assert!(entry_for(&catalogue, &other, None).is_none());
     }
 
     #[test]

@@ -94,7 +94,7 @@ impl ToolsEndpoint {
             }
         };
         let model_stream = state.agent_stream().await.ok().flatten();
-        let Some(entry) = tools::entry_for(&catalogue, &binary, model_stream).cloned() else {
+        let Some(entry) = catalogue.entry_for(&binary, model_stream).cloned() else {
             return http_error(
                 StatusCode::NOT_FOUND,
                 "not found",

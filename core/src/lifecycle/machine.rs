@@ -40,7 +40,8 @@ pub(crate) enum Pending {
     HostStep(StepIndex),
     Catalogue,
     DesiredBinary,
-    SetAgentVersion,
+    /// The model's `agent-version` asked to become this version.
+    SetAgentVersion(Version),
     Report,
     Stage,
 }
@@ -54,7 +55,7 @@ impl Pending {
             Pending::RecordWrite
                 | Pending::DatabaseStep(_)
                 | Pending::HostStep(_)
-                | Pending::SetAgentVersion
+                | Pending::SetAgentVersion(_)
                 | Pending::Report
         )
     }
@@ -151,6 +152,14 @@ pub(crate) struct Check {
     /// Ready controllers: the record revision for which the model was read again, to
     /// learn whether `agent-version` still names the record's target.
     model_read_for: Option<Revision>,
+    /// Ready: failed stagings of the chosen binary so far (bounded by
+    /// [`Limits::stage_attempts_max`], as in Upgrading).
+    stage_attempts: u8,
+    /// Ready: a staging of the chosen binary is to be tried again at `StageRetry`.
+    stage_retry_wait: bool,
+    /// Ready: `agent-version` is being reset to the running version, after the chosen
+    /// binary could not be staged.
+    resetting: bool,
 }
 
 /// [`Occasion`] without borrowed data, kept in state.
@@ -241,6 +250,11 @@ impl Failure {
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "built on the stack for one dispatch and never stored; boxing would allocate \
+              on every input of the steady path"
+)]
 pub(crate) enum Event {
     Input(Input),
     Timer(Timer),
@@ -348,6 +362,10 @@ pub(crate) struct Machine {
     /// The newest view of the record this process was given, in any phase (by the watch, a
     /// record write or a refused `agent-version` write). Ready works from it.
     record_seen: RecordView,
+    /// The model's `agent-version` as last told (`Input::AgentVersionChanged`, in any
+    /// phase) and not yet acted on: one value, a newer one replaces it. Ready acts on it
+    /// (see [`Machine::act_on_agent_version_news`]).
+    pub(crate) agent_version_news: Option<Version>,
 }
 
 #[state_machine(
@@ -490,6 +508,24 @@ impl Machine {
             Event::Timer(Timer::LeaseKeepAlive) => {
                 if let (LeaseState::Held(token), None) = (steps.lease, steps.keepalive) {
                     steps.keepalive = Some(io.request_aside(Request::KeepAliveLease(token)));
+                    io.set_timer(
+                        Timer::LeaseDeadline,
+                        self.config.limits.lease_keepalive_deadline(),
+                    );
+                }
+                None
+            }
+            Event::Timer(Timer::LeaseDeadline) => {
+                // The keep-alive is unanswered: the lease may have expired by now. Lost, as
+                // if the store had said so; its answer, if it ever comes, is stale.
+                if let Some(id) = steps.keepalive {
+                    tracing::warn!(
+                        target: "lockstep::lifecycle",
+                        id = id.0,
+                        deadline_ms = self.config.limits.lease_keepalive_deadline().0,
+                        "lease keep-alive unanswered; giving the lease up"
+                    );
+                    self.lose_lease(io, steps);
                 }
                 None
             }
@@ -530,6 +566,7 @@ impl Machine {
             Timer::StepRetry,
             Timer::LeaseRetry,
             Timer::LeaseKeepAlive,
+            Timer::LeaseDeadline,
             Timer::ControllersWait,
         ] {
             io.cancel_timer(timer);
@@ -605,8 +642,8 @@ impl Machine {
                     Transition(State::upgrading(Upgrade::new(plan.clone(), false)))
                 }
             }
-            Event::Input(Input::AgentVersionRefused { id, view })
-                if self.completes(*id, Pending::SetAgentVersion) =>
+            Event::Input(Input::AgentVersionRefused { id, view, .. })
+                if self.completes_agent_version_write(*id) =>
             {
                 // Another upgrade is recorded as in progress: stay on this version; Ready
                 // archives the record if no controller can ever proceed with it.
@@ -618,9 +655,15 @@ impl Machine {
                 }
                 Transition(State::ready(Check::default()))
             }
-            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
+            Event::Input(Input::Done { id }) if self.completes_agent_version_write(*id) => {
                 match check.chosen.take() {
-                    Some(plan) => Transition(State::upgrading(Upgrade::new(plan, false))),
+                    Some(plan) => {
+                        // The model holds the chosen version now.
+                        if let Some(model) = &mut self.model {
+                            model.agent_version = plan.binary.number;
+                        }
+                        Transition(State::upgrading(Upgrade::new(plan, false)))
+                    }
                     None => Transition(State::ready(Check::default())),
                 }
             }
@@ -736,6 +779,7 @@ impl Machine {
             }
             self.retire_doomed_record(io, check);
         }
+        self.act_on_agent_version_news(io, check);
     }
 
     #[state(entry_action = "enter_ready")]
@@ -743,6 +787,7 @@ impl Machine {
         let outcome = self.ready_event(io, check, event);
         if matches!(outcome, Handled) {
             self.retire_doomed_record(io, check);
+            self.act_on_agent_version_news(io, check);
         }
         outcome
     }
@@ -876,8 +921,8 @@ impl Machine {
                 }
                 self.advance_failure(io, failure)
             }
-            Event::Input(Input::AgentVersionRefused { id, view })
-                if self.completes(*id, Pending::SetAgentVersion) =>
+            Event::Input(Input::AgentVersionRefused { id, view, .. })
+                if self.completes_agent_version_write(*id) =>
             {
                 if view.revision >= failure.record.revision {
                     failure.record = view.normalized();
@@ -885,10 +930,19 @@ impl Machine {
                 failure.seen = true;
                 self.advance_failure(io, failure)
             }
-            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
+            Event::Input(Input::Done { id }) if self.completes_agent_version_write(*id) => {
                 failure.reset_done = true;
+                let running = self.config.running.number;
+                let given_up = self.model.as_ref().map(|model| model.agent_version);
                 if let Some(model) = &mut self.model {
-                    model.agent_version = self.config.running.number;
+                    model.agent_version = running;
+                }
+                // News of the version given up (or an older one) is answered by this reset;
+                // only a newer version, asked for meanwhile, is still to be acted on.
+                if let (Some(news), Some(given_up)) = (self.agent_version_news, given_up)
+                    && news <= given_up.max(running)
+                {
+                    self.agent_version_news = None;
                 }
                 self.advance_failure(io, failure)
             }
@@ -917,6 +971,7 @@ impl std::hash::Hash for Machine {
         self.fall_back_due.hash(hasher);
         self.watching.hash(hasher);
         self.record_seen.hash(hasher);
+        self.agent_version_news.hash(hasher);
     }
 }
 
@@ -946,6 +1001,7 @@ impl Machine {
             fall_back_due: None,
             watching: false,
             record_seen: RecordView::default(),
+            agent_version_news: None,
         }
     }
 
@@ -953,6 +1009,11 @@ impl Machine {
         let view = match event {
             Event::SetMutations(mutations) => {
                 self.mutations = *mutations;
+                None
+            }
+            Event::Input(Input::AgentVersionChanged(version)) => {
+                // Kept in every phase; Ready acts on it.
+                self.agent_version_news = Some(*version);
                 None
             }
             Event::Input(Input::RecordChanged(view))
@@ -1049,6 +1110,34 @@ impl Machine {
             true
         } else {
             false
+        }
+    }
+
+    /// True (and clears it) when `id` completes the `agent-version` write in flight.
+    fn completes_agent_version_write(&mut self, id: RequestId) -> bool {
+        match self.pending {
+            Some((pending_id, Pending::SetAgentVersion(_))) if pending_id == id => {
+                self.pending = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Reads an input as what it means before any phase sees it: a refused `agent-version`
+    /// write whose refusal found the model already holding the value asked for is a write
+    /// done (Juju accepts the current value back; a store that refused it anyway, or a
+    /// write another controller made first, leaves nothing to do). Every other input is
+    /// itself.
+    pub(crate) fn settle(&self, input: Input) -> Input {
+        match input {
+            Input::AgentVersionRefused {
+                id, agent_version, ..
+            } if self.pending == Some((id, Pending::SetAgentVersion(agent_version))) => {
+                tracing::debug!(target: "lockstep::lifecycle", id = id.0, version = %agent_version, "agent-version write refused, but the model holds the value: done");
+                Input::Done { id }
+            }
+            input => input,
         }
     }
 
@@ -1431,6 +1520,7 @@ impl Machine {
     ) {
         if steps.keepalive == Some(id) {
             steps.keepalive = None;
+            io.cancel_timer(Timer::LeaseDeadline);
             match lease {
                 Some(token) if steps.lease == LeaseState::Held(token) => {
                     io.set_timer(
@@ -1470,6 +1560,7 @@ impl Machine {
         steps.keepalive = None;
         steps.lease_wait = true;
         io.cancel_timer(Timer::LeaseKeepAlive);
+        io.cancel_timer(Timer::LeaseDeadline);
         io.set_timer(Timer::LeaseRetry, self.config.limits.lease_retry_delay);
     }
 
@@ -1926,7 +2017,9 @@ impl Machine {
         steps.finishing = true;
         if let LeaseState::Held(token) = steps.lease {
             steps.lease = LeaseState::Free;
+            steps.keepalive = None;
             io.cancel_timer(Timer::LeaseKeepAlive);
+            io.cancel_timer(Timer::LeaseDeadline);
             io.request_aside(Request::ReleaseLease(token));
         }
         if self.is_controller() {
@@ -2183,7 +2276,7 @@ impl Machine {
                 if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
                     self.request(
                         io,
-                        Pending::SetAgentVersion,
+                        Pending::SetAgentVersion(version),
                         Request::SetAgentVersion(version),
                     );
                     return Handled;
@@ -2233,7 +2326,7 @@ impl Machine {
                 if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
                     self.request(
                         io,
-                        Pending::SetAgentVersion,
+                        Pending::SetAgentVersion(version),
                         Request::SetAgentVersion(version),
                     );
                 } else {
@@ -2256,9 +2349,25 @@ impl Machine {
                     Timer::CatalogueCheck,
                     self.config.limits.catalogue_check_interval,
                 );
-                if self.pending.is_none() {
+                // Not while an upgrade is chosen: its staging (or its retry) comes first.
+                if self.pending.is_none() && check.chosen.is_none() {
                     check.occasion = Some(OccasionKey::Periodic);
                     self.start_check(io);
+                }
+                Handled
+            }
+            Event::Timer(Timer::StageRetry) if check.stage_retry_wait => {
+                match (&check.chosen, self.pending) {
+                    (Some(plan), None) => {
+                        check.stage_retry_wait = false;
+                        let plan = plan.clone();
+                        self.request(io, Pending::Stage, Request::StageBinary(plan));
+                    }
+                    // Another request first (a record to retire): try again after it.
+                    (Some(_), Some(_)) => {
+                        io.set_timer(Timer::StageRetry, self.config.limits.stage_retry_delay);
+                    }
+                    (None, _) => check.stage_retry_wait = false,
                 }
                 Handled
             }
@@ -2266,20 +2375,8 @@ impl Machine {
                 self.request_upgrade(io, check, *version);
                 Handled
             }
-            Event::Input(Input::AgentVersionChanged(version)) => {
-                // Every controller hears the model move, the one that moved it too: an upgrade
-                // to this version already chosen here is under way, not a new request. The
-                // model's own agent-version says nothing of that (a restarted controller, or
-                // one whose staging failed, still has to act on it).
-                let under_way = check
-                    .chosen
-                    .as_ref()
-                    .is_some_and(|plan| plan.binary.number == *version);
-                if *version != self.config.running.number && !under_way {
-                    self.request_upgrade(io, check, Some(*version));
-                }
-                Handled
-            }
+            // Kept by `before_dispatch`; `act_on_agent_version_news` acts on it.
+            Event::Input(Input::AgentVersionChanged(_)) => Handled,
             Event::Input(Input::CatalogueFound { id, result })
                 if self.completes(*id, Pending::Catalogue) =>
             {
@@ -2302,7 +2399,16 @@ impl Machine {
                 }
                 Handled
             }
-            Event::Input(Input::Done { id }) if self.completes(*id, Pending::SetAgentVersion) => {
+            Event::Input(Input::Done { id }) if self.completes_agent_version_write(*id) => {
+                if check.resetting {
+                    check.resetting = false;
+                    let running = self.config.running.number;
+                    if let Some(model) = &mut self.model {
+                        model.agent_version = running;
+                    }
+                    self.status_message(io, format!("agent-version reset to {running}"));
+                    return Handled;
+                }
                 // Pre-stage while still Ready: the gate closes only once the binary is verified.
                 if let Some(plan) = check.chosen.clone() {
                     if let Some(model) = &mut self.model {
@@ -2312,10 +2418,20 @@ impl Machine {
                 }
                 Handled
             }
-            Event::Input(Input::AgentVersionRefused { id, view })
-                if self.completes(*id, Pending::SetAgentVersion) =>
+            Event::Input(Input::AgentVersionRefused { id, view, .. })
+                if self.completes_agent_version_write(*id) =>
             {
-                if let Some(plan) = check.chosen.take() {
+                if check.resetting {
+                    check.resetting = false;
+                    self.status_message(
+                        io,
+                        format!(
+                            "agent-version not reset to {}: {}",
+                            self.config.running.number,
+                            refusal_reason(&view.normalized())
+                        ),
+                    );
+                } else if let Some(plan) = check.chosen.take() {
                     self.status_message(
                         io,
                         upgrade_refused_message(plan.binary.number, &view.normalized()),
@@ -2343,11 +2459,7 @@ impl Machine {
                         None => Handled,
                     },
                     Err(reason) => {
-                        check.chosen = None;
-                        self.status_message(
-                            io,
-                            format!("upgrade not started: staging failed: {reason}"),
-                        );
+                        self.pre_staging_failed(io, check, reason);
                         Handled
                     }
                 }
@@ -2360,6 +2472,96 @@ impl Machine {
             }
             _ => Super,
         }
+    }
+
+    /// Ready acts on the model's `agent-version` news (kept from any phase) once nothing
+    /// else is under way, and consumes it:
+    /// - an upgrade to that very version already chosen here (being written or staged) is
+    ///   under way: the news is not a second request. Every controller hears the model move,
+    ///   the one that moved it too. The model's own agent-version says nothing of that (a
+    ///   restarted controller, or one whose staging failed, still has to act on it);
+    /// - another upgrade chosen, or a request in flight: the news waits;
+    /// - the running version: nothing to do;
+    /// - any other version: a check, as an operator's request for that version (Juju's
+    ///   upgrader reacts to the model's agent-version; the policy and the catalogue decide).
+    fn act_on_agent_version_news(&mut self, io: &mut Io, check: &mut Check) {
+        let Some(version) = self.agent_version_news else {
+            return;
+        };
+        if let Some(plan) = &check.chosen {
+            if plan.binary.number == version {
+                self.agent_version_news = None;
+            }
+            return;
+        }
+        if self.pending.is_some() {
+            return;
+        }
+        self.agent_version_news = None;
+        if version != self.config.running.number {
+            check.occasion = Some(OccasionKey::Operator(Some(version)));
+            self.start_check(io);
+        }
+    }
+
+    /// A staging of the binary chosen while Ready failed: tried again after
+    /// [`Limits::stage_retry_delay`], [`Limits::stage_attempts_max`] times in all (the
+    /// bounds of Upgrading); then the upgrade is given up. A controller that had the model
+    /// name that version then resets `agent-version` to the version it runs (Juju's fix:
+    /// the model must not name a version its controller cannot install, or nothing ever
+    /// tries again), unless the store refuses because an upgrade-info record is current
+    /// (that record's upgrade then decides). An agent other than a controller reports it.
+    fn pre_staging_failed(&mut self, io: &mut Io, check: &mut Check, reason: &str) {
+        let Some(plan) = check.chosen.clone() else {
+            return;
+        };
+        check.stage_attempts += 1;
+        if check.stage_attempts < self.config.limits.stage_attempts_max {
+            self.status_message(
+                io,
+                format!(
+                    "staging agent binary {} failed (will retry): {reason}",
+                    plan.binary
+                ),
+            );
+            check.stage_retry_wait = true;
+            io.set_timer(Timer::StageRetry, self.config.limits.stage_retry_delay);
+            return;
+        }
+        let version = plan.binary.number;
+        let attempts = check.stage_attempts;
+        check.chosen = None;
+        check.stage_attempts = 0;
+        let running = self.config.running.number;
+        let model_names_it = self
+            .model
+            .as_ref()
+            .is_some_and(|model| model.agent_version == version);
+        if self.is_controller() && model_names_it && version != running {
+            self.status_message(
+                io,
+                format!(
+                    "upgrade to {version} failed: agent binary {} could not be staged after \
+                     {attempts} attempts: {reason}; resetting agent-version to {running}",
+                    plan.binary
+                ),
+            );
+            check.resetting = true;
+            self.request(
+                io,
+                Pending::SetAgentVersion(running),
+                Request::SetAgentVersion(running),
+            );
+            return;
+        }
+        self.status_message(
+            io,
+            format!(
+                "upgrade not started: agent binary {} could not be staged after {attempts} \
+                 attempts: {reason}",
+                plan.binary
+            ),
+        );
     }
 
     /// A Ready controller tends the current upgrade-info record, which nobody else may be
@@ -2525,7 +2727,7 @@ impl Machine {
             }
             self.request(
                 io,
-                Pending::SetAgentVersion,
+                Pending::SetAgentVersion(self.config.running.number),
                 Request::SetAgentVersion(self.config.running.number),
             );
             return Handled;
@@ -2640,16 +2842,18 @@ impl Upgrade {
 
 /// Why an upgrade did not start: the store refused to change `agent-version`.
 fn upgrade_refused_message(version: Version, view: &RecordView) -> String {
+    format!("upgrade to {version} not started: {}", refusal_reason(view))
+}
+
+/// Why the store refused to change `agent-version`, from the record the refusal found.
+fn refusal_reason(view: &RecordView) -> String {
     match view.current {
         Some((record, _)) => format!(
-            "upgrade to {version} not started: agent-version cannot change while the \
-             upgrade {} -> {} is recorded as {} (controllers ready {:?})",
+            "agent-version cannot change while the upgrade {} -> {} is recorded as {} \
+             (controllers ready {:?})",
             record.previous_version, record.target_version, record.status, record.controllers_ready
         ),
-        None => format!(
-            "upgrade to {version} not started: agent-version cannot change while an upgrade \
-             is in progress"
-        ),
+        None => "agent-version cannot change while an upgrade is in progress".to_owned(),
     }
 }
 

@@ -49,6 +49,10 @@ pub enum Timer {
     ControllersWait,
     /// The coordinator keeps its lease alive.
     LeaseKeepAlive,
+    /// A keep-alive sent is still unanswered after [`Limits::lease_keepalive_deadline`]:
+    /// the lease may have expired, and it is treated as lost (as a `LeaseAnswered` with no
+    /// lease); a late answer is then ignored by its id.
+    LeaseDeadline,
     /// A controller tries again for a lease another holds (the holder may have died).
     LeaseRetry,
     /// A failed catalogue lookup is tried again.
@@ -62,11 +66,12 @@ pub enum Timer {
 }
 
 impl Timer {
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     pub const ALL: [Timer; Timer::COUNT] = [
         Timer::StepRetry,
         Timer::ControllersWait,
         Timer::LeaseKeepAlive,
+        Timer::LeaseDeadline,
         Timer::LeaseRetry,
         Timer::CatalogueRetry,
         Timer::StageRetry,
@@ -130,6 +135,7 @@ impl Lifecycle {
         if let Some(snapshot) = &snapshot {
             snapshot.check_format().map_err(LifecycleError)?;
         }
+        config.limits.check().map_err(LifecycleError)?;
         if config.controller.is_some() != config.roles.contains(crate::Role::Controller) {
             return Err(LifecycleError(format!(
                 "a controller needs both a controller id and the controller role \
@@ -190,6 +196,12 @@ impl Lifecycle {
             .filter_map(|timer| self.io.timers[timer as usize].map(|at| (timer, at)))
     }
 
+    /// The model's `agent-version` as last told ([`Input::AgentVersionChanged`]) and not yet
+    /// acted on: kept in every phase, acted on in Ready.
+    pub fn agent_version_news(&self) -> Option<crate::version::Version> {
+        self.machine.inner().agent_version_news
+    }
+
     /// The id of the main request in flight, if any.
     pub fn awaiting(&self) -> Option<RequestId> {
         self.machine.inner().pending.map(|(id, _)| id)
@@ -201,6 +213,7 @@ impl Lifecycle {
     pub fn handle(&mut self, now: Timestamp, input: Input) {
         self.set_now(now);
         tracing::trace!(target: "lockstep::lifecycle", ?input, "input");
+        let input = self.machine.inner().settle(input);
         self.machine
             .handle_with_context(&Event::Input(input), &mut self.io);
     }

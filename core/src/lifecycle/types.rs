@@ -26,7 +26,9 @@ pub struct Limits {
     pub step_retry_delay: Millis,
     /// How long controllers wait for each other to register (Juju: 15 minutes).
     pub controllers_wait: Millis,
-    /// Interval between lease keep-alives; the store's lease TTL must be a few times this.
+    /// Interval between lease keep-alives. The lease's TTL is
+    /// [`Limits::LEASE_TTL_KEEPALIVES`] times this ([`Limits::lease_ttl`]), and a keep-alive
+    /// unanswered by [`Limits::lease_keepalive_deadline`] gives the lease up.
     pub lease_keepalive_interval: Millis,
     /// Delay before trying again for a lease someone else holds.
     pub lease_retry_delay: Millis,
@@ -44,6 +46,54 @@ pub struct Limits {
     pub trial_ready_timeout: Millis,
     /// The retry-after hint given to clients the gate turns away.
     pub retry_after: Millis,
+}
+
+impl Limits {
+    /// Keep-alive intervals a coordinator lease lives: its TTL is this many times
+    /// [`Limits::lease_keepalive_interval`] (etcd's election recipe keeps a lease alive at a
+    /// third of its TTL or faster). A holder that misses a few keep-alives (a paused
+    /// process, a slow store) keeps its lease; one that is gone loses it within the TTL.
+    pub const LEASE_TTL_KEEPALIVES: u64 = 5;
+
+    /// The TTL a controller asks the store for when it takes the coordinator lease
+    /// (`Request::AcquireLease`): [`Limits::LEASE_TTL_KEEPALIVES`] keep-alive intervals.
+    pub fn lease_ttl(&self) -> Millis {
+        const { assert!(Limits::LEASE_TTL_KEEPALIVES >= 2) };
+        let interval = self.lease_keepalive_interval;
+        let ttl = Millis(interval.0.saturating_mul(Limits::LEASE_TTL_KEEPALIVES));
+        assert!(
+            ttl.0 > interval.0,
+            "the lease's TTL {ttl} outlasts a keep-alive interval {interval}"
+        );
+        ttl
+    }
+
+    /// How long a `KeepAliveLease` may go unanswered before the core treats the lease as
+    /// lost, counted from when it was sent: the TTL less one interval. The lease was last
+    /// extended when the previous keep-alive (or the acquire) was answered, one interval
+    /// before this keep-alive was sent; so once this much more time has passed unanswered,
+    /// the lease may have expired, and a coordinator stops acting on it at once (the
+    /// store's fence refuses its writes anyway; this spares them).
+    pub fn lease_keepalive_deadline(&self) -> Millis {
+        let deadline = Millis(self.lease_ttl().0 - self.lease_keepalive_interval.0);
+        assert!(deadline.0 > 0 && deadline.0 < self.lease_ttl().0);
+        deadline
+    }
+
+    /// Refuses limits that cannot describe a working agent, naming the limit.
+    pub fn check(&self) -> Result<(), String> {
+        if self.lease_keepalive_interval.0 == 0 {
+            return Err("lease_keepalive_interval must be at least 1 ms".to_owned());
+        }
+        if self.lease_keepalive_interval.0 > u64::MAX / Limits::LEASE_TTL_KEEPALIVES {
+            return Err(format!(
+                "lease_keepalive_interval {} is too long for a lease TTL of {} intervals",
+                self.lease_keepalive_interval,
+                Limits::LEASE_TTL_KEEPALIVES
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for Limits {
@@ -260,17 +310,28 @@ pub enum Input {
         id: RequestId,
         result: Result<(), String>,
     },
-    /// The store refused `SetAgentVersion` because an upgrade-info record is current (Juju's
-    /// rule: no `agent-version` change while an upgrade is in progress); `view` is the
-    /// record as the refusal found it. The core decides what to do about that record (archive
-    /// it as aborted when no controller can ever proceed with it, or wait); a driver must not
-    /// retry the write by itself. A refused write whose value the model already holds is not
-    /// refused: the driver answers it with `Done`.
+    /// The store refused `SetAgentVersion` (Juju's rule: no `agent-version` change while an
+    /// upgrade-info record is current), with what it saw in the transaction that refused:
+    /// the model's `agent-version` and the record. The driver only translates the store's
+    /// answer; the core decides: a refusal whose `agent_version` is the value asked for is
+    /// a write already done (the model holds it), anything else is a refusal, and the core
+    /// decides what to do about the record (archive it as aborted when no controller can
+    /// ever proceed with it, or wait). A driver must not retry the write by itself.
     AgentVersionRefused {
         id: RequestId,
+        /// The model's `agent-version` when the store refused.
+        agent_version: Version,
+        /// The upgrade-info record when the store refused.
         view: RecordView,
     },
-    /// The model's `agent-version` changed (an operator ran `upgrade-controller`).
+    /// The model's `agent-version` changed (an operator ran `upgrade-controller`, or
+    /// another controller moved it). Accepted in every phase: the core keeps the latest
+    /// value (one; a newer one replaces it) and acts on it in Ready, where a version other
+    /// than the running one starts a check, unless its own upgrade to that version is
+    /// already under way. A driver sends each change it reads once, in any phase: a
+    /// controller's driver the model's `agent-version`; the driver of an agent other than a
+    /// controller the version its controller's `Upgrader.DesiredVersion` names for it
+    /// (controllers first: it moves when every controller has reported running the model's).
     AgentVersionChanged(Version),
     /// The operator asked for an upgrade now, to a version or to the newest patch.
     UpgradeRequested {
@@ -346,9 +407,11 @@ pub enum Request {
         record: crate::lifecycle::record::UpgradeInfo,
         fence: Option<LeaseToken>,
     },
-    /// Take the upgrade lease if it is free. → `LeaseAnswered`
+    /// Take the upgrade lease if it is free, for [`Limits::lease_ttl`]. → `LeaseAnswered`
     AcquireLease,
-    /// Keep the lease alive. → `LeaseAnswered` (`None`: it was lost)
+    /// Keep the lease alive. → `LeaseAnswered` (`None`: it was lost). The core gives the
+    /// lease up by itself if no answer comes within [`Limits::lease_keepalive_deadline`]
+    /// (`Timer::LeaseDeadline`): a driver need not bound the call.
     KeepAliveLease(LeaseToken),
     /// Give the lease up. Not awaited: a lease that is not released expires by itself.
     ReleaseLease(LeaseToken),
@@ -364,8 +427,10 @@ pub enum Request {
     LookupCatalogue { streams: &'static [Stream] },
     /// Ask the controller for this agent's desired binary. → `DesiredBinary`
     DesiredBinary,
-    /// Set the model's `agent-version`. → `Done`, or `AgentVersionRefused` while an
-    /// upgrade-info record is current
+    /// Set the model's `agent-version`, checked in the store's write transaction by
+    /// [`crate::upgrader::AgentVersionCheck::LIFECYCLE`]. → `Done`, or `AgentVersionRefused`
+    /// (with the model's agent-version and the record the refusing transaction read) while
+    /// an upgrade-info record is current
     SetAgentVersion(Version),
     /// Record (or clear) the model's `upgrade-available`. → `Done`
     ReportUpgradeAvailable(Option<Version>),

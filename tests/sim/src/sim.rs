@@ -46,8 +46,8 @@ use lockstep_core::policy::{Catalogue, CatalogueEntry, HighWaterMark, Sha256, St
 use lockstep_core::steps::{Step, StepKey, StepKind, StepRegistry, Target};
 use lockstep_core::{Binary, Phase, Progress, Role, Roles, Timestamp, Version};
 use lockstep_store::{
-    ChangeKind, Changes, Clock, Durability, EntityKind, MemoryStore, Model, OperationOutcome,
-    Store, StoreError,
+    AgentVersionCheck, AgentVersionSet, ChangeKind, Changes, Clock, Durability, EntityKind,
+    MemoryStore, Model, OperationOutcome, Store, StoreError,
 };
 
 use crate::checkers::{self, Checker, End, EndHost, EndWatcher, Observation};
@@ -61,11 +61,9 @@ const STORE_TIMEOUT_MS: u64 = 2_000;
 const API_TIMEOUT_MS: u64 = 3_000;
 /// Virtual milliseconds a stream request waits before the driver reports it failed.
 const STREAM_TIMEOUT_MS: u64 = 30_000;
-/// Lease TTL: a few keep-alive intervals.
-const LEASE_TTL_MS: u64 = 5_000;
 /// Controllers' driver tick (record watch resync, agent-version watch).
 const CONTROLLER_TICK_MS: u64 = 2_000;
-/// Machine agents poll their controller for the model's agent-version this often.
+/// Machine agents poll their controller's `Upgrader.DesiredVersion` this often.
 const AGENT_POLL_MS: u64 = 10_000;
 /// The operator's healing round during liveness.
 const OPERATOR_TICK_MS: u64 = 60_000;
@@ -379,8 +377,8 @@ struct Host {
     clock: HostClock,
     origin: Version,
     high_water: HighWaterMark,
-    /// The agent-version last fed to the process, and when.
-    fed: Option<(Version, u64)>,
+    /// The agent-version last fed to the process (`None`: nothing yet this incarnation).
+    fed: Option<Version>,
     /// The last phase drawn in the timeline.
     drawn: Option<Phase>,
 }
@@ -1615,9 +1613,8 @@ impl Sim {
             },
             Request::AcquireLease => {
                 let holder = me.expect("only controllers take the lease");
-                let lease = store
-                    .acquire_lease(holder, lockstep_core::Millis(LEASE_TTL_MS))
-                    .expect("the store answers");
+                let ttl = self.hosts[host].config.limits.lease_ttl();
+                let lease = store.acquire_lease(holder, ttl).expect("the store answers");
                 self.maybe_expire(holder, lease);
                 Some(reply(Input::LeaseAnswered { id, lease }))
             }
@@ -1662,31 +1659,29 @@ impl Sim {
                 Some(reply(Input::StepFinished { id, outcome }))
             }
             Request::SetAgentVersion(version) => {
-                match store.set_agent_version(version) {
-                    Ok(_) => Some(reply(Input::Done { id })),
-                    Err(StoreError::UpgradeInProgress { .. }) => {
-                        let model = store
-                            .load_model()
-                            .expect("the store reads")
-                            .expect("a model");
-                        if model.agent_version == version {
-                            Some(reply(Input::Done { id }))
-                        } else {
-                            // Juju's rule holds it back while a record is current: the driver
-                            // hands the refusal, with the record as it is, to the core, which
-                            // decides what to do about that record.
-                            self.agent_version_refusals += 1;
-                            self.trace.note(
-                                self.now,
-                                &format!(
-                                    "store refused agent-version {version}: an upgrade is in progress"
-                                ),
-                            );
-                            let view = store.record_view().expect("the store reads");
-                            Some(reply(Input::AgentVersionRefused { id, view }))
-                        }
+                // The store checks the core's rule in its write and answers a refusal with
+                // what it saw; the driver hands that to the core as it is.
+                match store
+                    .set_agent_version(version, &AgentVersionCheck::LIFECYCLE)
+                    .expect("the store answers")
+                {
+                    AgentVersionSet::Set { .. } => Some(reply(Input::Done { id })),
+                    AgentVersionSet::Refused {
+                        refusal,
+                        agent_version,
+                        view,
+                    } => {
+                        self.agent_version_refusals += 1;
+                        self.trace.note(
+                            self.now,
+                            &format!("store refused agent-version {version}: {refusal}"),
+                        );
+                        Some(reply(Input::AgentVersionRefused {
+                            id,
+                            agent_version,
+                            view,
+                        }))
                     }
-                    Err(error) => panic!("set agent-version: {error}"),
                 }
             }
             Request::ReportUpgradeAvailable(version) => {
@@ -1953,30 +1948,19 @@ impl Sim {
             AgentCall::Request(request) => Some(*request),
         };
         let message = match call {
+            // `Upgrader.DesiredVersion`: the version the agent should run, controllers first.
             None => Message::PollReply {
                 host,
                 incarnation,
-                agent_version: model.agent_version,
+                agent_version: self.desired_version(host, controller),
             },
             Some(Request::LoadModel) => reply(Input::ModelLoaded {
                 id,
                 model: model.view(),
             }),
             Some(Request::DesiredBinary) => {
+                let desired = self.desired_version(host, controller);
                 let running = &self.hosts[host].config.running;
-                // Juju's controllers-first rule, as lockstep-transport's `desired_version`
-                // keeps it: an agent other than a controller is offered agent-version only
-                // once every controller runs it (this API server included); until then, the
-                // version it runs.
-                let wanted = model.agent_version;
-                let controllers_run_it = (0..usize::from(self.scenario.controllers))
-                    .chain([controller])
-                    .all(|index| self.hosts[index].config.running.number >= wanted);
-                let desired = if controllers_run_it {
-                    wanted
-                } else {
-                    running.number
-                };
                 let catalogue = if self.published {
                     &self.catalogue_after.as_ref().expect("published").0
                 } else {
@@ -2007,6 +1991,23 @@ impl Sim {
             Some(other) => panic!("{other:?} is not an agent API call"),
         };
         self.send(Party::Host(controller), Party::Host(host), message);
+    }
+
+    /// What `controller`'s `Upgrader.DesiredVersion` answers `host` (the poll and the
+    /// desired binary alike). Juju's controllers-first rule, as lockstep-transport's
+    /// `desired_version` keeps it: an agent other than a controller is offered agent-version
+    /// only once every controller runs it (this API server included); until then, the
+    /// version it runs.
+    fn desired_version(&mut self, host: usize, controller: usize) -> Version {
+        let wanted = self.model().agent_version;
+        let controllers_run_it = (0..usize::from(self.scenario.controllers))
+            .chain([controller])
+            .all(|index| self.hosts[index].config.running.number >= wanted);
+        if controllers_run_it {
+            wanted
+        } else {
+            self.hosts[host].config.running.number
+        }
     }
 
     fn api_client_call(&mut self, client: usize, controller: usize, attempt: u64, op: ClientOp) {
@@ -2125,26 +2126,18 @@ impl Sim {
         self.schedule(at, Event::DriverTick { host, incarnation });
     }
 
-    /// Tells a Ready process that the model's agent-version differs from what it runs (at
-    /// most once a minute per version, as a watcher would).
+    /// Tells a process each change of the model's agent-version once, in any phase, as
+    /// lockstep-agent's model watch does (counting from the version the process runs): the
+    /// core keeps the latest and decides when to act on it.
     fn feed_agent_version(&mut self, host: usize, version: Version) {
         let state = &self.hosts[host];
-        let Some(process) = &state.process else {
-            return;
-        };
-        if process.phase() != Phase::Ready
-            || process.awaiting().is_some()
-            || version == state.config.running.number
-        {
+        if state.process.is_none() {
             return;
         }
-        if state
-            .fed
-            .is_some_and(|(fed, at)| fed == version && self.now < at + 60_000)
-        {
+        if version == state.fed.unwrap_or(state.config.running.number) {
             return;
         }
-        self.hosts[host].fed = Some((version, self.now));
+        self.hosts[host].fed = Some(version);
         self.input(host, Input::AgentVersionChanged(version));
     }
 

@@ -68,11 +68,7 @@ pub fn next_machine_id(tx: &mut dyn Tx) -> Result<u64, StoreError> {
 /// A machine's roles: its own, or, for a legacy machine, those its jobs (`JobManageModel`
 /// and its older names) stand for.
 pub fn roles(machine: &Machine) -> Roles {
-    if machine.roles.is_empty() {
-        lockstep_core::jobs::roles_for_legacy_jobs(&machine.legacy_jobs)
-    } else {
-        machine.roles
-    }
+    lockstep_core::upgrader::machine_roles(machine.roles, &machine.legacy_jobs)
 }
 
 /// True for a controller machine: its roles say so, or, for a legacy machine, its jobs

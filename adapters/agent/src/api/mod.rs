@@ -31,7 +31,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockstep_core::jobs::JobTable;
 use lockstep_core::lifecycle::Revision;
-use lockstep_core::policy::Stream;
+use lockstep_core::policy::{Catalogue, Stream};
 use lockstep_core::{Roles, Version};
 use lockstep_store::Store;
 use lockstep_transport::state::{
@@ -173,8 +173,13 @@ impl SharedState for StoreState {
             .await
     }
 
-    async fn set_agent_version(&self, version: Version) -> Result<(), WireError> {
-        self.write(move |store| model_config::set_agent_version(store, version))
+    async fn set_agent_version(
+        &self,
+        version: Version,
+        catalogue: &Catalogue,
+    ) -> Result<(), WireError> {
+        let catalogue = catalogue.clone();
+        self.write(move |store| model_config::set_agent_version(store, version, &catalogue))
             .await
     }
 

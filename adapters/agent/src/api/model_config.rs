@@ -2,19 +2,17 @@
 //! `ModelConfig.ModelSet` changes.
 
 use lockstep_core::Version;
-use lockstep_core::lifecycle::UpgradeInfo;
-use lockstep_core::policy::Stream;
-use lockstep_store::{Store, StoreError};
+use lockstep_core::policy::{Catalogue, Stream};
+use lockstep_core::upgrader as core;
+use lockstep_core::upgrader::{
+    self, AgentVersionCheck, AgentVersionRefusal, AgentVersionRequester,
+};
+use lockstep_store::{AgentVersionSet, Store};
 use lockstep_transport::state::{AgentVersionChange, ModelConfig};
 use lockstep_transport::wire::WireError;
 use serde_json::json;
 
 use super::calls::{model, store_error};
-
-/// Juju's `state.UpgradeInProgressError`, the refusal of an agent-version change while an
-/// upgrade-info record is current.
-pub const AGENT_VERSION_UPGRADE_IN_PROGRESS: &str =
-    "an upgrade is already in progress or the last upgrade did not complete";
 
 /// The model's config.
 pub fn model_config(store: &dyn Store) -> Result<ModelConfig, WireError> {
@@ -37,61 +35,72 @@ pub fn agent_stream(store: &dyn Store) -> Result<Option<Stream>, WireError> {
         .and_then(|model| model.agent_stream))
 }
 
-/// The refusal of an agent-version change while `record` is current: Juju's message and
-/// code (`upgrade in progress`, as Juju's `ServerError` maps it), with the record in
+/// An agent-version refusal as the wire carries it: the core's message and code
+/// ([`AgentVersionRefusal`]), and for Juju's `state.UpgradeInProgressError` the record in
 /// `error-info` (`previous-version`, `target-version`, `status`).
-pub fn agent_version_refused(record: &UpgradeInfo) -> WireError {
-    WireError {
-        message: AGENT_VERSION_UPGRADE_IN_PROGRESS.to_owned(),
-        code: lockstep_core::gate::UPGRADE_IN_PROGRESS.to_owned(),
-        info: Some(json!({
+pub fn refusal_error(refusal: &AgentVersionRefusal) -> WireError {
+    let info = match refusal {
+        AgentVersionRefusal::UpgradeInProgress { record } => Some(json!({
             "previous-version": record.previous_version.to_string(),
             "target-version": record.target_version.to_string(),
             "status": record.status.to_string(),
         })),
+        AgentVersionRefusal::Downgrade { .. } | AgentVersionRefusal::NoBinaries { .. } => None,
+    };
+    WireError {
+        message: refusal.to_string(),
+        code: refusal.code().to_owned(),
+        info,
     }
 }
 
 /// The agent-version a `ModelConfig.ModelSet` may move to, checked against the store
-/// before the catalogue is asked: unchanged when it is the current one already (nothing
-/// to do, as Juju accepts the current value back), allowed with the model's
-/// `agent-stream`, refused while an upgrade-info record is current (Juju's rule) and for a
-/// lower version.
+/// before the catalogue is asked (the core's rule, [`upgrader::agent_version_change`], for
+/// an operator): unchanged when it is the current one already, allowed, refused while an upgrade-info record is current and for a lower
+/// version. [`set_agent_version`] checks again, with the catalogue, inside its write.
 pub fn agent_version_change(
     store: &dyn Store,
     version: Version,
 ) -> Result<AgentVersionChange, WireError> {
-    let current_model = model(store)?;
-    let current = current_model.agent_version;
-    if version == current {
-        return Ok(AgentVersionChange::Unchanged);
+    let mut read = None;
+    store
+        .snapshot(&mut |tx| {
+            read = Some((tx.model()?, tx.record()?));
+            Ok(())
+        })
+        .map_err(store_error)?;
+    let (model, record) = read.expect("the snapshot body ran");
+    let model =
+        model.ok_or_else(|| WireError::new("not found", "the controller has no model yet"))?;
+    let record = record.map(|(record, _)| record);
+    match upgrader::agent_version_change(
+        model.agent_version,
+        record.as_ref(),
+        version,
+        AgentVersionRequester::Operator,
+    ) {
+        Ok(core::AgentVersionChange::Unchanged) => Ok(AgentVersionChange::Unchanged),
+        Ok(core::AgentVersionChange::Changed { .. }) => Ok(AgentVersionChange::Allowed),
+        Err(refusal) => Err(refusal_error(&refusal)),
     }
-    if let Some((record, _)) = store.record_view().map_err(store_error)?.current {
-        return Err(agent_version_refused(&record));
-    }
-    if version < current {
-        return Err(WireError::new(
-            "not supported",
-            format!(
-                "cannot change agent-version from {current} to the lower version {version}: \
-                 downgrades are not supported"
-            ),
-        ));
-    }
-    Ok(AgentVersionChange::Allowed {
-        model_stream: current_model.agent_stream,
-    })
 }
 
-/// Writes the model's agent-version (the store refuses it while an upgrade-info record is
-/// current, atomically with the write).
-pub fn set_agent_version(store: &dyn Store, version: Version) -> Result<(), WireError> {
-    match store.set_agent_version(version) {
-        Ok(model) => {
+/// Writes the model's agent-version as an operator's change: the store decides by the
+/// core's rule ([`AgentVersionCheck::operator`]: no current record, no downgrade, a binary
+/// of `version` in `catalogue`) inside the transaction that writes it.
+pub fn set_agent_version(
+    store: &dyn Store,
+    version: Version,
+    catalogue: &Catalogue,
+) -> Result<(), WireError> {
+    match store
+        .set_agent_version(version, &AgentVersionCheck::operator(catalogue))
+        .map_err(store_error)?
+    {
+        AgentVersionSet::Set { model, .. } => {
             assert_eq!(model.agent_version, version);
             Ok(())
         }
-        Err(StoreError::UpgradeInProgress { current }) => Err(agent_version_refused(&current)),
-        Err(error) => Err(store_error(error)),
+        AgentVersionSet::Refused { refusal, .. } => Err(refusal_error(&refusal)),
     }
 }

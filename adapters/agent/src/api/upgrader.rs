@@ -1,6 +1,7 @@
 //! The Upgrader facade's share of the state: each agent's desired version (Juju's
 //! controllers-first rule) and the binary it runs, and `SetTools`, which records it.
 
+use lockstep_core::upgrader::{self, AskingAgent};
 use lockstep_core::{Binary, Version};
 use lockstep_store::{Machine, Model, Store};
 use lockstep_transport::auth::machine_id;
@@ -10,42 +11,29 @@ use lockstep_transport::wire::WireError;
 use serde_json::{Value, json};
 
 use super::calls::{list, mutate, store_error};
-use super::machines::is_controller;
+use super::machines::{is_controller, roles};
 
-/// The agent-version an agent should run, Juju's controllers-first rule
-/// (`apiserver/facades/agent/upgrader`, `DesiredVersion`): a controller is told the model's
-/// agent-version; any other agent only once every controller runs it (this API server,
-/// `server_version`, and every controller machine by the binary it last reported), and
-/// until then the version it runs itself (this server's when it has not reported one), so
-/// it stays where it is while the controllers go first.
+/// The agent-version `machine`'s agent should run: the core's controllers-first rule
+/// ([`upgrader::desired_version`]) over what the store holds: the model's agent-version,
+/// each controller machine's reported binary, and `server_version`, this API server's own.
 pub fn desired_version(
     model: &Model,
     machines: &[Machine],
     machine: &Machine,
     server_version: Version,
 ) -> Version {
-    let wanted = model.agent_version;
-    if is_controller(machine) {
-        return wanted;
-    }
-    let controllers_run_it = server_version >= wanted
-        && machines
+    upgrader::desired_version(
+        model.agent_version,
+        AskingAgent {
+            roles: roles(machine),
+            reported: machine.agent_binary.as_ref(),
+        },
+        machines
             .iter()
             .filter(|other| is_controller(other))
-            .all(|controller| {
-                controller
-                    .agent_binary
-                    .as_ref()
-                    .is_some_and(|binary| binary.number >= wanted)
-            });
-    if controllers_run_it {
-        wanted
-    } else {
-        machine
-            .agent_binary
-            .as_ref()
-            .map_or(server_version, |binary| binary.number)
-    }
+            .map(|controller| controller.agent_binary.as_ref()),
+        server_version,
+    )
 }
 
 /// The machine of `tag` if `owner` (the logged-in agent's tag) may ask about it.

@@ -23,8 +23,7 @@ pub const UPGRADED_WITHIN: Duration = Duration::from_secs(300);
 /// The lease's TTL the agent asks etcd for (five keep-alive intervals, 5 s): a dead or
 /// cut-off coordinator's lease lapses within it.
 pub fn lease_ttl() -> Duration {
-    let keepalive = Limits::default().lease_keepalive_interval;
-    Duration::from_millis(lockstep_agent::driver::lease_ttl(keepalive).0)
+    Duration::from_millis(Limits::default().lease_ttl().0)
 }
 
 /// The delay before a controller campaigns again (1 s): another one asks within it.

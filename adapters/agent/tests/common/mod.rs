@@ -364,7 +364,14 @@ impl Controller {
             lockstep_store::OpenMode::ReadWrite,
         )
         .expect("open the store");
-        store.set_agent_version(version).expect("set agent-version");
+        // Straight in: only a current upgrade-info record could refuse it.
+        let set = store
+            .set_agent_version(version, &lockstep_store::AgentVersionCheck::LIFECYCLE)
+            .expect("set agent-version");
+        assert!(
+            matches!(set, lockstep_store::AgentVersionSet::Set { .. }),
+            "{set:?}"
+        );
     }
 
     /// Kills the launcher and its worker with SIGKILL and waits until both are gone.

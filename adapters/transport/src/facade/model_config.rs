@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api::Api;
 use crate::state::{AgentVersionChange, ModelConfig};
-use crate::tools::{self, FindTools};
+use crate::tools;
 use crate::wire::WireError;
 
 /// `ModelConfig.ModelGet` (and Juju 2.0's `Client.ModelGet`).
@@ -80,10 +80,10 @@ pub async fn model_set(api: &Api, params: &Value) -> Result<Value, WireError> {
     let Some(version) = version else {
         return Ok(json!({}));
     };
-    let model_stream = match api.state.agent_version_change(version).await? {
+    match api.state.agent_version_change(version).await? {
         AgentVersionChange::Unchanged => return Ok(json!({})),
-        AgentVersionChange::Allowed { model_stream } => model_stream,
-    };
+        AgentVersionChange::Allowed => {}
+    }
     let catalogue = api.backend.catalogue().await.map_err(|reason| {
         WireError::new(
             "",
@@ -93,17 +93,7 @@ pub async fn model_set(api: &Api, params: &Value) -> Result<Value, WireError> {
             ),
         )
     })?;
-    let search = FindTools {
-        number: Some(version),
-        ..FindTools::default()
-    };
-    if search.search(&catalogue, model_stream).is_empty() {
-        return Err(WireError::new(
-            "not found",
-            format!("no agent binaries found for version {version}"),
-        ));
-    }
-    api.state.set_agent_version(version).await?;
+    api.state.set_agent_version(version, &catalogue).await?;
     tracing::info!(target: "lockstep::api", %version, "agent-version changed by ModelConfig.ModelSet");
     api.backend.agent_version_changed(version);
     Ok(json!({}))

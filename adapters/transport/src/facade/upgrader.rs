@@ -114,7 +114,8 @@ pub async fn tools(api: &Api, session: &Session, params: &Value) -> Result<Value
                     number: view.desired,
                     ..running
                 };
-                tools::entry_for(catalogue, &wanted, views.model_stream)
+                catalogue
+                    .entry_for(&wanted, views.model_stream)
                     .map(|entry| tools::tools_json(entry, &root))
                     .ok_or_else(|| {
                         WireError::new("not found", format!("{} for {wanted}", tools::NO_MATCHES))

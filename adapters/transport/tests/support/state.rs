@@ -9,7 +9,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use lockstep_core::lifecycle::Revision;
-use lockstep_core::policy::Stream;
+use lockstep_core::policy::{Catalogue, Stream};
+use lockstep_core::upgrader;
 use lockstep_core::{Binary, Role, Roles, Version};
 use lockstep_transport::state::{
     AgentVersionChange, AgentView, AgentViews, Changes, ModelConfig, SharedState, Snapshot, Status,
@@ -385,22 +386,30 @@ impl SharedState for FakeState {
         &self,
         version: Version,
     ) -> Result<AgentVersionChange, WireError> {
+        // The core's rule, as the agent's implementation asks it (no upgrade-info record
+        // in this fake).
         let model = self.model();
-        if version == model.agent_version {
-            return Ok(AgentVersionChange::Unchanged);
+        match upgrader::agent_version_change(
+            model.agent_version,
+            None,
+            version,
+            upgrader::AgentVersionRequester::Operator,
+        ) {
+            Ok(upgrader::AgentVersionChange::Unchanged) => Ok(AgentVersionChange::Unchanged),
+            Ok(upgrader::AgentVersionChange::Changed { .. }) => Ok(AgentVersionChange::Allowed),
+            Err(refusal) => Err(WireError::new(refusal.code(), refusal.to_string())),
         }
-        if version < model.agent_version {
-            return Err(WireError::new(
-                "not supported",
-                format!("{version} is lower"),
-            ));
-        }
-        Ok(AgentVersionChange::Allowed {
-            model_stream: model.agent_stream,
-        })
     }
 
-    async fn set_agent_version(&self, version: Version) -> Result<(), WireError> {
+    async fn set_agent_version(
+        &self,
+        version: Version,
+        catalogue: &Catalogue,
+    ) -> Result<(), WireError> {
+        let model = self.model();
+        upgrader::AgentVersionCheck::operator(catalogue)
+            .check(model.agent_version, model.agent_stream, None, version)
+            .map_err(|refusal| WireError::new(refusal.code(), refusal.to_string()))?;
         self.mutate(&Value::Null, |inner| {
             inner.model.agent_version = version;
             inner.model_delta();

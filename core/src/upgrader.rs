@@ -1,0 +1,487 @@
+//! The decisions of Juju's Upgrader facade (`apiserver/facades/agent/upgrader`) and of
+//! `ModelConfig.ModelSet` about the model's `agent-version`, as pure functions over core
+//! types: which version an agent should run (controllers first), and whether the model's
+//! `agent-version` may change.
+//!
+//! Every place that answers these questions calls these functions: the controller's API
+//! facades, the agent's driver (through the store, which runs the agent-version check inside
+//! its write transaction), the simulator and the core's `testkit`. There is no second copy
+//! to drift from them.
+//!
+//! Like the rest of the crate this performs no I/O: the caller reads the model, the machines
+//! and the catalogue, and hands them in.
+
+use std::fmt;
+
+use crate::jobs::{Job, roles_for_legacy_jobs};
+use crate::lifecycle::UpgradeInfo;
+use crate::policy::{Catalogue, Stream};
+use crate::role::{Role, Roles};
+use crate::version::{Binary, Version};
+
+// ---------------------------------------------------------------------------------------
+// The desired version: controllers first
+// ---------------------------------------------------------------------------------------
+
+/// A machine's roles as the Upgrader facade reads them: its stored roles, or, for a legacy
+/// machine that stores only jobs (seed 004), the roles its jobs imply
+/// ([`roles_for_legacy_jobs`]: `JobManageModel` and its older names make a controller).
+pub fn machine_roles(stored: Roles, legacy_jobs: &[Job]) -> Roles {
+    if stored.is_empty() {
+        roles_for_legacy_jobs(legacy_jobs)
+    } else {
+        stored
+    }
+}
+
+/// The agent that asks for its desired version, as the store knows it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AskingAgent<'a> {
+    /// Its machine's roles ([`machine_roles`] for a legacy machine).
+    pub roles: Roles,
+    /// The binary it last reported running (`Upgrader.SetTools`); `None` until it reported.
+    pub reported: Option<&'a Binary>,
+}
+
+/// The agent-version an agent should run: Juju's controllers-first rule (the Upgrader
+/// facade's `DesiredVersion`).
+///
+/// - A controller is told the model's `agent-version`.
+/// - Any other agent is told `agent-version` only once every controller runs it: the API
+///   server answering (`server_version`, its own running version) and every controller
+///   machine by the binary it last *reported* (`controllers`, one item per controller
+///   machine; `None`: it has not reported one, so it does not run it yet). A controller's
+///   configured or intended version says nothing: only what it reported counts.
+/// - Until then the agent is told the version it reported running, so it stays where it
+///   is while the controllers go first; one that never reported is told the server's.
+///
+/// The work is one pass over `controllers`, which the caller bounds (a model has at most
+/// [`crate::lifecycle::ControllerId::COUNT_MAX`] controllers).
+pub fn desired_version<'a>(
+    model_agent_version: Version,
+    agent: AskingAgent<'_>,
+    controllers: impl IntoIterator<Item = Option<&'a Binary>>,
+    server_version: Version,
+) -> Version {
+    let wanted = model_agent_version;
+    if agent.roles.contains(Role::Controller) {
+        return wanted;
+    }
+    let controllers_run_it = server_version >= wanted
+        && controllers
+            .into_iter()
+            .all(|reported| reported.is_some_and(|binary| binary.number >= wanted));
+    let desired = if controllers_run_it {
+        wanted
+    } else {
+        agent
+            .reported
+            .map_or(server_version, |binary| binary.number)
+    };
+    // Postcondition: an agent other than a controller is told the model's version or the
+    // one it stays on, nothing else.
+    assert!(
+        desired == wanted
+            || Some(desired) == agent.reported.map(|binary| binary.number)
+            || desired == server_version
+    );
+    desired
+}
+
+// ---------------------------------------------------------------------------------------
+// Whether agent-version may change
+// ---------------------------------------------------------------------------------------
+
+/// Juju's `state.UpgradeInProgressError`: the refusal of an `agent-version` change while an
+/// upgrade-info record is current.
+pub const UPGRADE_IN_PROGRESS_MESSAGE: &str =
+    "an upgrade is already in progress or the last upgrade did not complete";
+
+/// Who asks to change the model's `agent-version`; it decides whether a lower version may
+/// be set.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AgentVersionRequester {
+    /// An operator (`ModelConfig.ModelSet`, `juju upgrade-controller`): a lower version is
+    /// refused, as Juju refuses it.
+    Operator,
+    /// The lifecycle's own `Request::SetAgentVersion`: the version its policy chose, or,
+    /// after an upgrade failed, the version it runs (Juju's fix for a controller that
+    /// restarted for ever asking for binaries it cannot find), which may be lower.
+    Lifecycle,
+}
+
+/// An allowed `agent-version` write.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AgentVersionChange {
+    /// The model holds the requested version already: nothing to write (Juju accepts the
+    /// current value back, whatever else holds).
+    Unchanged,
+    /// Write `to` over `from`.
+    Changed { from: Version, to: Version },
+}
+
+/// Why an `agent-version` change is refused. The messages are Juju's where it has one.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum AgentVersionRefusal {
+    /// An upgrade-info record is current (Juju's rule): no change until it is archived.
+    UpgradeInProgress {
+        /// The current record.
+        record: UpgradeInfo,
+    },
+    /// An operator asked for a version lower than the model's.
+    Downgrade {
+        /// The model's agent-version.
+        current: Version,
+        /// The version asked for.
+        requested: Version,
+    },
+    /// The catalogue has no binary of that version in the streams the model searches for
+    /// it (Juju's `no agent binaries found for version`).
+    NoBinaries {
+        /// The version asked for.
+        version: Version,
+        /// The streams searched, in order.
+        streams: &'static [Stream],
+    },
+}
+
+impl AgentVersionRefusal {
+    /// Juju's error code for the refusal: `upgrade in progress`, `not supported` or
+    /// `not found`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AgentVersionRefusal::UpgradeInProgress { .. } => crate::gate::UPGRADE_IN_PROGRESS,
+            AgentVersionRefusal::Downgrade { .. } => "not supported",
+            AgentVersionRefusal::NoBinaries { .. } => "not found",
+        }
+    }
+}
+
+impl fmt::Display for AgentVersionRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AgentVersionRefusal::UpgradeInProgress { .. } => {
+                f.write_str(UPGRADE_IN_PROGRESS_MESSAGE)
+            }
+            AgentVersionRefusal::Downgrade { current, requested } => write!(
+                f,
+                "cannot change agent-version from {current} to the lower version \
+                 {requested}: downgrades are not supported"
+            ),
+            AgentVersionRefusal::NoBinaries { version, .. } => {
+                write!(f, "no agent binaries found for version {version}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AgentVersionRefusal {}
+
+/// Whether the model's `agent-version` may move from `current` to `requested`, with
+/// `record` the current upgrade-info record (if any), in Juju's order:
+/// 1. `requested` is the current version: [`AgentVersionChange::Unchanged`], whatever else
+///    holds (Juju accepts the current value back);
+/// 2. a record is current: refused ([`AgentVersionRefusal::UpgradeInProgress`]);
+/// 3. an operator asks for a lower version: refused ([`AgentVersionRefusal::Downgrade`]);
+/// 4. otherwise [`AgentVersionChange::Changed`].
+///
+/// A store calls this inside the transaction that writes the version, so the rule holds
+/// for the value written (see [`AgentVersionCheck`]).
+pub fn agent_version_change(
+    current: Version,
+    record: Option<&UpgradeInfo>,
+    requested: Version,
+    requester: AgentVersionRequester,
+) -> Result<AgentVersionChange, AgentVersionRefusal> {
+    if requested == current {
+        return Ok(AgentVersionChange::Unchanged);
+    }
+    if let Some(record) = record {
+        assert!(
+            !record.status.is_final(),
+            "a final record is archived, never current: {record:?}"
+        );
+        return Err(AgentVersionRefusal::UpgradeInProgress { record: *record });
+    }
+    if requester == AgentVersionRequester::Operator && requested < current {
+        return Err(AgentVersionRefusal::Downgrade { current, requested });
+    }
+    Ok(AgentVersionChange::Changed {
+        from: current,
+        to: requested,
+    })
+}
+
+/// The catalogue check of an operator's change: some binary of `version` is listed in the
+/// streams the model searches for it ([`Catalogue::lists_version`]).
+pub fn check_binaries(
+    catalogue: &Catalogue,
+    version: Version,
+    model_stream: Option<Stream>,
+) -> Result<(), AgentVersionRefusal> {
+    if catalogue.lists_version(version, model_stream) {
+        Ok(())
+    } else {
+        Err(AgentVersionRefusal::NoBinaries {
+            version,
+            streams: Stream::preferred(model_stream, &version),
+        })
+    }
+}
+
+/// Everything a store needs to decide an `agent-version` write inside its transaction:
+/// who asks, and for an operator the catalogue read beforehand (the version must have a
+/// binary). The store reads the model's agent-version and agent-stream and the current
+/// record in the same transaction and calls [`AgentVersionCheck::check`]: the decision and
+/// the write are atomic.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AgentVersionCheck<'a> {
+    /// Who asks.
+    pub requester: AgentVersionRequester,
+    /// When set, a change (not a no-op) is refused unless this catalogue lists a binary of
+    /// the version ([`check_binaries`]).
+    pub catalogue: Option<&'a Catalogue>,
+}
+
+impl AgentVersionCheck<'static> {
+    /// The check of the lifecycle's own `Request::SetAgentVersion`: only the upgrade-info
+    /// record can refuse it.
+    pub const LIFECYCLE: AgentVersionCheck<'static> = AgentVersionCheck {
+        requester: AgentVersionRequester::Lifecycle,
+        catalogue: None,
+    };
+}
+
+impl<'a> AgentVersionCheck<'a> {
+    /// An operator's change (`ModelConfig.ModelSet`), checked against `catalogue`.
+    pub fn operator(catalogue: &'a Catalogue) -> AgentVersionCheck<'a> {
+        AgentVersionCheck {
+            requester: AgentVersionRequester::Operator,
+            catalogue: Some(catalogue),
+        }
+    }
+
+    /// [`agent_version_change`], then, for a change, [`check_binaries`] when a catalogue
+    /// is given. `model_stream` is the model's `agent-stream`.
+    pub fn check(
+        &self,
+        current: Version,
+        model_stream: Option<Stream>,
+        record: Option<&UpgradeInfo>,
+        requested: Version,
+    ) -> Result<AgentVersionChange, AgentVersionRefusal> {
+        let change = agent_version_change(current, record, requested, self.requester)?;
+        if let (AgentVersionChange::Changed { .. }, Some(catalogue)) = (change, self.catalogue) {
+            check_binaries(catalogue, requested, model_stream)?;
+        }
+        Ok(change)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::{ControllerSet, UpgradeStatus};
+    use crate::policy::{CatalogueEntry, Sha256};
+
+    fn v(text: &str) -> Version {
+        Version::parse(text).unwrap()
+    }
+
+    fn b(text: &str) -> Binary {
+        Binary::parse(text).unwrap()
+    }
+
+    fn controller_roles() -> Roles {
+        Roles::of(&[Role::Controller])
+    }
+
+    fn host_roles() -> Roles {
+        Roles::of(&[Role::HostMachine])
+    }
+
+    #[test]
+    fn a_controller_is_told_the_models_version() {
+        let reported = b("2.9.43-ubuntu-amd64");
+        let agent = AskingAgent {
+            roles: controller_roles(),
+            reported: Some(&reported),
+        };
+        assert_eq!(
+            desired_version(v("2.9.44"), agent, [Some(&reported)], v("2.9.43")),
+            v("2.9.44")
+        );
+    }
+
+    #[test]
+    fn a_machine_waits_until_every_controller_reported_the_version() {
+        let old = b("2.9.43-ubuntu-amd64");
+        let new = b("2.9.44-ubuntu-amd64");
+        let agent = AskingAgent {
+            roles: host_roles(),
+            reported: Some(&old),
+        };
+        let wanted = v("2.9.44");
+        // Every controller reported 2.9.44 and the server runs it: go.
+        assert_eq!(
+            desired_version(wanted, agent, [Some(&new), Some(&new)], wanted),
+            wanted
+        );
+        // One controller still reports 2.9.43: stay on what the agent runs.
+        assert_eq!(
+            desired_version(wanted, agent, [Some(&new), Some(&old)], wanted),
+            v("2.9.43")
+        );
+        // One never reported: it does not run 2.9.44 as far as anyone knows.
+        assert_eq!(
+            desired_version(wanted, agent, [Some(&new), None], wanted),
+            v("2.9.43")
+        );
+        // The server answering runs an older version itself.
+        assert_eq!(
+            desired_version(wanted, agent, [Some(&new)], v("2.9.43")),
+            v("2.9.43")
+        );
+        // An agent that never reported is told the server's version meanwhile.
+        let silent = AskingAgent {
+            roles: host_roles(),
+            reported: None,
+        };
+        assert_eq!(
+            desired_version(wanted, silent, [Some(&old)], v("2.9.43")),
+            v("2.9.43")
+        );
+        // No controller machine at all: the server alone decides.
+        assert_eq!(
+            desired_version(wanted, agent, std::iter::empty(), wanted),
+            wanted
+        );
+    }
+
+    #[test]
+    fn a_legacy_machine_is_a_controller_by_its_jobs() {
+        let manage = [Job::new("JobManageModel").unwrap()];
+        let host = [Job::new("JobHostUnits").unwrap()];
+        assert!(machine_roles(Roles::NONE, &manage).contains(Role::Controller));
+        assert!(!machine_roles(Roles::NONE, &host).contains(Role::Controller));
+        // Stored roles win over jobs.
+        assert_eq!(machine_roles(host_roles(), &manage), host_roles());
+    }
+
+    fn record() -> UpgradeInfo {
+        UpgradeInfo {
+            previous_version: v("2.9.43"),
+            target_version: v("2.9.44"),
+            status: UpgradeStatus::Pending,
+            controllers_ready: ControllerSet::EMPTY,
+            controllers_done: ControllerSet::EMPTY,
+        }
+    }
+
+    #[test]
+    fn agent_version_changes_in_jujus_order() {
+        use AgentVersionRequester::{Lifecycle, Operator};
+        let record = record();
+        let cases: &[(
+            &str,
+            Option<&UpgradeInfo>,
+            &str,
+            AgentVersionRequester,
+            &str,
+        )] = &[
+            ("2.9.44", None, "2.9.44", Operator, "unchanged"),
+            // The current value back is accepted even while a record is current.
+            ("2.9.44", Some(&record), "2.9.44", Operator, "unchanged"),
+            ("2.9.43", None, "2.9.44", Operator, "2.9.43 -> 2.9.44"),
+            (
+                "2.9.43",
+                Some(&record),
+                "2.9.45",
+                Operator,
+                "an upgrade is already in progress or the last upgrade did not complete",
+            ),
+            // The record is checked before the downgrade, as Juju does.
+            (
+                "2.9.44",
+                Some(&record),
+                "2.9.43",
+                Lifecycle,
+                "an upgrade is already in progress or the last upgrade did not complete",
+            ),
+            (
+                "2.9.44",
+                None,
+                "2.9.43",
+                Operator,
+                "cannot change agent-version from 2.9.44 to the lower version 2.9.43: \
+                 downgrades are not supported",
+            ),
+            // The lifecycle resets agent-version to the version it runs.
+            ("2.9.44", None, "2.9.43", Lifecycle, "2.9.44 -> 2.9.43"),
+        ];
+        for &(current, record, requested, requester, expected) in cases {
+            let outcome = agent_version_change(v(current), record, v(requested), requester);
+            let described = match outcome {
+                Ok(AgentVersionChange::Unchanged) => "unchanged".to_owned(),
+                Ok(AgentVersionChange::Changed { from, to }) => format!("{from} -> {to}"),
+                Err(refusal) => refusal.to_string(),
+            };
+            assert_eq!(
+                described, expected,
+                "{current} -> {requested} by {requester:?}, record {record:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_operator_change_needs_a_binary_in_the_models_streams() {
+        let entry = |binary: &str, stream| CatalogueEntry {
+            binary: b(binary),
+            stream,
+            size_bytes: 1024,
+            sha256: Sha256([1; 32]),
+            path: format!("agent/juju-{binary}.tgz"),
+        };
+        let catalogue = Catalogue::new(vec![
+            entry("2.9.44-ubuntu-amd64", Stream::Released),
+            entry("2.9.45-ubuntu-amd64", Stream::Proposed),
+        ])
+        .unwrap();
+        let operator = AgentVersionCheck::operator(&catalogue);
+        assert_eq!(
+            operator.check(v("2.9.43"), None, None, v("2.9.44")),
+            Ok(AgentVersionChange::Changed {
+                from: v("2.9.43"),
+                to: v("2.9.44")
+            })
+        );
+        let refusal = operator
+            .check(v("2.9.43"), None, None, v("2.9.45"))
+            .unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "no agent binaries found for version 2.9.45"
+        );
+        assert_eq!(refusal.code(), "not found");
+        assert_eq!(
+            operator.check(v("2.9.43"), Some(Stream::Proposed), None, v("2.9.45")),
+            Ok(AgentVersionChange::Changed {
+                from: v("2.9.43"),
+                to: v("2.9.45")
+            })
+        );
+        // A no-op needs no binary (Juju accepts the current value back).
+        assert_eq!(
+            operator.check(v("2.9.46"), None, None, v("2.9.46")),
+            Ok(AgentVersionChange::Unchanged)
+        );
+        // The lifecycle's own write is not checked against a catalogue.
+        assert!(
+            AgentVersionCheck::LIFECYCLE
+                .check(v("2.9.43"), None, None, v("2.9.47"))
+                .is_ok()
+        );
+        let in_progress = AgentVersionRefusal::UpgradeInProgress { record: record() };
+        assert_eq!(in_progress.code(), "upgrade in progress");
+    }
+}
