@@ -1,28 +1,59 @@
-//! Whole-process timings of the agent, as medians of repeated runs:
-//! - process start to Ready without an upgrade: `lockstepd` started on a bootstrapped data
-//!   dir until `Upgrade.Status` answers `ready` (Juju took 17 s in seed 000);
+//! Whole-process timings of the agent, as medians of alternating rounds (each round takes
+//! one sample of every measurement, so a noisy minute weighs on each alike):
+//! - `lockstepd` start to Ready without an upgrade: `lockstepd` started on a bootstrapped
+//!   data dir until a client (connecting, completing TLS and logging in meanwhile: one
+//!   argon2 verification) is answered `ready` by `Upgrade.Status`; and, in the same runs,
+//!   until the launcher sends `READY=1` to `NOTIFY_SOCKET`, as systemd sees it (Juju took
+//!   17 s in seed 000, a cloud bootstrap);
+//! - bootstrap to Ready without an upgrade: `lockstep bootstrap` from start to exit, with
+//!   this build's own binary (copied and hashed, no mirror);
+//! - bootstrap from the mirror to Ready without an upgrade: the same against a mirror
+//!   holding this build as N: bootstrap downloads, verifies and unpacks N;
 //! - bootstrap to Ready through an upgrade: `lockstep bootstrap --auto-upgrade` against a
 //!   mirror holding this build as N and N+1, from start to exit (which it does once the
-//!   API is fully available on N+1).
+//!   API is fully available on N+1): bootstrap installs N from the mirror, the controller
+//!   downloads, verifies and unpacks N+1, re-executes it and runs N+1's steps;
+//! - download, verify and unpack the binary: N+1's tarball through the agent's own code
+//!   (`MetadataSource::download`, then `DataDir::install_tarball`: sha256 and size checked,
+//!   unpacked, fsynced, renamed into place) into a fresh data dir, in this process.
 //!
-//! Run: `cargo bench -p lockstep-agent --bench agent` (`RUNS=N` to change the count).
-#![allow(clippy::print_stdout)]
+//! Every sample is checked: each controller answers Ready on the version it should run
+//! (N+1 only through the upgrade), and each unpacked binary is byte for byte this build's
+//! `lockstepd`.
+//!
+//! Run: `cargo bench -p lockstep-agent --bench agent` (`RUNS=N` rounds, 7 by default).
+//! `LOCKSTEP_BENCH_QUICK=1` takes one round (same code paths, same checks): CI runs it so
+//! that a broken bench fails.
+#![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lockstep_agent::bootstrap::ControllerFile;
-use lockstep_agent::datadir::DataDir;
+use lockstep_agent::datadir::{self, DataDir, DownloadedTools};
+use lockstep_agent::driver::MetadataSource;
+use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
+use lockstep_core::policy::CatalogueEntry;
 use serde_json::json;
+use sha2::Digest;
 
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
 const LOCKSTEPD: &str = env!("CARGO_BIN_EXE_lockstepd");
 
-fn median(samples: &mut [Duration]) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
+fn median(samples: &[Duration]) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
+
+fn sha256_of(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 fn bootstrap(data_dir: &Path, args: &[&str]) -> Duration {
@@ -43,6 +74,32 @@ fn bootstrap(data_dir: &Path, args: &[&str]) -> Duration {
     elapsed
 }
 
+fn client(data: &DataDir) -> lockstep_transport::client::Client {
+    ControllerFile::read(data)
+        .expect("controller.yaml")
+        .client(RetryPolicy {
+            initial: lockstep_core::Millis(1),
+            maximum: lockstep_core::Millis(5),
+            attempts_max: 100_000,
+        })
+}
+
+/// Checks that the controller of `data` is Ready on `version`; stops it first, so that a
+/// failed check leaves no daemon behind.
+async fn check_and_stop(data: &DataDir, version: Version, what: &str) {
+    let status = client(data)
+        .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(30))
+        .await;
+    stop(data);
+    let status = status.unwrap_or_else(|error| panic!("{what}: Upgrade.Status: {error}"));
+    assert_eq!(status["phase"], "ready", "{what}: {status}");
+    assert_eq!(
+        status["agent-version"],
+        version.to_string(),
+        "{what}: {status}"
+    );
+}
+
 fn launcher_pid(data: &DataDir) -> Option<u32> {
     std::fs::read_to_string(lockstep_agent::paths::pid_path(data))
         .ok()?
@@ -57,103 +114,222 @@ fn stop(data: &DataDir) {
     }
 }
 
-async fn start_to_ready(data: &DataDir) -> Duration {
-    let controller = ControllerFile::read(data).expect("controller.yaml");
-    let client = controller.client(RetryPolicy {
-        initial: lockstep_core::Millis(1),
-        maximum: lockstep_core::Millis(5),
-        attempts_max: 100_000,
-    });
+/// One start of `lockstepd` on a bootstrapped data dir: how long until the launcher
+/// reports `READY=1` on `NOTIFY_SOCKET` (what systemd waits for with `Type=notify`), and
+/// until a client, which connects and logs in meanwhile, is answered `ready` by
+/// `Upgrade.Status`.
+struct Started {
+    notified: Duration,
+    answered: Duration,
+}
+
+async fn start_to_ready(data: &DataDir, version: Version) -> Started {
+    let client = client(data);
+    let socket_dir = tempfile::tempdir().unwrap();
+    let socket_path = socket_dir.path().join("notify");
+    let notify = tokio::net::UnixDatagram::bind(&socket_path).unwrap();
     let started = Instant::now();
     let mut child = Command::new(data.agent_link("machine-0").join("lockstepd"))
         .arg("--data-dir")
         .arg(data.root())
+        .env("NOTIFY_SOCKET", &socket_path)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("lockstepd starts");
-    loop {
+    let notified = tokio::spawn(async move {
+        let mut buffer = [0u8; 4096];
+        loop {
+            let length = notify.recv(&mut buffer).await.unwrap();
+            if lockstep_agent::notify::Notification::parse(&buffer[..length]).ready {
+                return started.elapsed();
+            }
+        }
+    });
+    let status = loop {
         if let Ok(status) = client
             .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(30))
             .await
             && status["phase"] == "ready"
         {
-            break;
+            break status;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let elapsed = started.elapsed();
+    };
+    let answered = started.elapsed();
+    let notified = tokio::time::timeout(Duration::from_secs(30), notified).await;
     lockstep_agent::demo::stop_daemon(child.id());
     let _ = child.wait();
+    let notified = notified
+        .expect("the launcher sends READY=1 once the worker is Ready")
+        .unwrap();
+    assert_eq!(status["agent-version"], version.to_string(), "{status}");
+    Started { notified, answered }
+}
+
+/// What a controller does to stage N+1 once the catalogue names it: download the tarball
+/// (size and sha256 checked while it streams), then install it (checked again, unpacked,
+/// fsynced, renamed into place), into a fresh data dir. Checks the unpacked binary.
+async fn download_verify_unpack(
+    source: &MetadataSource,
+    url: &str,
+    entry: &CatalogueEntry,
+    version: Version,
+) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let data = DataDir::new(dir.path().join("controller"));
+    std::fs::create_dir_all(data.tools_cache_dir()).unwrap();
+    let tarball = data
+        .tools_cache_dir()
+        .join(format!("juju-{}.tgz", entry.binary));
+    let tools = DownloadedTools {
+        version: entry.binary.clone(),
+        url: format!("{url}/{}", entry.path),
+        sha256: entry.sha256.to_string(),
+        size: entry.size_bytes,
+    };
+    let started = Instant::now();
+    source
+        .download(entry, &tarball, &mut |_| {})
+        .await
+        .expect("the download verifies");
+    let binary = entry.binary.clone();
+    let installer = data.clone();
+    let installed =
+        tokio::task::spawn_blocking(move || installer.install_tarball(&binary, &tarball, &tools))
+            .await
+            .unwrap()
+            .expect("the tarball installs");
+    let elapsed = started.elapsed();
+    assert_eq!(sha256_of(&installed), sha256_of(Path::new(LOCKSTEPD)));
+    assert_eq!(
+        datadir::read_force_version(&data.binary_dir(&entry.binary)).unwrap(),
+        Some(version)
+    );
     elapsed
+}
+
+fn show(name: &str, samples: &[Duration]) -> Duration {
+    let median = median(samples);
+    let ms = |duration: Duration| duration.as_secs_f64() * 1e3;
+    println!(
+        "{name:<48} median {:>8.1} ms  (min {:.1}, max {:.1}, {} runs)",
+        ms(median),
+        ms(*samples.iter().min().unwrap()),
+        ms(*samples.iter().max().unwrap()),
+        samples.len()
+    );
+    median
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|text| text.parse().ok())
-        .unwrap_or(7);
+        .unwrap_or(if quick { 1 } else { 7 });
     let own = lockstep_agent::steps::build_version();
     let next = lockstep_agent::steps::next_patch();
+    // Two mirrors: N alone (bootstrap from the mirror, no upgrade), and N with N+1.
+    let own_mirror = tempfile::tempdir().unwrap();
+    lockstep_agent::demo::publish(own_mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
+    lockstep_agent::demo::generate(own_mirror.path()).unwrap();
     let mirror = tempfile::tempdir().unwrap();
     lockstep_agent::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
-    lockstep_agent::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
+    let next_tarball =
+        lockstep_agent::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
     lockstep_agent::demo::generate(mirror.path()).unwrap();
+    let own_source = own_mirror.path().to_str().unwrap().to_owned();
     let source = mirror.path().to_str().unwrap().to_owned();
 
-    // Start to Ready without an upgrade, on one bootstrapped data dir.
-    let dir = tempfile::tempdir().unwrap();
-    let data = DataDir::new(dir.path().join("controller"));
-    bootstrap(data.root(), &[]);
-    stop(&data);
-    let mut start = Vec::new();
-    for _ in 0..runs {
-        start.push(start_to_ready(&data).await);
-    }
-    stop(&data);
+    // N+1's catalogue entry, looked up as the controller looks it up.
+    let tools_url = mirror.path().join("tools").display().to_string();
+    let metadata = MetadataSource::open(&tools_url).unwrap();
+    let mark_dir = tempfile::tempdir().unwrap();
+    let mark = lockstep_streams::HighWaterMarkFile::new(mark_dir.path().join("mark.json"));
+    let lookup = metadata
+        .look_up(
+            &mark,
+            &lockstep_streams::LookupConfig::allowing_unsigned(),
+            lockstep_agent::driver::unix_now(),
+        )
+        .await
+        .unwrap();
+    let entry = lookup
+        .catalogue
+        .entries()
+        .iter()
+        .find(|entry| entry.binary == datadir::host_binary(next))
+        .cloned()
+        .expect("the mirror holds N+1");
 
-    // Bootstrap through an upgrade, each run on a fresh data dir.
-    let mut through = Vec::new();
-    let mut plain = Vec::new();
+    // Start to Ready without an upgrade: one bootstrapped data dir, started every round.
+    let dir = tempfile::tempdir().unwrap();
+    let started_data = DataDir::new(dir.path().join("controller"));
+    bootstrap(started_data.root(), &[]);
+    check_and_stop(&started_data, own, "bootstrap").await;
+
+    let (mut notified, mut answered) = (Vec::new(), Vec::new());
+    let (mut plain, mut from_mirror, mut through, mut staging) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
+        let started = start_to_ready(&started_data, own).await;
+        notified.push(started.notified);
+        answered.push(started.answered);
+
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path().join("controller"));
+        plain.push(bootstrap(data.root(), &[]));
+        check_and_stop(&data, own, "bootstrap, no upgrade").await;
+
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path().join("controller"));
+        from_mirror.push(bootstrap(data.root(), &["--metadata-source", &own_source]));
+        check_and_stop(&data, own, "bootstrap from the mirror").await;
+
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::new(dir.path().join("controller"));
         through.push(bootstrap(
             data.root(),
             &["--auto-upgrade", "--metadata-source", &source],
         ));
-        stop(&data);
-        let dir = tempfile::tempdir().unwrap();
-        let data = DataDir::new(dir.path().join("controller"));
-        plain.push(bootstrap(data.root(), &[]));
-        stop(&data);
+        check_and_stop(&data, next, "bootstrap through an upgrade").await;
+
+        staging.push(download_verify_unpack(&metadata, &tools_url, &entry, next).await);
     }
-    let fmt = |samples: &mut Vec<Duration>| {
-        let min = *samples.iter().min().unwrap();
-        let max = *samples.iter().max().unwrap();
-        format!(
-            "median {:>8.1} ms  (min {:.1}, max {:.1}, {} runs)",
-            median(samples).as_secs_f64() * 1e3,
-            min.as_secs_f64() * 1e3,
-            max.as_secs_f64() * 1e3,
-            samples.len()
-        )
-    };
+
+    let binary_bytes = std::fs::metadata(LOCKSTEPD).unwrap().len();
+    let tarball_bytes = std::fs::metadata(&next_tarball).unwrap().len();
+    let mb = |bytes: u64| bytes as f64 / 1e6;
     println!(
-        "lockstepd start to Ready, no upgrade:        {}",
-        fmt(&mut start)
+        "lockstepd {:.1} MB, its agent tarball {:.1} MB ({runs} rounds{})",
+        mb(binary_bytes),
+        mb(tarball_bytes),
+        if quick { ", quick" } else { "" }
+    );
+    show("lockstepd start to READY=1 (sd_notify)", &notified);
+    show("lockstepd start to Ready, no upgrade", &answered);
+    let plain = show("bootstrap to Ready, no upgrade", &plain);
+    let from_mirror = show(
+        "bootstrap from the mirror to Ready, no upgrade",
+        &from_mirror,
+    );
+    let through = show("bootstrap to Ready through an upgrade", &through);
+    let staging = show("download, verify and unpack the binary", &staging);
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!(
+        "ratio through an upgrade / no upgrade:           {:.2}",
+        ratio(through, plain)
+    );
+    // Bootstrap from the mirror already downloads, verifies and unpacks N: what the
+    // upgrade adds is N+1's staging, the re-exec and N+1's steps.
+    println!(
+        "ratio (through - from the mirror) / download, verify and unpack: {:.2}",
+        ratio(through.saturating_sub(from_mirror), staging)
     );
     println!(
-        "bootstrap to Ready, no upgrade:              {}",
-        fmt(&mut plain)
-    );
-    println!(
-        "bootstrap to Ready through an upgrade:       {}",
-        fmt(&mut through)
-    );
-    println!(
-        "ratio (through an upgrade / no upgrade):     {:.2}",
-        median(&mut through).as_secs_f64() / median(&mut plain).as_secs_f64()
+        "ratio through an upgrade / download, verify and unpack: {:.2}",
+        ratio(through, staging)
     );
 }

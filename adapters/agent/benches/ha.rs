@@ -8,7 +8,8 @@
 //!   is etcd's lease TTL (5 s) plus one campaign retry (1 s).
 //!
 //! Run: `cargo bench -p lockstep-agent --features etcd --bench ha` (`RUNS=N` rounds, 3 by
-//! default; needs etcd, `.ci/install-etcd`).
+//! default; needs etcd, `.ci/install-etcd`). `LOCKSTEP_BENCH_QUICK=1` takes one round (same
+//! code paths, same checks): CI runs it so that a broken bench fails.
 #![allow(clippy::print_stdout)]
 
 #[path = "../tests/common/mod.rs"]
@@ -58,10 +59,11 @@ fn show(name: &str, samples: &mut [Duration]) -> Duration {
 }
 
 fn main() {
+    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|text| text.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(if quick { 1 } else { 3 });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

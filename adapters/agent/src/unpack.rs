@@ -319,6 +319,12 @@ fn check_destination(destination: &Path) -> Result<(), String> {
 
 type EntryFailure = (Option<String>, UnpackProblem);
 
+/// Reads of the compressed archive: a few syscalls per megabyte instead of 128.
+const ARCHIVE_BUFFER_BYTES: usize = 256 * 1024;
+
+/// Unpacked bytes inflated and written at a time.
+const COPY_BUFFER_BYTES: usize = 1024 * 1024;
+
 fn corrupt(entry: Option<&str>, error: &io::Error) -> EntryFailure {
     (
         entry.map(str::to_owned),
@@ -334,7 +340,9 @@ fn unpack_entries(
     limits: &UnpackLimits,
     written: &mut Vec<String>,
 ) -> Result<(), EntryFailure> {
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(io::BufReader::new(file)));
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(
+        io::BufReader::with_capacity(ARCHIVE_BUFFER_BYTES, file),
+    ));
     // Raw entries: extension headers (PAX, GNU long names) come to us as entries and are
     // refused, instead of being read into memory whole and applied by the tar crate.
     let entries = archive
@@ -415,10 +423,15 @@ fn unpack_entries(
                 },
             )
         };
+        // No bigger than the entry: small archives (FORCE-VERSION, the fuzzer's) stay cheap.
+        let buffer_bytes = usize::try_from(size_bytes)
+            .map_or(COPY_BUFFER_BYTES, |size| size.min(COPY_BUFFER_BYTES));
         let copied =
-            copy_counted(&mut entry, &mut output).map_err(|copy_failure| match copy_failure {
-                CopyFailure::Read(error) => corrupt(Some(name), &error),
-                CopyFailure::Write(error) => io_failure("write", error),
+            copy_counted(&mut entry, &mut output, buffer_bytes).map_err(|copy_failure| {
+                match copy_failure {
+                    CopyFailure::Read(error) => corrupt(Some(name), &error),
+                    CopyFailure::Write(error) => io_failure("write", error),
+                }
             })?;
         if copied != size_bytes {
             return Err(failure(UnpackProblem::Truncated {
@@ -443,10 +456,14 @@ enum CopyFailure {
     Write(io::Error),
 }
 
-/// Copies until the reader ends, telling read failures (a corrupt archive) from write
-/// failures (the disk).
-fn copy_counted(reader: &mut dyn Read, writer: &mut File) -> Result<u64, CopyFailure> {
-    let mut buffer = vec![0u8; 64 * 1024];
+/// Copies until the reader ends, `buffer_bytes` at a time, telling read failures (a
+/// corrupt archive) from write failures (the disk).
+fn copy_counted(
+    reader: &mut dyn Read,
+    writer: &mut File,
+    buffer_bytes: usize,
+) -> Result<u64, CopyFailure> {
+    let mut buffer = vec![0u8; buffer_bytes];
     let mut copied: u64 = 0;
     loop {
         let count = match reader.read(&mut buffer) {
@@ -524,6 +541,9 @@ pub fn pack_tgz(entries: &[PackEntry<'_>], out: &Path) -> Result<(), UnpackError
         .suffix(".tmp")
         .tempfile_in(directory)
         .map_err(|source| io_error(None, directory, "create a temporary file in", source))?;
+    // zlib's default level, 6: on lockstepd (18.9 MB) it packs to 7.3 MB in 0.4 s; level 9
+    // saves 3 % for 2.7 times the packing time, level 1 is 28 % bigger, and inflating
+    // costs the same at each (50 ms), so the agent's unpack gains nothing from another.
     let gzip = flate2::GzBuilder::new().mtime(0).write(
         BufWriter::new(temporary.as_file()),
         flate2::Compression::default(),

@@ -8,7 +8,9 @@
 //! - the longest write stall when the raft leader of 3 members is killed with SIGKILL.
 //!
 //! Run: `cargo bench -p lockstep-store --features etcd --bench etcd`. Disk-bound figures
-//! swing 2-5× while something else writes to the same disk (`STORES.md`).
+//! swing 2-5× while something else writes to the same disk. `LOCKSTEP_BENCH_QUICK=1` runs a
+//! tenth of the commits and events and one takeover per cluster (same code paths, same
+//! checks): CI runs it so that a broken bench fails.
 
 #![allow(clippy::print_stdout)]
 
@@ -28,6 +30,28 @@ use lockstep_store::{
 const COMMITS: usize = 400;
 const EVENTS: usize = 10_000;
 const PAGE: usize = 1000;
+const TAKEOVERS: usize = 3;
+
+/// How much work a run does: the full run, or `LOCKSTEP_BENCH_QUICK=1`'s (anything but `0`)
+/// tenth of the commits and events and one takeover, for CI.
+#[derive(Clone, Copy)]
+struct Size {
+    commits: usize,
+    events: usize,
+    takeovers: usize,
+}
+
+impl Size {
+    fn from_env() -> Size {
+        let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+        let divisor = if quick { 10 } else { 1 };
+        Size {
+            commits: COMMITS / divisor,
+            events: EVENTS / divisor,
+            takeovers: if quick { 1 } else { TAKEOVERS },
+        }
+    }
+}
 
 fn key(index: usize) -> StepKey {
     StepKey {
@@ -49,11 +73,11 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Latencies of `COMMITS` database steps, each its own transaction.
-fn step_commits(name: &str, store: &dyn Store) {
-    let mut latencies = Vec::with_capacity(COMMITS);
+/// Latencies of `commits` database steps, each its own transaction.
+fn step_commits(name: &str, store: &dyn Store, commits: usize) {
+    let mut latencies = Vec::with_capacity(commits);
     let started = Instant::now();
-    for index in 0..COMMITS {
+    for index in 0..commits {
         let begun = Instant::now();
         let outcome = store
             .run_database_step(key(index), None, &mut |tx| add(tx, format!("app-{index}")))
@@ -61,7 +85,7 @@ fn step_commits(name: &str, store: &dyn Store) {
         assert_eq!(outcome, StepOutcome::Applied);
         latencies.push(begun.elapsed());
     }
-    let rate = COMMITS as f64 / started.elapsed().as_secs_f64();
+    let rate = commits as f64 / started.elapsed().as_secs_f64();
     latencies.sort();
     println!(
         "step commit, {name:<16} p50 {:>8.2?}  p99 {:>8.2?}  {rate:>7.0} steps/s",
@@ -71,8 +95,8 @@ fn step_commits(name: &str, store: &dyn Store) {
 }
 
 /// Events per second replayed by `changes_since` in pages of `PAGE`.
-fn replay(name: &str, store: &dyn Store) {
-    for batch in 0..EVENTS / 100 {
+fn replay(name: &str, store: &dyn Store, events: usize) {
+    for batch in 0..events / 100 {
         store
             .transaction(None, &mut |tx| {
                 for index in 0..100 {
@@ -95,7 +119,7 @@ fn replay(name: &str, store: &dyn Store) {
             other => panic!("{other:?}"),
         }
     }
-    assert!(seen >= EVENTS);
+    assert!(seen >= events, "{seen}");
     println!(
         "watch replay, {name:<15} {:>9.0} events/s ({seen} events, pages of {PAGE})",
         seen as f64 / started.elapsed().as_secs_f64()
@@ -109,9 +133,9 @@ fn connect(cluster: &EtcdCluster, prefix: &str) -> EtcdStore {
 
 /// The holder stops keeping the lease alive (as a SIGKILLed coordinator does); another
 /// controller polls every 50 ms.
-fn takeover(name: &str, cluster: &EtcdCluster) {
+fn takeover(name: &str, cluster: &EtcdCluster, rounds: usize) {
     let mut times = Vec::new();
-    for round in 0..3 {
+    for round in 0..rounds {
         let prefix = format!("takeover-{round}");
         let (old, new) = (connect(cluster, &prefix), connect(cluster, &prefix));
         let token = old
@@ -138,17 +162,18 @@ fn takeover(name: &str, cluster: &EtcdCluster) {
     }
     times.sort();
     println!(
-        "lease takeover, {name:<13} median {:>8.2?} after the last keep-alive (TTL 2 s)",
-        times[1]
+        "lease takeover, {name:<13} median {:>8.2?} after the last keep-alive (TTL 2 s, {rounds} rounds)",
+        times[times.len() / 2]
     );
 }
 
-fn leader_kill_stall(mut cluster: EtcdCluster) {
+/// `commits` steps; the leader is killed after a quarter of them.
+fn leader_kill_stall(mut cluster: EtcdCluster, commits: usize) {
     let store = connect(&cluster, "stall");
     let mut slowest = Duration::ZERO;
     let mut killed = None;
-    for index in 0..400 {
-        if index == 100 {
+    for index in 0..commits {
+        if index == commits / 4 {
             let leader = cluster.leader().expect("a leader");
             cluster.kill(leader);
             killed = Some(Instant::now());
@@ -161,25 +186,29 @@ fn leader_kill_stall(mut cluster: EtcdCluster) {
             slowest = slowest.max(begun.elapsed());
         }
     }
-    println!("leader SIGKILL, 3 members: longest step commit {slowest:.2?} (all 400 applied)");
+    assert!(killed.is_some(), "the leader was killed");
+    println!(
+        "leader SIGKILL, 3 members: longest step commit {slowest:.2?} (all {commits} applied)"
+    );
 }
 
 fn main() {
+    let size = Size::from_env();
     let dir = tempfile::tempdir().expect("a temp dir");
     let sqlite =
         SqliteStore::open(dir.path().join("bench.db"), OpenMode::ReadWrite).expect("open sqlite");
-    step_commits("sqlite", &sqlite);
-    replay("sqlite", &sqlite);
+    step_commits("sqlite", &sqlite, size.commits);
+    replay("sqlite", &sqlite, size.events);
 
     let one = EtcdCluster::start(1, &[]);
-    step_commits("etcd, 1 member", &connect(&one, "steps"));
-    replay("etcd, 1 member", &connect(&one, "replay"));
-    takeover("etcd, 1 member", &one);
+    step_commits("etcd, 1 member", &connect(&one, "steps"), size.commits);
+    replay("etcd, 1 member", &connect(&one, "replay"), size.events);
+    takeover("etcd, 1 member", &one, size.takeovers);
     drop(one);
 
     let three = EtcdCluster::start(3, &[]);
-    step_commits("etcd, 3 members", &connect(&three, "steps"));
-    replay("etcd, 3 members", &connect(&three, "replay"));
-    takeover("etcd, 3 members", &three);
-    leader_kill_stall(three);
+    step_commits("etcd, 3 members", &connect(&three, "steps"), size.commits);
+    replay("etcd, 3 members", &connect(&three, "replay"), size.events);
+    takeover("etcd, 3 members", &three, size.takeovers);
+    leader_kill_stall(three, size.commits);
 }

@@ -3,7 +3,9 @@
 //! paging through 100k events). Plain `std::time`; medians over several rounds.
 //!
 //! Run: `cargo bench -p lockstep-store --bench store`. Disk-bound figures swing 2-5× while
-//! something else writes to the same disk (`STORES.md`): compare within one run.
+//! something else writes to the same disk: compare within one run. `LOCKSTEP_BENCH_QUICK=1`
+//! runs one round of a tenth of the work (same code paths, same checks): CI runs it so that
+//! a broken bench fails.
 
 #![allow(clippy::print_stdout)]
 
@@ -21,6 +23,29 @@ const SQLITE_COMMITS: usize = 400;
 const MEMORY_COMMITS: usize = 2_000;
 const EVENTS: usize = 100_000;
 const PAGE: usize = 1000;
+
+/// How much work a run does: the full run, or `LOCKSTEP_BENCH_QUICK=1`'s (anything but `0`)
+/// one round of a tenth, for CI.
+#[derive(Clone, Copy)]
+struct Size {
+    rounds: usize,
+    sqlite_commits: usize,
+    memory_commits: usize,
+    events: usize,
+}
+
+impl Size {
+    fn from_env() -> Size {
+        let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+        let divisor = if quick { 10 } else { 1 };
+        Size {
+            rounds: if quick { 1 } else { ROUNDS },
+            sqlite_commits: SQLITE_COMMITS / divisor,
+            memory_commits: MEMORY_COMMITS / divisor,
+            events: EVENTS / divisor,
+        }
+    }
+}
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -73,7 +98,7 @@ fn fill(store: &dyn Store, events: usize) {
 }
 
 /// Events per second replayed from revision 0, `PAGE` at a time.
-fn replay(store: &dyn Store) -> f64 {
+fn replay(store: &dyn Store, events: usize) -> f64 {
     let started = Instant::now();
     let mut after = Revision(0);
     let mut seen = 0;
@@ -87,26 +112,30 @@ fn replay(store: &dyn Store) -> f64 {
             other => panic!("{other:?}"),
         }
     }
-    assert!(seen >= EVENTS, "{seen}");
+    assert!(seen >= events, "{seen}");
     seen as f64 / started.elapsed().as_secs_f64()
 }
 
 fn main() {
+    let size = Size::from_env();
+    let rounds = size.rounds;
     let dir = tempfile::tempdir().expect("a temp dir");
     let sqlite = SqliteStore::open(dir.path().join("bench.db"), OpenMode::ReadWrite).expect("open");
     let mut sqlite_rates = Vec::new();
     let mut memory_rates = Vec::new();
-    for round in 0..ROUNDS {
-        sqlite_rates.push(step_commits(&sqlite, round, SQLITE_COMMITS));
+    for round in 0..rounds {
+        sqlite_rates.push(step_commits(&sqlite, round, size.sqlite_commits));
         // A fresh store each round: a full-durability commit copies the whole state.
         let memory = MemoryStore::new(Durability::Full);
-        memory_rates.push(step_commits(&memory, round, MEMORY_COMMITS));
+        memory_rates.push(step_commits(&memory, round, size.memory_commits));
     }
     println!(
-        "step checkpoints, durable commits/s (median of {ROUNDS} rounds): sqlite WAL+FULL {:.0} \
-         ({SQLITE_COMMITS} per round), memory Full {:.0} ({MEMORY_COMMITS} per round, fresh store)",
+        "step checkpoints, durable commits/s (median of {rounds} rounds): sqlite WAL+FULL {:.0} \
+         ({} per round), memory Full {:.0} ({} per round, fresh store)",
         median(sqlite_rates.clone()),
-        median(memory_rates.clone())
+        size.sqlite_commits,
+        median(memory_rates.clone()),
+        size.memory_commits,
     );
     println!("  sqlite rounds: {sqlite_rates:.0?}");
     println!("  memory rounds: {memory_rates:.0?}");
@@ -115,13 +144,14 @@ fn main() {
     let sqlite =
         SqliteStore::open(replay_dir.path().join("replay.db"), OpenMode::ReadWrite).expect("open");
     let memory = MemoryStore::new(Durability::Full);
-    fill(&sqlite, EVENTS);
-    fill(&memory, EVENTS);
-    let sqlite_replays: Vec<f64> = (0..ROUNDS).map(|_| replay(&sqlite)).collect();
-    let memory_replays: Vec<f64> = (0..ROUNDS).map(|_| replay(&memory)).collect();
+    fill(&sqlite, size.events);
+    fill(&memory, size.events);
+    let sqlite_replays: Vec<f64> = (0..rounds).map(|_| replay(&sqlite, size.events)).collect();
+    let memory_replays: Vec<f64> = (0..rounds).map(|_| replay(&memory, size.events)).collect();
     println!(
-        "watch replay of {EVENTS} events, pages of {PAGE}, events/s (median of {ROUNDS}): \
+        "watch replay of {} events, pages of {PAGE}, events/s (median of {rounds}): \
          sqlite {:.0}, memory {:.0}",
+        size.events,
         median(sqlite_replays.clone()),
         median(memory_replays.clone())
     );

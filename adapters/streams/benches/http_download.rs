@@ -5,7 +5,8 @@
 //! client is the crate's [`HttpSource`] (reqwest), which streams the body into a temporary
 //! file while hashing it, then fsyncs and renames it: one pass, no second read. Each round
 //! alternates the two; medians are printed with their ratio. Set `LOCKSTEP_BENCH_MIB` to
-//! change the file size (default 256).
+//! change the file size (default 256). `LOCKSTEP_BENCH_QUICK=1` runs one round on 8 MiB
+//! (same code paths, same checks): CI runs it so that a broken bench fails.
 #![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 #[allow(dead_code, reason = "the benchmark uses the server's plain mode only")]
@@ -24,6 +25,11 @@ use lockstep_streams::{
 
 const ROUNDS: usize = 5;
 
+/// `LOCKSTEP_BENCH_QUICK=1` (anything but `0`): one short round, for CI.
+fn quick() -> bool {
+    std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0")
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -33,7 +39,8 @@ fn main() {
     let size_mib: usize = std::env::var("LOCKSTEP_BENCH_MIB")
         .ok()
         .and_then(|text| text.parse().ok())
-        .unwrap_or(256);
+        .unwrap_or(if quick() { 8 } else { 256 });
+    let rounds = if quick() { 1 } else { ROUNDS };
     let site = tempfile::tempdir().unwrap();
     let stream_dir = site.path().join("tools").join(Stream::Released.as_str());
     fs::create_dir_all(&stream_dir).unwrap();
@@ -76,12 +83,13 @@ fn main() {
 
     let mut ours = Vec::new();
     let mut sha256sum = Vec::new();
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         let started = Instant::now();
         runtime
             .block_on(source.download(entry, &destination, &mut |_| {}))
             .unwrap();
         ours.push(started.elapsed().as_secs_f64());
+        assert_eq!(fs::metadata(&destination).unwrap().len(), entry.size_bytes);
         fs::remove_file(&destination).unwrap();
 
         let started = Instant::now();
@@ -95,7 +103,7 @@ fn main() {
     let mib = size_mib as f64;
     let ours = median(ours);
     let sha256sum = median(sha256sum);
-    println!("file: {size_mib} MiB, {ROUNDS} rounds, medians");
+    println!("file: {size_mib} MiB, {rounds} rounds, medians");
     println!(
         "lockstep HTTP download+verify: {:.3} s, {:.0} MiB/s",
         ours,

@@ -69,6 +69,12 @@ impl Api {
                     continue;
                 }
             };
+            // A new connection gets small writes in a row (the TLS session tickets, the
+            // websocket handshake, replies): with Nagle's algorithm each waits for the
+            // client's ACK of the one before, which Linux delays by 40 ms.
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(target: "lockstep::api", %peer, %error, "cannot set TCP_NODELAY");
+            }
             let acceptor = acceptor.clone();
             let router = match tcp.local_addr() {
                 Ok(address) => router
