@@ -1,0 +1,211 @@
+//! The API server of each controller, as its process answers: machine agents' calls
+//! (`Admin.Login` as a machine agent, the model, `Upgrader.DesiredVersion`, the desired
+//! binary, the tools endpoint) and clients' calls (`Application.Deploy`, `AllWatcher.Next`,
+//! `Client.FullStatus`). Every call but the tools endpoint goes through the core's gate
+//! (`gate::admit_login`, `gate::admit`) with the view the process last published.
+
+use lockstep_core::Version;
+use lockstep_core::gate::{self, Login};
+use lockstep_core::lifecycle::{Input, Request, RequestId, StagePlan, StageSource};
+use lockstep_core::policy::Stream;
+use lockstep_store::{Changes, OperationOutcome, Store};
+
+use super::Sim;
+use super::network::{AgentCall, ClientAnswer, ClientOp, Message, Party};
+use crate::checkers::Observation;
+
+impl Sim {
+    /// A machine agent's call reaches `controller`'s API server.
+    pub(super) fn api_agent_call(
+        &mut self,
+        host: usize,
+        incarnation: u64,
+        controller: usize,
+        id: RequestId,
+        attempt: u32,
+        call: AgentCall,
+    ) {
+        let Some(process) = &self.hosts[controller].process else {
+            return; // nobody listens: the caller times out
+        };
+        let phase = process.phase();
+        let view = self.hosts[controller].gate;
+        let tag = self.hosts[host].name.clone();
+        if let AgentCall::Request(request) = &call
+            && let Request::StageBinary(_) = **request
+        {
+            // The tools endpoint is plain HTTP, not behind the API gate.
+        } else {
+            let admitted = gate::admit_login(&view, Login::MachineAgent, &tag).is_ok();
+            self.observe(Observation::GateDecision {
+                host: controller,
+                process: phase,
+                login: Login::MachineAgent,
+                facade: "Admin",
+                method: "Login",
+                admitted,
+            });
+            if !admitted {
+                let message = Message::Refused {
+                    host,
+                    incarnation,
+                    id,
+                    attempt,
+                    phase: view.phase,
+                    retry_after: view.retry_after.0,
+                };
+                self.send(Party::Host(controller), Party::Host(host), message);
+                return;
+            }
+        }
+        let model = self.model();
+        let reply = |input: Input| Message::Reply {
+            host,
+            incarnation,
+            id: Some(id),
+            input,
+        };
+        let call = match call {
+            AgentCall::Poll => None,
+            AgentCall::Request(request) => Some(*request),
+        };
+        let message = match call {
+            // `Upgrader.DesiredVersion`: the version the agent should run, controllers first.
+            None => Message::PollReply {
+                host,
+                incarnation,
+                agent_version: self.desired_version(host, controller),
+            },
+            Some(Request::LoadModel) => reply(Input::ModelLoaded {
+                id,
+                model: model.view(),
+            }),
+            Some(Request::DesiredBinary) => {
+                let desired = self.desired_version(host, controller);
+                let running = &self.hosts[host].config.running;
+                let Some(entry) = self
+                    .streams
+                    .current()
+                    .find(
+                        desired,
+                        &running.release,
+                        &running.arch,
+                        Stream::preferred(None, &running.number),
+                    )
+                    .cloned()
+                else {
+                    return; // no binary to offer yet: the agent asks again
+                };
+                reply(Input::DesiredBinary {
+                    id,
+                    plan: StagePlan {
+                        binary: entry.binary,
+                        size_bytes: entry.size_bytes,
+                        sha256: entry.sha256,
+                        source: StageSource::Controller,
+                    },
+                })
+            }
+            Some(Request::StageBinary(_)) => reply(Input::Staged { id, result: Ok(()) }),
+            Some(other) => panic!("{other:?} is not an agent API call"),
+        };
+        self.send(Party::Host(controller), Party::Host(host), message);
+    }
+
+    /// What `controller`'s `Upgrader.DesiredVersion` answers `host` (the poll and the
+    /// desired binary alike). Juju's controllers-first rule, as lockstep-transport's
+    /// `desired_version` keeps it: an agent other than a controller is offered agent-version
+    /// only once every controller runs it (this API server included); until then, the
+    /// version it runs.
+    fn desired_version(&mut self, host: usize, controller: usize) -> Version {
+        let wanted = self.model().agent_version;
+        let controllers_run_it = (0..usize::from(self.scenario.controllers))
+            .chain([controller])
+            .all(|index| self.hosts[index].config.running.number >= wanted);
+        if controllers_run_it {
+            wanted
+        } else {
+            self.hosts[host].config.running.number
+        }
+    }
+
+    /// A client's call reaches `controller`'s API server.
+    pub(super) fn api_client_call(
+        &mut self,
+        client: usize,
+        controller: usize,
+        attempt: u64,
+        op: ClientOp,
+    ) {
+        let Some(process) = &self.hosts[controller].process else {
+            return;
+        };
+        let phase = process.phase();
+        let view = self.hosts[controller].gate;
+        let (facade, method) = match &op {
+            ClientOp::Deploy { .. } => ("Application", "Deploy"),
+            ClientOp::Next { .. } => ("AllWatcher", "Next"),
+            ClientOp::Status => ("Client", "FullStatus"),
+        };
+        let admitted = gate::admit(&view, Login::User, facade, method).is_ok();
+        self.observe(Observation::GateDecision {
+            host: controller,
+            process: phase,
+            login: Login::User,
+            facade,
+            method,
+            admitted,
+        });
+        let answer = if !admitted {
+            ClientAnswer::Refused {
+                phase: view.phase,
+                retry_after: view.retry_after.0,
+            }
+        } else {
+            match op {
+                ClientOp::Deploy { operation } => {
+                    let outcome = self
+                        .executor
+                        .store
+                        .apply_operation(&operation, &mut |tx| {
+                            tx.put_application(&lockstep_store::Application {
+                                name: operation.clone(),
+                                charm: "ch:amd64/jammy/mysql-42".to_owned(),
+                                life: lockstep_store::Life::Alive,
+                            })?;
+                            Ok(serde_json::json!({ "deployed": operation }))
+                        })
+                        .expect("the store answers");
+                    if let OperationOutcome::Applied(_) = outcome {
+                        self.observe(Observation::OperationApplied {
+                            operation: &operation,
+                        });
+                    }
+                    self.scan_store();
+                    ClientAnswer::Deployed
+                }
+                ClientOp::Next { after: None } => ClientAnswer::Snapshot(self.executor.scanned),
+                ClientOp::Next { after: Some(after) } => {
+                    match self
+                        .executor
+                        .store
+                        .changes_since(after, 20)
+                        .expect("the store answers")
+                    {
+                        Changes::Events { events, .. } => ClientAnswer::Events(
+                            events.iter().map(|event| event.revision).collect(),
+                        ),
+                        Changes::ResyncNeeded { current, .. } => ClientAnswer::Snapshot(current),
+                    }
+                }
+                ClientOp::Status => ClientAnswer::Status,
+            }
+        };
+        let message = Message::ClientReply {
+            client,
+            attempt,
+            answer,
+        };
+        self.send(Party::Host(controller), Party::Client(client), message);
+    }
+}
