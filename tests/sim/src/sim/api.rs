@@ -2,12 +2,15 @@
 //! (`Admin.Login` as a machine agent, the model, `Upgrader.DesiredVersion`, the desired
 //! binary, the tools endpoint) and clients' calls (`Application.Deploy`, `AllWatcher.Next`,
 //! `Client.FullStatus`). Every call but the tools endpoint goes through the core's gate
-//! (`gate::admit_login`, `gate::admit`) with the view the process last published.
+//! (`gate::admit_login`, `gate::admit`) with the view the process last published. The
+//! Upgrader answers with the core's decisions, as the facades do: the version an agent
+//! should run by `upgrader::desired_version` (controllers first, over the binaries the
+//! machines reported), the binary for it by `Catalogue::entry_for` (one stream rule).
 
-use lockstep_core::Version;
 use lockstep_core::gate::{self, Login};
 use lockstep_core::lifecycle::{Input, Request, RequestId, StagePlan, StageSource};
-use lockstep_core::policy::Stream;
+use lockstep_core::upgrader::{self, AskingAgent};
+use lockstep_core::{Binary, Version};
 use lockstep_store::{Changes, OperationOutcome, Store};
 
 use super::Sim;
@@ -57,6 +60,12 @@ impl Sim {
                 self.send(Party::Host(controller), Party::Host(host), message);
                 return;
             }
+            // Logged in, the agent's upgrader reports the binary it runs first
+            // (`Upgrader.SetTools`), then asks what it should run.
+            if self.hosts[host].incarnation == incarnation {
+                let running = self.hosts[host].config.running.clone();
+                self.record_binary(host, incarnation, &running);
+            }
         }
         let model = self.model();
         let reply = |input: Input| Message::Reply {
@@ -80,21 +89,24 @@ impl Sim {
                 id,
                 model: model.view(),
             }),
+            // `Upgrader.Tools`: the catalogue's binary of the desired version for the release
+            // and architecture the agent reported, by the core's one stream rule.
             Some(Request::DesiredBinary) => {
                 let desired = self.desired_version(host, controller);
-                let running = &self.hosts[host].config.running;
+                let Some(running) = self.executor.reported(host) else {
+                    return; // never reported (`not found`): the agent asks again
+                };
+                let wanted = Binary {
+                    number: desired,
+                    ..running.clone()
+                };
                 let Some(entry) = self
                     .streams
                     .current()
-                    .find(
-                        desired,
-                        &running.release,
-                        &running.arch,
-                        Stream::preferred(None, &running.number),
-                    )
+                    .entry_for(&wanted, model.agent_stream)
                     .cloned()
                 else {
-                    return; // no binary to offer yet: the agent asks again
+                    return; // no binary to offer yet (`not found`): the agent asks again
                 };
                 reply(Input::DesiredBinary {
                     id,
@@ -106,27 +118,62 @@ impl Sim {
                     },
                 })
             }
-            Some(Request::StageBinary(_)) => reply(Input::Staged { id, result: Ok(()) }),
+            // The tools endpoint serves the catalogue's entry for the binary asked for (the
+            // one stream rule); the agent checks the download against its plan's digest.
+            Some(Request::StageBinary(plan)) => {
+                let result = match self
+                    .streams
+                    .current()
+                    .entry_for(&plan.binary, model.agent_stream)
+                {
+                    Some(entry) if entry.sha256 == plan.sha256 => Ok(()),
+                    Some(_) => Err(format!(
+                        "sha256 mismatch for {}: the download does not match the plan",
+                        plan.binary
+                    )),
+                    None => Err(format!("no agent binaries found for {}", plan.binary)),
+                };
+                reply(Input::Staged { id, result })
+            }
             Some(other) => panic!("{other:?} is not an agent API call"),
         };
         self.send(Party::Host(controller), Party::Host(host), message);
     }
 
     /// What `controller`'s `Upgrader.DesiredVersion` answers `host` (the poll and the
-    /// desired binary alike). Juju's controllers-first rule, as lockstep-transport's
-    /// `desired_version` keeps it: an agent other than a controller is offered agent-version
-    /// only once every controller runs it (this API server included); until then, the
-    /// version it runs.
+    /// desired binary alike): the core's controllers-first rule, the one the facades call,
+    /// over what the store holds (the model's agent-version, each controller machine's
+    /// reported binary) and the answering server's own version.
     fn desired_version(&mut self, host: usize, controller: usize) -> Version {
-        let wanted = self.model().agent_version;
-        let controllers_run_it = (0..usize::from(self.scenario.controllers))
-            .chain([controller])
-            .all(|index| self.hosts[index].config.running.number >= wanted);
-        if controllers_run_it {
-            wanted
-        } else {
-            self.hosts[host].config.running.number
+        let model_agent_version = self.model().agent_version;
+        let unreported = self
+            .hosts
+            .iter()
+            .zip(&self.executor.reported)
+            .any(|(state, reported)| {
+                state.is_controller()
+                    && reported
+                        .as_ref()
+                        .is_none_or(|(_, binary)| *binary != state.config.running)
+            });
+        if unreported {
+            self.answers_before_a_report += 1;
         }
+        let controllers = self
+            .hosts
+            .iter()
+            .zip(&self.executor.reported)
+            .filter(|(state, _)| state.is_controller())
+            .map(|(_, reported)| reported.as_ref().map(|(_, binary)| binary));
+        upgrader::desired_version(
+            model_agent_version,
+            AskingAgent {
+                roles: self.hosts[host].config.roles,
+                reported: self.executor.reported(host),
+            },
+            controllers,
+            self.hosts[controller].config.running.number,
+        )
     }
 
     /// A client's call reaches `controller`'s API server.

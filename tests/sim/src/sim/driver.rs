@@ -411,6 +411,33 @@ impl Sim {
             .schedule(at, Event::DriverTick { host, incarnation });
     }
 
+    /// A controller's upgrader reports the binary it runs (`Upgrader.SetTools`, through its
+    /// own API server, which admits its agent once Ready); with the report-lag fault the
+    /// write lands late, meanwhile the store holds what the controller reported before.
+    pub(super) fn report_binary(&mut self, host: usize) {
+        let state = &mut self.hosts[host];
+        state.reported = true;
+        let incarnation = state.incarnation;
+        let binary = state.config.running.clone();
+        let lag = match self.scenario.faults.report_lag_max_ms {
+            Some(max) if self.in_safety() => self.rng.range(0, max),
+            _ => 0,
+        };
+        if lag == 0 {
+            self.record_binary(host, incarnation, &binary);
+        } else {
+            let at = self.queue.now + lag;
+            self.queue.schedule(
+                at,
+                Event::BinaryReported {
+                    host,
+                    incarnation,
+                    binary: Box::new(binary),
+                },
+            );
+        }
+    }
+
     /// Tells a process each change of the model's agent-version once, in any phase, as
     /// lockstep-agent's model watch does (counting from the version the process runs): the
     /// core keeps the latest and decides when to act on it.

@@ -45,6 +45,8 @@ pub(super) struct Host {
     pub(super) high_water: HighWaterMark,
     /// The agent-version last fed to the process (`None`: nothing yet this incarnation).
     pub(super) fed: Option<Version>,
+    /// The process has reported the binary it runs (or its report is on its way).
+    pub(super) reported: bool,
     /// The last phase drawn in the timeline.
     drawn: Option<Phase>,
 }
@@ -102,6 +104,7 @@ impl Host {
             origin: scenario.from,
             high_water: HighWaterMark::default(),
             fed: None,
+            reported: false,
             drawn: None,
         }
     }
@@ -155,6 +158,7 @@ impl Sim {
         state.record_delivered = None;
         state.wake_at = None;
         state.fed = None;
+        state.reported = false;
         let running = state.config.running.clone();
         self.schedule_driver_tick(host, incarnation);
         let listed = self.streams.listed.clone();
@@ -278,7 +282,11 @@ impl Sim {
                 durable_upgraded_to: state.durable.as_ref().map(|s| s.upgraded_to_version),
                 controller: state.is_controller(),
             };
+            let report = state.is_controller() && !state.reported;
             self.observe(observation);
+            if report {
+                self.report_binary(host);
+            }
         }
         // Timers: wake at the earliest deadline, on this host's clock.
         let now = self.queue.now;

@@ -54,6 +54,7 @@ mod stream;
 
 use std::sync::Arc;
 
+use lockstep_core::Binary;
 use lockstep_core::client::RetryPolicy;
 use lockstep_core::lifecycle::{ControllerId, LeaseToken, Limits, Mutations, RequestId, Snapshot};
 use lockstep_core::steps::{Step, StepKey, StepRegistry, Target};
@@ -66,7 +67,7 @@ pub use self::outcome::{Failure, FailureKind, Report};
 use self::queue::EventQueue;
 use self::store::StoreExecutor;
 use self::stream::Streams;
-use crate::checkers::{self, Checker};
+use crate::checkers::{self, Checker, Observation};
 use crate::rng::Rng;
 use crate::scenario::{Scenario, Start, V43, V44};
 use crate::trace::{Timeline, Trace};
@@ -152,6 +153,12 @@ enum Event {
         holder: ControllerId,
         token: LeaseToken,
     },
+    /// A controller's report of the binary it runs reaches the store (late: report-lag).
+    BinaryReported {
+        host: usize,
+        incarnation: u64,
+        binary: Box<Binary>,
+    },
     Heal,
     OperatorTick,
     LivenessCheck,
@@ -171,6 +178,8 @@ pub struct Sim {
     clients: Vec<Client>,
     /// Operations whose callers were told they succeeded.
     answered_operations: Vec<String>,
+    /// See [`Report::answers_before_a_report`].
+    answers_before_a_report: u64,
     retry_policy: RetryPolicy,
     /// Faults are over: the liveness phase.
     healed: bool,
@@ -232,6 +241,16 @@ impl Sim {
         let hosts: Vec<Host> = (0..total)
             .map(|index| Host::new(&scenario, index, limits, &mut rng))
             .collect();
+        // What the machine documents say at the start: every agent reported its binary long
+        // ago (an upgrade), or bootstrap recorded the controllers' (a bootstrap; machines
+        // report when they first reach a controller).
+        let reported = hosts
+            .iter()
+            .map(|host| {
+                (scenario.start == Start::Upgrade || host.is_controller())
+                    .then(|| host.config.running.clone())
+            })
+            .collect();
         let setup = checkers::Setup {
             registry: Arc::clone(&registry),
             policy: scenario.policy.clone(),
@@ -254,10 +273,11 @@ impl Sim {
             rng,
             queue: EventQueue::new(),
             network: Network::default(),
-            executor: StoreExecutor::new(),
+            executor: StoreExecutor::new(reported),
             registry,
             hosts,
             answered_operations: Vec::new(),
+            answers_before_a_report: 0,
             retry_policy: RetryPolicy::default(),
             healed: false,
             events: 0,
@@ -312,6 +332,7 @@ impl Sim {
             events: self.events,
             simulated_ms: self.queue.now,
             trace_hash: self.trace.hash(),
+            answers_before_a_report: self.answers_before_a_report,
             failure: self.failure,
             trace: self.trace.into_lines(),
             timeline: self.timeline,
@@ -327,6 +348,14 @@ impl Sim {
     fn setup(&mut self) {
         self.executor.create_model(&self.scenario);
         self.scan_store();
+        for host in 0..self.hosts.len() {
+            if let Some(binary) = self.executor.reported(host).cloned() {
+                self.observe(Observation::BinaryReported {
+                    host,
+                    binary: &binary,
+                });
+            }
+        }
         for host in 0..self.hosts.len() {
             let delay = if self.hosts[host].is_controller() || self.scenario.start == Start::Upgrade
             {
@@ -424,6 +453,11 @@ impl Sim {
             Event::Abort => self.abort(),
             Event::Rerequest => self.rerequest(),
             Event::ExpireLease { holder, token } => self.expire_lease(holder, token),
+            Event::BinaryReported {
+                host,
+                incarnation,
+                binary,
+            } => self.record_binary(host, incarnation, &binary),
             Event::Heal => self.heal(),
             Event::OperatorTick => self.operator_tick(),
             Event::LivenessCheck => self.liveness_check(),
@@ -507,6 +541,7 @@ pub fn run(scenario: Scenario, options: RunOptions) -> Report {
                 events: 0,
                 simulated_ms: 0,
                 trace_hash: 0,
+                answers_before_a_report: 0,
                 failure: Some(Failure {
                     kind: FailureKind::Crash,
                     checker: "crash",

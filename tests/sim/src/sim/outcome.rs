@@ -41,6 +41,10 @@ pub struct Report {
     pub events: u64,
     pub simulated_ms: u64,
     pub trace_hash: u64,
+    /// Answers of the Upgrader (`DesiredVersion`, `Tools`) to a machine agent given while
+    /// some controller ran, or was about to boot, another binary than the one it had
+    /// reported: the moments where only the reported binaries give the right answer.
+    pub answers_before_a_report: u64,
     pub failure: Option<Failure>,
     /// Recorded only when asked for.
     pub trace: Option<Vec<String>>,

@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use lockstep_core::Timestamp;
 use lockstep_core::jobs::Capabilities;
 use lockstep_core::lifecycle::{
     ControllerId, ControllerSet, Input, LeaseToken, Request, RequestId, Revision, StepOutcome,
 };
 use lockstep_core::steps::StepKey;
+use lockstep_core::{Binary, Timestamp};
 use lockstep_store::{
     AgentVersionCheck, AgentVersionSet, ChangeKind, Changes, Durability, EntityKind, MemoryStore,
     Model, Store, StoreError,
@@ -45,10 +45,16 @@ pub(super) struct StoreExecutor {
     /// `SetAgentVersion` requests the store refused (Juju's rule: not while a record is
     /// current).
     pub(super) agent_version_refusals: u64,
+    /// Each host's machine document's `agent-binary`: the binary its agent last reported
+    /// running (`Upgrader.SetTools`), with the incarnation of the process that reported it.
+    /// Kept beside the `MemoryStore` rather than in it, so that its log holds only what the
+    /// checkers count; the Upgrader's answers read it as the facades read the machines.
+    pub(super) reported: Vec<Option<(u64, Binary)>>,
 }
 
 impl StoreExecutor {
-    pub(super) fn new() -> StoreExecutor {
+    /// A store whose machine documents hold `reported` (one item per host).
+    pub(super) fn new(reported: Vec<Option<Binary>>) -> StoreExecutor {
         let clock = VirtualClock::default();
         StoreExecutor {
             store: MemoryStore::with_clock(Durability::Full, Arc::new(clock.clone())),
@@ -60,7 +66,16 @@ impl StoreExecutor {
             step_effects: BTreeMap::new(),
             operation_effects: BTreeMap::new(),
             agent_version_refusals: 0,
+            reported: reported
+                .into_iter()
+                .map(|binary| binary.map(|binary| (0, binary)))
+                .collect(),
         }
+    }
+
+    /// The binary `host`'s agent last reported running, if it has.
+    pub(super) fn reported(&self, host: usize) -> Option<&Binary> {
+        self.reported[host].as_ref().map(|(_, binary)| binary)
     }
 
     /// The model a scenario starts with.
@@ -263,6 +278,27 @@ impl Sim {
                 .expect("the store answers")
         {
             self.mark_fault(Some(usize::from(holder.0)), "lease expires");
+        }
+    }
+
+    /// `Upgrader.SetTools`: the store records the binary the process `incarnation` of
+    /// `host` runs. A report of a process that has died may still land, but never over one
+    /// of its successors'.
+    pub(super) fn record_binary(&mut self, host: usize, incarnation: u64, binary: &Binary) {
+        let recorded = &self.executor.reported[host];
+        if recorded.as_ref().is_some_and(|(by, _)| *by > incarnation) {
+            return;
+        }
+        let changed = recorded
+            .as_ref()
+            .is_none_or(|(_, previous)| previous != binary);
+        self.executor.reported[host] = Some((incarnation, binary.clone()));
+        if changed {
+            self.trace.note(
+                self.queue.now,
+                &format!("{} reports running {binary}", self.hosts[host].name),
+            );
+            self.observe(Observation::BinaryReported { host, binary });
         }
     }
 
