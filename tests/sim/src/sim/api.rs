@@ -181,10 +181,25 @@ impl Sim {
         &mut self,
         client: usize,
         controller: usize,
+        connection: Option<u64>,
         attempt: u64,
         op: ClientOp,
     ) {
-        let Some(process) = &self.hosts[controller].process else {
+        let server = self.hosts[controller].incarnation;
+        // Nobody listens (the connect is refused), or the process the connection was open
+        // to has gone (the connection is reset).
+        let listening = self.hosts[controller]
+            .process
+            .as_ref()
+            .filter(|_| connection.is_none_or(|open| open == server));
+        let Some(process) = listening else {
+            let message = Message::ClientReply {
+                client,
+                attempt,
+                server,
+                answer: ClientAnswer::Unreachable,
+            };
+            self.send(Party::Host(controller), Party::Client(client), message);
             return;
         };
         let phase = process.phase();
@@ -251,6 +266,7 @@ impl Sim {
         let message = Message::ClientReply {
             client,
             attempt,
+            server,
             answer,
         };
         self.send(Party::Host(controller), Party::Client(client), message);

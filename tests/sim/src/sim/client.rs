@@ -1,14 +1,18 @@
 //! The clients: deployers (mutating calls with `operation-id`s), watchers
-//! (`AllWatcher.Next`, resuming with `WatchPosition`) and status pollers, each retrying
-//! with `lockstep_core::client::Call`, as lockstep's tokio client does.
+//! (`AllWatcher.Next`, resuming with `WatchPosition`) and status pollers. Each decides as
+//! lockstep's tokio client does, with `lockstep_core::client`: `Call` retries an attempt
+//! (reconnecting after a disconnect), and `Failover` chooses the controller a connect
+//! goes to: it stays with a controller that answers, and moves on to the next when a
+//! connect is refused or times out.
 
 use lockstep_core::Timestamp;
-use lockstep_core::client::{self, Attempt, Call, OperationIds, WatchPosition};
+use lockstep_core::client::{self, Attempt, Call, Connect, Failover, OperationIds, WatchPosition};
 use lockstep_core::lifecycle::Revision;
 
 use super::network::{API_TIMEOUT_MS, CLIENT_DEADLINE_MS, ClientAnswer, ClientOp, Message, Party};
 use super::{Event, Sim};
 use crate::checkers::{EndWatcher, Observation};
+use crate::rng::Rng;
 use crate::scenario::Scenario;
 
 /// What a client does.
@@ -32,7 +36,15 @@ pub(super) enum ClientRole {
 #[derive(Debug)]
 pub(super) struct Client {
     pub(super) role: ClientRole,
-    controller: Option<usize>,
+    /// Which of the controllers' addresses the next connect tries (the core's decision).
+    failover: Failover,
+    /// The controller of the client's own address (`Failover`'s address 0), drawn at
+    /// random; its fallbacks are the controllers after it, round and round.
+    first: usize,
+    /// The controller process the client's connection is open to, if one is.
+    connection: Option<u64>,
+    /// The attempt in flight opens a connection first.
+    connecting: bool,
     call: Option<Call>,
     /// Counts attempts: answers and timeouts of an earlier one are void.
     pub(super) attempt: u64,
@@ -42,8 +54,10 @@ pub(super) struct Client {
 }
 
 impl Client {
-    /// The clients of `scenario`: deployers, then watchers, then pollers.
-    pub(super) fn all(scenario: &Scenario) -> Vec<Client> {
+    /// The clients of `scenario`: deployers, then watchers, then pollers, each given the
+    /// address of a controller drawn from `rng`.
+    pub(super) fn all(scenario: &Scenario, rng: &mut Rng) -> Vec<Client> {
+        let controllers = usize::from(scenario.controllers);
         let mut roles = Vec::new();
         for index in 0..scenario.deployers {
             roles.push(ClientRole::Deployer {
@@ -65,7 +79,10 @@ impl Client {
             .into_iter()
             .map(|role| Client {
                 role,
-                controller: None,
+                failover: Failover::new(controllers),
+                first: rng.index(controllers),
+                connection: None,
+                connecting: false,
                 call: None,
                 attempt: 0,
                 in_flight: false,
@@ -95,6 +112,17 @@ impl Client {
         }
     }
 
+    /// The attempt in flight failed: a connect it opened ended as `connect` (the failover
+    /// moves on), or the connection it was sent on is gone (the next connect tries the
+    /// same controller first).
+    fn connection_lost(&mut self, connect: Connect) {
+        if self.connecting {
+            self.connecting = false;
+            self.failover.connect_ended(connect);
+        }
+        self.connection = None;
+    }
+
     /// The watcher's end state, for the checkers (`None` for other clients).
     pub(super) fn end_watcher(&self, client: usize) -> Option<EndWatcher> {
         match &self.role {
@@ -116,10 +144,13 @@ impl Sim {
         }
     }
 
-    /// [`Event::ClientTimeout`]: no answer in time: a disconnect.
+    /// [`Event::ClientTimeout`]: no answer in time: the connect timed out, or the
+    /// connection is taken for broken; a disconnect either way.
     pub(super) fn client_timeout(&mut self, client: usize, attempt: u64) {
-        if self.clients[client].attempt == attempt && self.clients[client].in_flight {
-            self.clients[client].in_flight = false;
+        let state = &mut self.clients[client];
+        if state.attempt == attempt && state.in_flight {
+            state.in_flight = false;
+            state.connection_lost(Connect::TimedOut);
             self.client_decide(client, Attempt::Disconnected);
         }
     }
@@ -127,7 +158,6 @@ impl Sim {
     fn client_send(&mut self, client: usize) {
         let scanned = self.executor.scanned;
         let controllers = usize::from(self.scenario.controllers);
-        let pick = self.rng.index(controllers);
         let now = self.queue.now;
         let state = &mut self.clients[client];
         if state.in_flight || state.finished {
@@ -167,30 +197,54 @@ impl Sim {
                 Timestamp(now + CLIENT_DEADLINE_MS),
             ));
         }
-        let controller = *state.controller.get_or_insert(pick);
+        let controller = (state.first + state.failover.address()) % controllers;
+        state.connecting = state.connection.is_none();
+        // A connect is abandoned at the core's connect timeout; a call on an open
+        // connection that gets no answer in the API timeout is taken for broken.
+        let timeout = if state.connecting {
+            Failover::CONNECT_TIMEOUT.0
+        } else {
+            API_TIMEOUT_MS
+        };
         state.attempt += 1;
         state.in_flight = true;
         let attempt = state.attempt;
         let message = Message::ClientCall {
             client,
             controller,
+            connection: state.connection,
             attempt,
             op,
         };
         self.send(Party::Client(client), Party::Host(controller), message);
-        self.queue.schedule(
-            now + API_TIMEOUT_MS,
-            Event::ClientTimeout { client, attempt },
-        );
+        self.queue
+            .schedule(now + timeout, Event::ClientTimeout { client, attempt });
     }
 
     /// A controller's answer reaches the client.
-    pub(super) fn client_reply(&mut self, client: usize, attempt: u64, answer: ClientAnswer) {
+    pub(super) fn client_reply(
+        &mut self,
+        client: usize,
+        attempt: u64,
+        server: u64,
+        answer: ClientAnswer,
+    ) {
         let state = &mut self.clients[client];
         if state.attempt != attempt || !state.in_flight {
             return; // an answer to an attempt given up on
         }
         state.in_flight = false;
+        if let ClientAnswer::Unreachable = answer {
+            state.connection_lost(Connect::Failed);
+            self.client_decide(client, Attempt::Disconnected);
+            return;
+        }
+        // The controller answered (a refusal included): the connection is open to it.
+        if state.connecting {
+            state.connecting = false;
+            state.failover.connect_ended(Connect::Opened);
+        }
+        state.connection = Some(server);
         match answer {
             ClientAnswer::Refused { phase, retry_after } => {
                 if let Some(timeline) = &mut self.timeline {
@@ -258,7 +312,7 @@ impl Sim {
             }
             client::Decision::Retry { wait } => wait.0,
             client::Decision::Reconnect { wait } => {
-                state.controller = None;
+                state.connection = None;
                 wait.0
             }
             client::Decision::GiveUp(give_up) => {

@@ -265,7 +265,7 @@ impl Sim {
                 .into_iter()
                 .filter(|checker| !options.without_checkers.contains(&checker.name()))
                 .collect(),
-            clients: Client::all(&scenario),
+            clients: Client::all(&scenario, &mut rng),
             streams: Streams::new(&scenario),
             heal_at: scenario.safety_ms,
             scenario,
@@ -515,14 +515,16 @@ impl Sim {
             Message::ClientCall {
                 client,
                 controller,
+                connection,
                 attempt,
                 op,
-            } => self.api_client_call(client, controller, attempt, op),
+            } => self.api_client_call(client, controller, connection, attempt, op),
             Message::ClientReply {
                 client,
                 attempt,
+                server,
                 answer,
-            } => self.client_reply(client, attempt, answer),
+            } => self.client_reply(client, attempt, server, answer),
         }
     }
 }

@@ -50,7 +50,13 @@ pub(super) enum ClientAnswer {
     Snapshot(Revision),
     Events(Vec<Revision>),
     Status,
-    Refused { phase: Phase, retry_after: u64 },
+    Refused {
+        phase: Phase,
+        retry_after: u64,
+    },
+    /// Nobody listens (the controller's process is down) or the connection the call was
+    /// sent on belonged to a process that has gone: refused or reset.
+    Unreachable,
 }
 
 #[derive(Clone, Debug)]
@@ -103,12 +109,17 @@ pub(super) enum Message {
     ClientCall {
         client: usize,
         controller: usize,
+        /// The controller process the client's connection is open to; `None`: the call
+        /// opens a connection first.
+        connection: Option<u64>,
         attempt: u64,
         op: ClientOp,
     },
     ClientReply {
         client: usize,
         attempt: u64,
+        /// The controller process that answered.
+        server: u64,
         answer: ClientAnswer,
     },
 }
