@@ -101,8 +101,10 @@ impl Sim {
                 let at = now + self.rng.range(100, 1_000);
                 self.queue.schedule(at, Event::Boot { host, incarnation });
             }
-            Request::ReleaseLease(_) => {
-                // Not awaited.
+            Request::ReleaseLease(_) | Request::KeepAliveLease(_) => {
+                // Sent once, not retried, as lockstep-agent's driver does: a release is not
+                // awaited, and a keep-alive is the core's to bound (its `LeaseDeadline`
+                // gives the lease up if no answer comes in time).
                 let message = Message::StoreRequest {
                     host,
                     incarnation,
@@ -308,7 +310,10 @@ impl Sim {
         }
         match id {
             Some(id) => {
-                if self.hosts[host].awaiting.remove(&id).is_some() {
+                // A keep-alive's answer goes to the core whenever it comes: the core ignores
+                // one it no longer awaits.
+                let aside = matches!(input, Input::LeaseAnswered { .. });
+                if self.hosts[host].awaiting.remove(&id).is_some() || aside {
                     self.input(host, input);
                 }
             }
