@@ -5,6 +5,10 @@
 //! `client::Call` decisions (a lost answer is a disconnect, answered by reconnecting after
 //! its backoff). Each tick, a controller resumes its record watch and reads the model's
 //! agent-version; a machine agent polls `Upgrader.DesiredVersion`.
+//!
+//! Machine agents stand for Juju's, which dial every controller address at once and use
+//! the first that answers: each call goes to a controller drawn at random. (Clients, which
+//! are lockstep's, fail over with the core's `Failover`: `client.rs`.)
 
 use lockstep_core::Timestamp;
 use lockstep_core::client::{self, Attempt, Call};
