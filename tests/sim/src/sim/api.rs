@@ -146,6 +146,9 @@ impl Sim {
     /// reported binary) and the answering server's own version.
     fn desired_version(&mut self, host: usize, controller: usize) -> Version {
         let model_agent_version = self.model().agent_version;
+        // Counted for the report only (`Report::answers_before_a_report`), never part of
+        // the answer: a controller runs, or is about to boot, another binary than the one
+        // the store holds as its report.
         let unreported = self
             .hosts
             .iter()
