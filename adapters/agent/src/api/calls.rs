@@ -1,9 +1,11 @@
 //! What every call of the API's shared state shares: the store's errors as the wire's, the
 //! model, the params' common shapes, and one mutating call under its `operation-id`.
 
-use lockstep_store::{Abort, Model, OperationOutcome, Store, StoreError, Tx, TxOutcome};
+use lockstep_store::{
+    Abort, EntityKind, Model, OperationOutcome, Store, StoreError, Tx, TxOutcome,
+};
 use lockstep_transport::wire::WireError;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// A store failure as the wire reports it.
 pub fn store_error(error: StoreError) -> WireError {
@@ -70,4 +72,59 @@ pub fn text<'a>(value: &'a Value, key: &str) -> Result<&'a str, WireError> {
 /// Ends a mutating call with `error`'s message, writing nothing.
 pub fn failed(error: WireError) -> Abort {
     Abort::Failed(error.message)
+}
+
+/// The store's clock when the transaction began, as Juju's statuses show a time
+/// (`since`): RFC 3339 in UTC, to the second.
+pub fn now_rfc3339(tx: &dyn Tx) -> String {
+    lockstep_transport::facade::client::rfc3339(tx.now().0 / 1000)
+}
+
+/// The id of the settings document that holds the model config's stored keys.
+pub const MODEL_SETTINGS: &str = "model";
+
+/// The id of the settings document that holds the API's sequences (relation ids, local
+/// charm revisions): numbers never handed out twice, even after what had them is gone.
+pub const SEQUENCES: &str = "sequences";
+
+/// The next number of sequence `name` (0 first), written in the same transaction.
+pub fn next_sequence(tx: &mut dyn Tx, name: &str) -> Result<u64, StoreError> {
+    let mut sequences = tx
+        .document(EntityKind::Settings, SEQUENCES)?
+        .unwrap_or_else(|| Value::Object(Map::new()));
+    let next = sequences.get(name).and_then(Value::as_u64).unwrap_or(0);
+    sequences[name] = Value::from(next + 1);
+    tx.put_document(EntityKind::Settings, SEQUENCES, &sequences)?;
+    Ok(next)
+}
+
+/// A document as a JSON object, or the store's decode error naming it.
+pub fn object<'a>(
+    document: &'a mut Value,
+    what: &str,
+) -> Result<&'a mut Map<String, Value>, StoreError> {
+    document.as_object_mut().ok_or_else(|| StoreError::Decode {
+        what: what.to_owned(),
+        detail: "the document is not a JSON object".to_owned(),
+    })
+}
+
+/// An entity tag's id: `machine-1` → `1`, `unit-pg-0` → `pg/0`, `application-pg` → `pg`
+/// (Juju's tag grammar; a unit's last hyphen is its number's `/`).
+pub fn tag_id(tag: &str, kind: &str) -> Option<String> {
+    let id = tag.strip_prefix(kind)?.strip_prefix('-')?;
+    if id.is_empty() {
+        return None;
+    }
+    match kind {
+        "machine" => lockstep_transport::auth::machine_id(tag),
+        "unit" => {
+            let (application, number) = id.rsplit_once('-')?;
+            (!application.is_empty()
+                && number.bytes().all(|b| b.is_ascii_digit())
+                && !number.is_empty())
+            .then(|| format!("{application}/{number}"))
+        }
+        _ => Some(id.to_owned()),
+    }
 }
