@@ -416,9 +416,10 @@ pub fn add_relation(store: &dyn Store, params: &Value) -> Result<Value, WireErro
         sorted.sort();
         let key = sorted.join(" ");
         if tx.relation(&key)?.is_some() {
+            // python-libjuju's integrate() finds the relation when the message says this.
             return Err(failed(WireError::new(
                 "already exists",
-                format!("relation {key} already exists"),
+                format!("cannot add relation \"{key}\": relation already exists"),
             )));
         }
         let id = next_sequence(tx, "relation")?;

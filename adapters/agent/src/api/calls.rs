@@ -33,7 +33,7 @@ pub fn mutate(
             .map_err(store_error)?
         {
             OperationOutcome::Applied(result) | OperationOutcome::Replayed(result) => Ok(result),
-            OperationOutcome::Failed(message) => Err(WireError::new("", message)),
+            OperationOutcome::Failed(message) => Err(refusal(message)),
         },
         None => {
             let mut result = None;
@@ -45,7 +45,7 @@ pub fn mutate(
                 .map_err(store_error)?;
             match outcome {
                 TxOutcome::Committed(_) | TxOutcome::Unchanged => Ok(result.unwrap_or(Value::Null)),
-                TxOutcome::Failed(message) => Err(WireError::new("", message)),
+                TxOutcome::Failed(message) => Err(refusal(message)),
                 TxOutcome::Fenced => unreachable!("client calls are not fenced"),
             }
         }
@@ -69,9 +69,27 @@ pub fn text<'a>(value: &'a Value, key: &str) -> Result<&'a str, WireError> {
         .ok_or_else(|| WireError::new("bad request", format!("{key} must be a non-empty string")))
 }
 
-/// Ends a mutating call with `error`'s message, writing nothing.
+/// Ends a mutating call with `error`, writing nothing. The store carries a failure as text
+/// only, so the error travels as its JSON (`{"message", "code"}`) and [`mutate`] reads its
+/// code back.
 pub fn failed(error: WireError) -> Abort {
-    Abort::Failed(error.message)
+    Abort::Failed(error.result_json().to_string())
+}
+
+/// The error a body ended with ([`failed`]); a failure of other text has no code.
+fn refusal(message: String) -> WireError {
+    match serde_json::from_str::<Value>(&message) {
+        Ok(Value::Object(error)) if error.get("message").is_some_and(Value::is_string) => {
+            WireError::new(
+                error
+                    .get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                error["message"].as_str().unwrap_or_default(),
+            )
+        }
+        _ => WireError::new("", message),
+    }
 }
 
 /// The store's clock when the transaction began, as Juju's statuses show a time
