@@ -247,3 +247,56 @@ async fn set_agent_version(api: &Api, value: &Value) -> Result<Value, WireError>
     api.backend.agent_version_changed(version);
     Ok(json!({}))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// lockstep's keys need an admin, stored keys write access, the identity nobody: a user
+    /// with less is refused even though every user is an admin today.
+    #[test]
+    fn writers_need_the_access_each_key_asks_for() {
+        for key in LOCKSTEP_KEYS {
+            assert!(check_writer(ModelAccess::Admin, key).is_ok(), "{key}");
+            let refused = check_writer(ModelAccess::Write, key).unwrap_err();
+            assert_eq!(refused.code, "unauthorized access", "{key}");
+            assert!(
+                refused.message.contains("needs admin access"),
+                "{refused:?}"
+            );
+        }
+        assert!(check_writer(ModelAccess::Write, "logging-config").is_ok());
+        let refused = check_writer(ModelAccess::Read, "logging-config").unwrap_err();
+        assert!(
+            refused.message.contains("needs write access"),
+            "{refused:?}"
+        );
+        for key in IDENTITY_KEYS {
+            assert_eq!(
+                check_writer(ModelAccess::Admin, key).unwrap_err().code,
+                "not supported"
+            );
+        }
+    }
+
+    #[test]
+    fn stored_keys_and_values_are_bounded() {
+        assert!(check_stored("logging-config", &json!("<root>=INFO")).is_ok());
+        assert_eq!(
+            check_stored("", &json!("x")).unwrap_err().code,
+            "bad request"
+        );
+        let long = "k".repeat(KEY_SIZE_BYTES_MAX + 1);
+        assert_eq!(
+            check_stored(&long, &json!("x")).unwrap_err().code,
+            "bad request"
+        );
+        let large = json!("v".repeat(VALUE_SIZE_BYTES_MAX));
+        assert!(
+            check_stored("key", &large)
+                .unwrap_err()
+                .message
+                .contains("over the limit")
+        );
+    }
+}
