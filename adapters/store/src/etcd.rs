@@ -11,7 +11,7 @@
 //! | `log/<last revision, 20 digits>` | one committed transaction's events: `{first, commit, events}` |
 //! | `compacted` | the revision at or below which events were dropped |
 //! | `model`, `machine/<id>` | the model, the machines |
-//! | `application/<name>`, `unit/<name>`, `relation/<key>` | documents |
+//! | `application/<name>`, `unit/<name>`, `relation/<key>`, `settings/<id>`, `charm/<url>` | documents |
 //! | `step/<step>@<version>` | database-step checkpoints |
 //! | `op/<operation-id>` | client operations' recorded results |
 //! | `record/current` | the upgrade-info record with its revision |

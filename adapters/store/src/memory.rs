@@ -578,7 +578,7 @@ mod tests {
     }
 
     #[test]
-    fn documents_are_only_applications_units_and_relations() {
+    fn documents_are_only_applications_units_relations_settings_and_charms() {
         let store = store(Durability::Full);
         let error = store
             .transaction(None, &mut |tx| {

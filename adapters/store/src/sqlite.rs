@@ -30,7 +30,7 @@ use crate::{
 };
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The upgrade-info record's id in the event log.
 pub(crate) const RECORD_CURRENT: &str = "current";
@@ -99,6 +99,10 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
      ALTER TABLE model ADD COLUMN capabilities TEXT NOT NULL DEFAULT '[]';
      ALTER TABLE model ADD COLUMN capabilities_discovered_at INTEGER;
      ALTER TABLE model ADD COLUMN capabilities_discovered_by TEXT;",
+    // 2 → 3: the API's Juju facades. Settings documents (model config keys beyond the
+    // model's own fields) and charms recorded from uploads (metadata only).
+    "CREATE TABLE settings (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
+     CREATE TABLE charms (url TEXT PRIMARY KEY, doc TEXT NOT NULL);",
 ];
 
 /// How to open a store.
@@ -382,6 +386,8 @@ pub(crate) fn document_table(kind: EntityKind) -> Result<(&'static str, &'static
         EntityKind::Application => Ok(("applications", "name")),
         EntityKind::Unit => Ok(("units", "name")),
         EntityKind::Relation => Ok(("relations", "key")),
+        EntityKind::Settings => Ok(("settings", "id")),
+        EntityKind::Charm => Ok(("charms", "url")),
         _ => Err(StoreError::NotADocument { kind }),
     }
 }
@@ -1157,7 +1163,7 @@ mod tests {
             .connection()
             .query_row("SELECT version FROM schema_version", [], |row| row.get(0))
             .unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, i64::from(SCHEMA_VERSION));
         let model = store.load_model().unwrap().unwrap();
         assert_eq!(model.agent_version, v("0.0.9"));
         assert!(model.capabilities.is_empty());
@@ -1247,7 +1253,8 @@ mod tests {
             );
             let text = error.to_string();
             assert!(
-                text.contains("schema version 7") && text.contains("the 2 this"),
+                text.contains("schema version 7")
+                    && text.contains(&format!("the {SCHEMA_VERSION} this")),
                 "{text}"
             );
         }
@@ -1359,7 +1366,7 @@ mod tests {
                 error,
                 StoreError::MigrationNeeded {
                     found: 1,
-                    supported: 2,
+                    supported: SCHEMA_VERSION,
                     ..
                 }
             ),
