@@ -18,8 +18,13 @@
 //! of a Ready machine, lockstep and baseline alternating first. Machines and input copies
 //! are prepared outside the timed region, in batches small enough that the inputs are in
 //! cache when replayed (as a driver's freshly decoded inputs would be); dropping inputs and
-//! outputs is timed, for both. The report is the median over the rounds.
+//! outputs is timed, for both. The report is the median over the rounds, the ratio last.
 //! Run: `cargo bench -p lockstep-core --bench lifecycle`.
+//!
+//! `LOCKSTEP_BENCH_QUICK=1` (anything but `0`) runs one short round (a tenth of the boots,
+//! five Ready copies): the same recording, the same output comparison, the same code paths,
+//! in seconds. CI runs it so that a bench whose baseline no longer matches the lifecycle
+//! fails.
 #![allow(
     clippy::print_stdout,
     reason = "a bench binary reports its figures on stdout"
@@ -56,6 +61,36 @@ const STEADY_COPIES: usize = 50;
 /// The catalogue check runs every this many steady inputs.
 const CHECK_EVERY: u64 = 1_000;
 const ROUNDS: usize = 31;
+
+/// How much work a run does: the full run, or `LOCKSTEP_BENCH_QUICK=1`'s one short round.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    quick: bool,
+    rounds: usize,
+    boots_per_round: usize,
+    steady_copies: usize,
+}
+
+impl Size {
+    fn from_environment() -> Size {
+        let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+        if quick {
+            Size {
+                quick,
+                rounds: 1,
+                boots_per_round: BOOTS_PER_ROUND / 10,
+                steady_copies: 5,
+            }
+        } else {
+            Size {
+                quick,
+                rounds: ROUNDS,
+                boots_per_round: BOOTS_PER_ROUND,
+                steady_copies: STEADY_COPIES,
+            }
+        }
+    }
+}
 
 /// One call into a machine.
 #[derive(Clone, Debug)]
@@ -555,17 +590,25 @@ impl Baseline {
                 self.request(BasePending::Capabilities, Request::RefreshCapabilities);
                 return;
             }
+            // Created with nobody ready; this controller registers by compare-and-set.
             let created = UpgradeInfo {
                 previous_version: from,
                 target_version: to,
                 status: UpgradeStatus::Pending,
-                controllers_ready: lockstep_core::lifecycle::ControllerSet::EMPTY.with(me),
+                controllers_ready: lockstep_core::lifecycle::ControllerSet::EMPTY,
                 controllers_done: lockstep_core::lifecycle::ControllerSet::EMPTY,
             };
             self.request(BasePending::RecordWrite, Request::CreateRecord(created));
             return;
         };
         match record.status {
+            UpgradeStatus::Pending if !record.controllers_ready.contains(me) => {
+                let next = UpgradeInfo {
+                    controllers_ready: record.controllers_ready.with(me),
+                    ..record
+                };
+                self.update(revision, next, None);
+            }
             UpgradeStatus::Pending => {
                 let Some(token) = self.lease else {
                     if self.lease_asking.is_none() {
@@ -703,18 +746,20 @@ fn main() {
         "steady outputs differ"
     );
 
+    let size = Size::from_environment();
     let mut samples = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
-    for round in 0..ROUNDS {
+    for round in 0..size.rounds {
         for which in [round % 2, 1 - round % 2] {
+            let (boots, copies) = (size.boots_per_round, size.steady_copies);
             let (boot_ns, steady_ns) = if which == 0 {
                 (
-                    time_replays(new_lifecycle, boot, BOOTS_PER_ROUND, BOOTS_PER_BATCH),
-                    time_replays(|| ready_lifecycle.clone(), steady, STEADY_COPIES, 1),
+                    time_replays(new_lifecycle, boot, boots, BOOTS_PER_BATCH),
+                    time_replays(|| ready_lifecycle.clone(), steady, copies, 1),
                 )
             } else {
                 (
-                    time_replays(new_baseline, boot, BOOTS_PER_ROUND, BOOTS_PER_BATCH),
-                    time_replays(|| ready_baseline.clone(), steady, STEADY_COPIES, 1),
+                    time_replays(new_baseline, boot, boots, BOOTS_PER_BATCH),
+                    time_replays(|| ready_baseline.clone(), steady, copies, 1),
                 )
             };
             samples[0][which].push(boot_ns);
@@ -723,9 +768,17 @@ fn main() {
     }
 
     println!(
-        "lockstep-core lifecycle bench: {ROUNDS} rounds, median ns per input (boot: {} inputs x {BOOTS_PER_ROUND} per round; steady: {} inputs x {STEADY_COPIES} per round)",
+        "lockstep-core lifecycle bench{}: {} rounds, median ns per input (boot: {} inputs x {} per round; steady: {} inputs x {} per round)",
+        if size.quick {
+            " (quick: LOCKSTEP_BENCH_QUICK)"
+        } else {
+            ""
+        },
+        size.rounds,
         boot.len(),
-        steady.len()
+        size.boots_per_round,
+        steady.len(),
+        size.steady_copies
     );
     println!(
         "{:<8} {:>14} {:>14} {:>8}",
