@@ -122,7 +122,18 @@ impl Machine for Lifecycle {
     }
 }
 
-fn replay<M: Machine>(machine: &mut M, calls: Vec<Call>) {
+/// The mixes, as a `replay` parameter.
+const BOOT: usize = 0;
+const STEADY: usize = 1;
+
+/// The timed work. Never inlined, and one instance per machine and mix, so that a profiler
+/// counts each apart: `valgrind --tool=callgrind --demangle=no` with
+/// `LOCKSTEP_BENCH_QUICK=1`, then `callgrind_annotate --inclusive=yes` lists four
+/// `lifecycle6replay` symbols (the boot ones called 200 times, the steady ones 5 times).
+#[inline(never)]
+fn replay<M: Machine, const MIX: usize>(machine: &mut M, calls: Vec<Call>) {
+    // Keeps the instances apart: identical bodies would be folded into one symbol.
+    black_box(MIX);
     for call in calls {
         machine.call(call);
         while let Some(output) = machine.poll_output() {
@@ -698,7 +709,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
 /// Nanoseconds per call of replaying `calls` into `copies` machines made by `make`, timed
 /// in batches of `batch`: each batch's machines and input copies are prepared just before
 /// it runs, so the inputs are in cache, as a driver's freshly decoded inputs would be.
-fn time_replays<M: Machine>(
+fn time_replays<M: Machine, const MIX: usize>(
     make: impl Fn() -> M,
     calls: &[Call],
     copies: usize,
@@ -710,7 +721,7 @@ fn time_replays<M: Machine>(
             (0..batch).map(|_| (make(), calls.to_vec())).collect();
         let start = Instant::now();
         for (machine, calls) in &mut prepared {
-            replay(machine, std::mem::take(calls));
+            replay::<M, MIX>(machine, std::mem::take(calls));
         }
         elapsed += start.elapsed();
         black_box(&prepared);
@@ -753,13 +764,13 @@ fn main() {
             let (boots, copies) = (size.boots_per_round, size.steady_copies);
             let (boot_ns, steady_ns) = if which == 0 {
                 (
-                    time_replays(new_lifecycle, boot, boots, BOOTS_PER_BATCH),
-                    time_replays(|| ready_lifecycle.clone(), steady, copies, 1),
+                    time_replays::<_, BOOT>(new_lifecycle, boot, boots, BOOTS_PER_BATCH),
+                    time_replays::<_, STEADY>(|| ready_lifecycle.clone(), steady, copies, 1),
                 )
             } else {
                 (
-                    time_replays(new_baseline, boot, boots, BOOTS_PER_BATCH),
-                    time_replays(|| ready_baseline.clone(), steady, copies, 1),
+                    time_replays::<_, BOOT>(new_baseline, boot, boots, BOOTS_PER_BATCH),
+                    time_replays::<_, STEADY>(|| ready_baseline.clone(), steady, copies, 1),
                 )
             };
             samples[0][which].push(boot_ns);
