@@ -21,7 +21,16 @@
 //! The phases, inputs and outputs are specified in `spec/lifecycle.md` and, as data, in
 //! `spec/transitions.json`.
 
+// The machine, with its decisions one concern a file (see `machine.rs`).
+mod boot;
+mod coordination;
+mod held;
+mod io;
 mod machine;
+mod ready;
+mod trial;
+mod version_check;
+
 pub mod record;
 mod types;
 
@@ -29,7 +38,7 @@ use std::sync::Arc;
 
 use statig::blocking::{IntoStateMachineExt, StateMachine};
 
-pub use machine::OUTPUTS_MAX;
+pub use io::OUTPUTS_MAX;
 pub use record::{
     ControllerId, ControllerSet, LeaseToken, RecordView, Revision, UpgradeInfo, UpgradeStatus,
 };
@@ -38,7 +47,8 @@ pub use types::*;
 use crate::phase::Phase;
 use crate::steps::StepRegistry;
 use crate::time::Timestamp;
-use machine::{Event, Io, Machine};
+use io::Io;
+use machine::{Event, Machine};
 
 /// The lifecycle's timers. Timers are data: [`Lifecycle::poll_timeout`] returns the earliest.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
