@@ -270,8 +270,16 @@ impl Machine {
         }));
     }
 
-    /// Publishes progress within the phase, when it moved.
+    /// Publishes progress within the phase, when it moved forward.
+    ///
+    /// spec/invariants.md, I9: "Published progress never runs backwards within a phase".
+    /// What this agent knows can: a controller that takes the lease over counts database
+    /// steps from its own `database_next` (the store answers `AlreadyApplied` for those
+    /// already run), also after its host steps ran when the record of its upgrade was
+    /// archived and created again (a straggler whose record Ready controllers joined). The
+    /// gate keeps the furthest point reached.
     pub(super) fn set_progress(&mut self, io: &mut Io, done: u32) {
+        let done = done.max(self.gate.progress.done);
         if self.gate.progress.done != done {
             self.gate.progress.done = done;
             io.push(Output::Gate(self.gate));
