@@ -263,7 +263,8 @@ impl Machine {
         };
         self.pending = None;
         match (kind, outcome) {
-            (Pending::DatabaseStep(_), StepOutcome::Applied | StepOutcome::AlreadyApplied) => {
+            (Pending::DatabaseStep(index), StepOutcome::Applied | StepOutcome::AlreadyApplied) => {
+                self.assert_database_step_completed(steps, index);
                 steps.database_next += 1;
                 steps.attempts = 0;
                 None
@@ -273,7 +274,7 @@ impl Machine {
                 if self.mutations.checkpoint_before_effects {
                     return None; // planted defect: the checkpoint was already written
                 }
-                self.persist_host_checkpoint(io, index);
+                self.persist_host_checkpoint(io, index, Some(outcome));
                 None
             }
             (_, StepOutcome::Fenced) => {
@@ -311,9 +312,12 @@ impl Machine {
         }
         self.pending = None;
         match kind {
-            Pending::Persist(PersistFor::UpgradedTo) => Some(State::CheckingAgentVersion {
-                check: Check::default(),
-            }),
+            Pending::Persist(PersistFor::UpgradedTo) => {
+                self.assert_upgraded_to_durable();
+                Some(State::CheckingAgentVersion {
+                    check: Check::default(),
+                })
+            }
             Pending::Capabilities => {
                 self.persist_upgraded_to(io);
                 None
@@ -368,17 +372,20 @@ impl Machine {
             status: UpgradeStatus::Aborted,
             ..record
         };
-        self.write_record(io, revision, aborted, None);
+        self.write_record(io, revision, &record, aborted, None);
     }
 
-    /// Compare-and-set of the upgrade-info record on `expected`, fenced when `fence` is set.
+    /// Compare-and-set of the upgrade-info record on `expected`, where it is `current`, to
+    /// `record`; fenced when `fence` is set.
     pub(super) fn write_record(
         &mut self,
         io: &mut Io,
         expected: Revision,
+        current: &UpgradeInfo,
         record: UpgradeInfo,
         fence: Option<LeaseToken>,
     ) {
+        self.assert_record_transition(current, &record);
         self.request(
             io,
             Pending::RecordWrite,
@@ -402,6 +409,7 @@ impl Machine {
             controllers_ready: ControllerSet::EMPTY,
             controllers_done: ControllerSet::EMPTY,
         };
+        self.assert_record_created(&record);
         self.request(io, Pending::RecordWrite, Request::CreateRecord(record));
     }
 
@@ -409,7 +417,16 @@ impl Machine {
 
     /// CONTRACT.md, "Steps": host steps "run at least once and must be idempotent; their
     /// checkpoint is written to the local snapshot after the step succeeded."
-    fn persist_host_checkpoint(&mut self, io: &mut Io, index: StepIndex) {
+    ///
+    /// `outcome` is the step's completion; the planted defect `checkpoint_before_effects`
+    /// persists without one.
+    fn persist_host_checkpoint(
+        &mut self,
+        io: &mut Io,
+        index: StepIndex,
+        outcome: Option<&StepOutcome>,
+    ) {
+        self.assert_host_step_ran(index, outcome);
         let key = self.registry.key(index);
         if !self.snapshot.host_checkpoints.contains(&key) {
             self.snapshot.host_checkpoints.push(key);
@@ -420,6 +437,7 @@ impl Machine {
     /// CONTRACT.md, "Where state lives": "`upgradedToVersion` is written only after every
     /// planned step is checkpointed."
     fn persist_upgraded_to(&mut self, io: &mut Io) {
+        self.assert_steps_took_effect(None);
         self.snapshot.upgraded_to_version = self.config.running.number;
         self.snapshot.host_checkpoints.clear();
         self.persist(io, PersistFor::UpgradedTo);
@@ -572,7 +590,7 @@ impl Machine {
                 controllers_ready: record.controllers_ready.with(me),
                 ..record
             };
-            self.write_record(io, revision, registered, None);
+            self.write_record(io, revision, &record, registered, None);
             return None;
         }
         if !self.all_ready(&steps.record) {
@@ -609,7 +627,7 @@ impl Machine {
                     status: UpgradeStatus::Running,
                     ..record
                 };
-                self.write_record(io, revision, running, None);
+                self.write_record(io, revision, &record, running, None);
                 None
             }
             UpgradeStatus::Running => self.next_host_step(io, steps, Some((record, revision))),
@@ -650,6 +668,7 @@ impl Machine {
             Some(token)
         };
         if let Some(&index) = plan.database().get(usize::from(steps.database_next)) {
+            self.assert_coordinator_write(steps, Some(index), fence);
             let key = self.registry.key(index);
             self.request(
                 io,
@@ -666,7 +685,8 @@ impl Machine {
             status: UpgradeStatus::DbComplete,
             ..record
         };
-        self.write_record(io, revision, complete, fence);
+        self.assert_coordinator_write(steps, None, fence);
+        self.write_record(io, revision, &record, complete, fence);
     }
 
     /// Runs the next host step not yet checkpointed; when none is left, marks this
@@ -698,8 +718,7 @@ impl Machine {
             let key = self.registry.key(index);
             if self.mutations.checkpoint_before_effects {
                 // Planted defect: the checkpoint is made durable before the step ran.
-                self.snapshot.host_checkpoints.push(key);
-                self.persist(io, PersistFor::HostCheckpoint(index));
+                self.persist_host_checkpoint(io, index, None);
                 return None;
             }
             self.request(
@@ -728,7 +747,7 @@ impl Machine {
                     status,
                     ..record
                 };
-                self.write_record(io, revision, next, None);
+                self.write_record(io, revision, &record, next, None);
                 return None;
             }
         }
@@ -741,6 +760,7 @@ impl Machine {
     /// CONTRACT.md, "Roles, capabilities, jobs": "Capabilities are written at bootstrap and
     /// re-discovered at the end of every upgrade".
     fn finish_steps(&mut self, io: &mut Io, steps: &mut Steps) -> Option<State> {
+        self.assert_steps_took_effect(self.is_controller().then_some(&steps.record));
         steps.finishing = true;
         if let LeaseState::Held(token) = steps.lease {
             steps.lease = LeaseState::Free;

@@ -280,6 +280,7 @@ impl Machine {
             if let Some(outcome) = self.retire_before_reset(io, failure) {
                 return outcome;
             }
+            self.assert_serving_again_safe(&failure.record);
             self.request(
                 io,
                 Pending::SetAgentVersion(self.config.running.number),

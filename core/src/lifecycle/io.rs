@@ -280,6 +280,7 @@ impl Machine {
     /// gate keeps the furthest point reached.
     pub(super) fn set_progress(&mut self, io: &mut Io, done: u32) {
         let done = done.max(self.gate.progress.done);
+        self.assert_progress_forward(done);
         if self.gate.progress.done != done {
             self.gate.progress.done = done;
             io.push(Output::Gate(self.gate));

@@ -626,6 +626,7 @@ impl Machine {
             progress,
             ..self.view(to)
         };
+        self.assert_gate_for_phase(&gate, to);
         self.publish_phase(io, gate, message);
     }
 

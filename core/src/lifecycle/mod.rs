@@ -25,6 +25,7 @@
 mod boot;
 mod coordination;
 mod held;
+mod invariants;
 mod io;
 mod machine;
 mod ready;
@@ -224,8 +225,7 @@ impl Lifecycle {
         self.set_now(now);
         tracing::trace!(target: "lockstep::lifecycle", ?input, "input");
         let input = self.machine.inner().settle(input);
-        self.machine
-            .handle_with_context(&Event::Input(input), &mut self.io);
+        self.dispatch(&Event::Input(input));
     }
 
     /// Fires every timer whose deadline is at or before `now`.
@@ -252,8 +252,20 @@ impl Lifecycle {
     fn fire(&mut self, timer: Timer) {
         self.io.timers[timer as usize] = None;
         tracing::debug!(target: "lockstep::lifecycle", ?timer, "timer fired");
-        self.machine
-            .handle_with_context(&Event::Timer(timer), &mut self.io);
+        self.dispatch(&Event::Timer(timer));
+    }
+
+    /// One dispatch into the machine, then the read-path checks of what it published
+    /// (`invariants.rs`: I1, I7, I9).
+    fn dispatch(&mut self, event: &Event) {
+        let published = self.machine.inner().gate;
+        let start = self.io.outputs.len();
+        self.machine.handle_with_context(event, &mut self.io);
+        self.machine.inner().assert_after_dispatch(
+            machine::phase_of(self.machine.state()),
+            published,
+            self.io.outputs.range(start..),
+        );
     }
 
     fn set_now(&mut self, now: Timestamp) {

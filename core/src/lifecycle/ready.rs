@@ -22,6 +22,7 @@ impl Machine {
     /// controllers arm the periodic check and watch the record; news kept from earlier
     /// phases is acted on.
     pub(super) fn arrive_in_ready(&mut self, io: &mut Io, check: &mut Check) {
+        self.assert_ready_on_own_steps();
         let proven = self
             .snapshot
             .trial
@@ -292,6 +293,6 @@ impl Machine {
             status,
             ..record
         };
-        self.write_record(io, revision, joined, None);
+        self.write_record(io, revision, &record, joined, None);
     }
 }

@@ -369,6 +369,7 @@ impl Machine {
                 ),
             });
         }
+        self.assert_fall_back_safe(view);
         self.fall_back_now(io, reason);
         None
     }
