@@ -77,7 +77,9 @@ pub enum Timer {
 }
 
 impl Timer {
+    /// How many timers there are.
     pub const COUNT: usize = 9;
+    /// Every timer, in the order `handle_timeout` fires those due.
     pub const ALL: [Timer; Timer::COUNT] = [
         Timer::StepRetry,
         Timer::ControllersWait,
