@@ -114,6 +114,7 @@ mod error;
 pub mod etcd;
 mod lease;
 pub mod memory;
+mod postcondition;
 pub mod seed004;
 pub mod sqlite;
 mod types;

@@ -23,6 +23,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction,
 
 use crate::error::{decode, encode};
 use crate::lease::{self, Clock, Lease, SystemClock};
+use crate::postcondition::{self, CommitOrder};
 use crate::watch::Notifier;
 use crate::{
     Abort, ChangeKind, Changes, Checkpoint, Discovery, EntityKind, Event, Life, Machine, Model,
@@ -125,6 +126,8 @@ pub struct SqliteStore {
     /// Shared by every handle on this file in this process: wakes their watchers after each
     /// commit made through any of them.
     notifier: Arc<Notifier>,
+    /// The revisions this handle committed, checked under its connection's lock.
+    order: CommitOrder,
 }
 
 /// One [`Notifier`] per database file in this process.
@@ -174,6 +177,7 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             clock,
             notifier,
+            order: CommitOrder::default(),
         };
         store.prepare()?;
         Ok(store)
@@ -448,13 +452,16 @@ impl Store for SqliteStore {
         if !lease::fence_holds(current, fence, now) {
             return Ok(TxOutcome::Fenced);
         }
+        let base = meta(&tx, "revision").map_err(|error| self.error(error))?;
         let mut sqlite_tx = SqliteTx {
             tx: &tx,
             path: &self.path,
             now,
             failed: None,
+            logged: 0,
         };
         let result = body(&mut sqlite_tx);
+        let logged = sqlite_tx.logged;
         // A statement that failed inside a body that went on anyway must not commit.
         if let Some(error) = sqlite_tx.failed.take() {
             return Err(error);
@@ -469,7 +476,12 @@ impl Store for SqliteStore {
             return Ok(TxOutcome::Fenced);
         }
         let revision = meta(&tx, "revision").map_err(|error| self.error(error))?;
+        postcondition::assert_commit("sqlite", Revision(base), logged, Revision(revision));
         tx.commit().map_err(|error| self.error(error))?;
+        if logged > 0 {
+            // Still under this handle's connection lock, after the commit succeeded.
+            self.order.assert_after_last("sqlite", Revision(revision));
+        }
         drop(conn);
         self.notifier.announce(Revision(revision));
         Ok(TxOutcome::Committed(Revision(revision)))
@@ -490,6 +502,7 @@ impl Store for SqliteStore {
             path: &self.path,
             now: self.clock.now(),
             failed: None,
+            logged: 0,
         };
         body(&mut sqlite_tx)
     }
@@ -623,6 +636,8 @@ struct SqliteTx<'a> {
     now: Timestamp,
     /// The first engine error: once set, the transaction rolls back whatever the body says.
     failed: Option<StoreError>,
+    /// Events logged by this transaction (each took the next revision).
+    logged: u64,
 }
 
 impl SqliteTx<'_> {
@@ -661,6 +676,9 @@ impl SqliteTx<'_> {
             )?;
             Ok(Revision(revision as u64))
         })();
+        if result.is_ok() {
+            self.logged += 1;
+        }
         self.check(result)
     }
 
