@@ -14,11 +14,15 @@
 //!   facade and method exist is the server's business.
 //! - In every other phase (limited), users and controller agents are admitted to
 //!   [`LIMITED_ALLOW_LIST`] only; every other call is refused with message and code
-//!   [`UPGRADE_IN_PROGRESS`] and a [`RejectionDetail`] for `error-info`. This mirrors Juju's
+//!   [`UPGRADE_IN_PROGRESS`] and a [`RejectionDetail`] for `error-info`. The list is Juju's
 //!   `allowedMethodsDuringUpgrades` (`apiserver/restrict_upgrades.go`: `Client.FullStatus`,
 //!   `Client.FindTools`, `Client.AbortCurrentUpgrade`, `Pinger.Ping`), without Juju's
-//!   `SSHClient` calls (lockstep has no SSH facade) and with lockstep's `Upgrade.Status` and
-//!   `Upgrade.WatchProgress`.
+//!   `SSHClient` calls (lockstep has no SSH facade), with lockstep's `Upgrade.Status` and
+//!   `Upgrade.WatchProgress`, and with every read-only call lockstep serves (model and
+//!   controller information, config reads, the all-watcher). Where Juju refuses reads during
+//!   upgrades, lockstep serves them: its steps commit atomically, so a read never sees half a
+//!   step. No call that changes the model is admitted before Ready ([`LIMITED_WRITES`] is
+//!   the abort of the upgrade itself).
 //! - In limited phases a non-controller agent ([`Login::MachineAgent`]) is refused outright,
 //!   as Juju's `restrictRootDuringMaintenance` (`apiserver/admin.go`) refuses agent logins:
 //!   `login for machine 1 blocked because upgrade is in progress`, here with code
@@ -52,7 +56,17 @@ pub const NOT_IMPLEMENTED: &str = "not implemented";
 
 /// Calls admitted to logged-in users and controller agents in every phase, as
 /// `(facade, method)`. Pinned in `spec/wire.md`; a test proves the two agree.
+///
+/// Two kinds: Juju's `allowedMethodsDuringUpgrades` and lockstep's `Upgrade` facade (the
+/// calls that watch or steer the upgrade itself), and every call that only reads. Reads are
+/// safe in every phase because every database step commits atomically: a read sees one
+/// revision, before or after a step, never half of one. So a client that never retries
+/// (python-libjuju) connects, reads status and watches through an upgrade, and only calls
+/// that change the model wait for Ready. Of the calls listed, [`LIMITED_WRITES`] are the only
+/// ones that change state; every other one is a read, which the agent's tests check call by
+/// call against a real store (its revision does not move).
 pub const LIMITED_ALLOW_LIST: &[(&str, &str)] = &[
+    // Logging in, and Juju's calls during upgrades.
     ("Admin", "Login"),
     ("Admin", "RedirectInfo"),
     ("Pinger", "Ping"),
@@ -61,7 +75,25 @@ pub const LIMITED_ALLOW_LIST: &[(&str, &str)] = &[
     ("Client", "AbortCurrentUpgrade"),
     ("Upgrade", "WatchProgress"),
     ("Upgrade", "Status"),
+    // Reads: model and controller information, config, charms resolved, the all-watcher.
+    ("Client", "ModelGet"),
+    ("Client", "WatchAll"),
+    ("AllWatcher", "Next"),
+    ("AllWatcher", "Stop"),
+    ("ModelConfig", "ModelGet"),
+    ("ModelConfig", "GetModelConstraints"),
+    ("ModelManager", "ModelInfo"),
+    ("ModelManager", "ListModelSummaries"),
+    ("Controller", "AllModels"),
+    ("Controller", "ControllerAPIInfoForModels"),
+    ("Charms", "ResolveCharms"),
+    ("Application", "Get"),
 ];
+
+/// The calls of [`LIMITED_ALLOW_LIST`] that change state: the operator's abort of the
+/// upgrade itself (Juju's `Client.AbortCurrentUpgrade`, which Juju also serves during
+/// upgrades). No call that changes the model is admitted before Ready.
+pub const LIMITED_WRITES: &[(&str, &str)] = &[("Client", "AbortCurrentUpgrade")];
 
 /// Calls admitted to a connection that has not logged in yet, in every phase. Every entry is
 /// also in [`LIMITED_ALLOW_LIST`].
@@ -301,6 +333,12 @@ pub fn allowed_when_limited(facade: &str, method: &str) -> bool {
     listed(LIMITED_ALLOW_LIST, facade, method)
 }
 
+/// True when `facade.method` is served in limited phases and only reads: on
+/// [`LIMITED_ALLOW_LIST`] and not among [`LIMITED_WRITES`].
+pub fn read_only(facade: &str, method: &str) -> bool {
+    allowed_when_limited(facade, method) && !listed(LIMITED_WRITES, facade, method)
+}
+
 /// True when `facade.method` is served to a connection that has not logged in yet.
 pub fn allowed_before_login(facade: &str, method: &str) -> bool {
     listed(BEFORE_LOGIN_ALLOW_LIST, facade, method)
@@ -404,8 +442,21 @@ mod tests {
         ("Upgrade", "WatchProgress", NotLoggedIn(r#"unknown object type "Upgrade""#), Admitted, Admitted, Upgrade),
         ("Upgrade", "Status", NotLoggedIn(r#"unknown object type "Upgrade""#), Admitted, Admitted, Upgrade),
         ("Application", "Deploy", NotLoggedIn(r#"unknown object type "Application""#), Upgrade, Upgrade, Upgrade),
-        ("Client", "WatchAll", NotLoggedIn(r#"unknown object type "Client""#), Upgrade, Upgrade, Upgrade),
-        ("AllWatcher", "Next", NotLoggedIn(r#"unknown object type "AllWatcher""#), Upgrade, Upgrade, Upgrade),
+        ("Client", "WatchAll", NotLoggedIn(r#"unknown object type "Client""#), Admitted, Admitted, Upgrade),
+        ("AllWatcher", "Next", NotLoggedIn(r#"unknown object type "AllWatcher""#), Admitted, Admitted, Upgrade),
+        ("ModelManager", "ModelInfo", NotLoggedIn(r#"unknown object type "ModelManager""#), Admitted, Admitted, Upgrade),
+        ("Application", "Get", NotLoggedIn(r#"unknown object type "Application""#), Admitted, Admitted, Upgrade),
+        ("Client", "ModelGet", NotLoggedIn(r#"unknown object type "Client""#), Admitted, Admitted, Upgrade),
+        ("AllWatcher", "Stop", NotLoggedIn(r#"unknown object type "AllWatcher""#), Admitted, Admitted, Upgrade),
+        ("ModelConfig", "ModelGet", NotLoggedIn(r#"unknown object type "ModelConfig""#), Admitted, Admitted, Upgrade),
+        ("ModelConfig", "GetModelConstraints", NotLoggedIn(r#"unknown object type "ModelConfig""#), Admitted, Admitted, Upgrade),
+        ("ModelManager", "ListModelSummaries", NotLoggedIn(r#"unknown object type "ModelManager""#), Admitted, Admitted, Upgrade),
+        ("Controller", "AllModels", NotLoggedIn(r#"unknown object type "Controller""#), Admitted, Admitted, Upgrade),
+        ("Controller", "ControllerAPIInfoForModels", NotLoggedIn(r#"unknown object type "Controller""#), Admitted, Admitted, Upgrade),
+        ("Charms", "ResolveCharms", NotLoggedIn(r#"unknown object type "Charms""#), Admitted, Admitted, Upgrade),
+        ("Client", "AddMachines", NotLoggedIn(r#"unknown object type "Client""#), Upgrade, Upgrade, Upgrade),
+        ("Client", "ModelSet", NotLoggedIn(r#"unknown object type "Client""#), Upgrade, Upgrade, Upgrade),
+        ("Charms", "AddCharm", NotLoggedIn(r#"unknown object type "Charms""#), Upgrade, Upgrade, Upgrade),
         ("ModelConfig", "ModelSet", NotLoggedIn(r#"unknown object type "ModelConfig""#), Upgrade, Upgrade, Upgrade),
         ("Upgrader", "DesiredVersion", NotLoggedIn(r#"unknown object type "Upgrader""#), Upgrade, Upgrade, Upgrade),
         ("client", "fullstatus", NotLoggedIn(r#"unknown object type "client""#), Upgrade, Upgrade, Upgrade),
@@ -514,7 +565,7 @@ mod tests {
             progress: Progress::default(),
             retry_after: Millis(250),
         };
-        let rejection = admit(&unknown, Login::User, "Client", "WatchAll").unwrap_err();
+        let rejection = admit(&unknown, Login::User, "Client", "AddMachines").unwrap_err();
         assert_eq!(
             rejection.detail,
             Some(RejectionDetail {
@@ -626,26 +677,35 @@ mod tests {
                 "{entry:?} is served before login but not in limited phases"
             );
         }
+        for entry in LIMITED_WRITES {
+            assert!(
+                LIMITED_ALLOW_LIST.contains(entry),
+                "{entry:?} is a limited write but not served in limited phases"
+            );
+        }
     }
 
-    /// The rows of the table headed `| call | admitted |` in the "The gate" section of
-    /// spec/wire.md, as `(facade, method, admitted)`.
-    fn spec_allow_list() -> Vec<(&'static str, &'static str, &'static str)> {
+    /// The rows of the table headed `| call | admitted | kind |` in the "The gate" section
+    /// of spec/wire.md, as `(facade, method, admitted, kind)`.
+    fn spec_allow_list() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
         let section = SPEC
             .split("\n## ")
             .find(|section| section.starts_with("The gate\n"))
             .expect("spec/wire.md has a section \"## The gate\"");
         let mut lines = section
             .lines()
-            .skip_while(|line| line.trim() != "| call | admitted |");
-        assert!(lines.next().is_some(), "no `| call | admitted |` table");
+            .skip_while(|line| line.trim() != "| call | admitted | kind |");
+        assert!(
+            lines.next().is_some(),
+            "no `| call | admitted | kind |` table"
+        );
         let separator = lines.next().expect("a separator row");
         assert!(separator.starts_with("|---"), "{separator:?}");
         lines
             .take_while(|line| line.starts_with('|'))
             .map(|line| {
                 let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-                assert_eq!(cells.len(), 4, "row {line:?} needs two cells");
+                assert_eq!(cells.len(), 5, "row {line:?} needs three cells");
                 let call = cells[1]
                     .strip_prefix('`')
                     .and_then(|call| call.strip_suffix('`'))
@@ -653,14 +713,14 @@ mod tests {
                 let (facade, method) = call
                     .split_once('.')
                     .unwrap_or_else(|| panic!("call {call:?} is not Facade.Method"));
-                (facade, method, cells[2])
+                (facade, method, cells[2], cells[3])
             })
             .collect()
     }
 
     #[test]
     fn the_spec_table_is_the_allow_list() {
-        let expected: Vec<(&str, &str, &str)> = LIMITED_ALLOW_LIST
+        let expected: Vec<(&str, &str, &str, &str)> = LIMITED_ALLOW_LIST
             .iter()
             .map(|&(facade, method)| {
                 let admitted = if allowed_before_login(facade, method) {
@@ -668,7 +728,12 @@ mod tests {
                 } else {
                     "limited"
                 };
-                (facade, method, admitted)
+                let kind = if read_only(facade, method) {
+                    "read"
+                } else {
+                    "write"
+                };
+                (facade, method, admitted, kind)
             })
             .collect();
         assert_eq!(spec_allow_list(), expected);
@@ -703,7 +768,7 @@ mod tests {
             &view(Phase::RunningSteps),
             Login::User,
             "Client",
-            "WatchAll",
+            "AddMachines",
         )
         .unwrap_err();
         let detail = rejection.detail.unwrap();
@@ -801,7 +866,7 @@ mod tests {
                     &view(Phase::RunningSteps),
                     Login::User,
                     "Client",
-                    "WatchAll",
+                    "AddMachines",
                 ),
                 "upgrade in progress: the agent is in phase running-steps, step 2 of 5, \
                  moving to 2.9.43; retry after 1500ms, or wait for Ready with \
@@ -834,7 +899,7 @@ mod tests {
             retry_after: Millis(1000),
         };
         assert_eq!(
-            admit(&unknown, Login::User, "Client", "WatchAll")
+            admit(&unknown, Login::User, "Client", "AddMachines")
                 .unwrap_err()
                 .to_string(),
             "upgrade in progress: the agent is in phase bootstrapping; retry after 1000ms, \

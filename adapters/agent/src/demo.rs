@@ -445,9 +445,10 @@ fn entity_key(delta: &Value) -> Option<(String, String)> {
 /// A watcher's run, as it saw it.
 #[derive(Clone, Debug)]
 pub struct WatcherRun {
-    /// When it asked for its first changes, and when the first ones came.
+    /// When it asked for its first changes, when the first ones came, and the last.
     pub started: Duration,
     pub first_delivery: Option<Duration>,
+    pub last_delivery: Option<Duration>,
     pub result: Result<Watched, String>,
     /// Its client's retry counters over the run.
     pub trace: ClientTrace,
@@ -464,6 +465,7 @@ pub async fn watcher(
     let client = controller.client(RetryPolicy::default());
     let started = timeline.elapsed();
     let mut first_delivery = None;
+    let mut last_delivery = None;
     let work = async {
         let mut watcher = client.watch();
         let mut watched = Watched::default();
@@ -473,8 +475,9 @@ pub async fn watcher(
                 return Err("the watcher did not see the deployed state in time".to_owned());
             }
             let deltas = watcher.next(left).await.map_err(|e| cli::describe(&e))?;
-            if !deltas.is_empty() && first_delivery.is_none() {
-                first_delivery = Some(timeline.elapsed());
+            if !deltas.is_empty() {
+                first_delivery.get_or_insert(timeline.elapsed());
+                last_delivery = Some(timeline.elapsed());
             }
             for delta in &deltas {
                 watched.deltas += 1;
@@ -519,6 +522,7 @@ pub async fn watcher(
     WatcherRun {
         started,
         first_delivery,
+        last_delivery,
         result,
         trace,
     }
@@ -731,17 +735,17 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
             None => "the deployer made no call".to_owned(),
         },
     ));
-    // The watcher's session spanned the restart: N's worker answered it before the
-    // re-exec, N+1's delivered to it after Ready, on a new connection (the re-exec closes
-    // every connection). Its client counts a closed connection only when an attempt finds
-    // it closed, not when it notices one while idle, so that count is shown, not required.
+    // The watcher's session spanned the restart: reads are served in every phase, so N's
+    // worker delivered the state to it while limited, before the re-exec; N+1's delivered
+    // the deployed state to it after Ready, on a new connection (the re-exec closes every
+    // connection). Its client counts a closed connection only when an attempt finds it
+    // closed, not when it notices one while idle, so that count is shown, not required.
     let watcher = &observed.watcher;
-    let refused_at = watcher.trace.first_refused();
     let watcher_spanned = match (re_exec_at, ready_at) {
         (Some(re_exec), Some(ready)) => {
             watcher.started < re_exec
-                && refused_at.is_some_and(|at| at < re_exec)
-                && watcher.first_delivery.is_some_and(|at| at >= ready)
+                && watcher.first_delivery.is_some_and(|at| at < re_exec)
+                && watcher.last_delivery.is_some_and(|at| at >= ready)
                 && watcher.result.is_ok()
         }
         _ => false,
@@ -750,9 +754,10 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
         "watcher spanned the restart",
         watcher_spanned,
         format!(
-            "the watcher started at {}, was first answered `upgrade in progress` (by {}'s \
-             worker) at {}, the controller re-executed at {}, Ready at {}, the watcher's \
-             first changes delivered at {} ({} attempts found the connection closed)",
+            "the watcher started at {}, was first delivered the state (by {}'s worker, \
+             limited) at {}, the controller re-executed at {}, Ready at {}, the watcher's \
+             last changes delivered at {} ({} attempts found the connection closed, {} \
+             answers `upgrade in progress`)",
             seconds(Some(watcher.started)),
             observed
                 .controller
@@ -762,11 +767,12 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
                     _ => None,
                 })
                 .unwrap_or("the first"),
-            seconds(refused_at),
+            seconds(watcher.first_delivery),
             seconds(re_exec_at),
             seconds(ready_at),
-            seconds(watcher.first_delivery),
+            seconds(watcher.last_delivery),
             watcher.trace.last().disconnected,
+            watcher.trace.last().upgrade_in_progress,
         ),
     ));
 
@@ -1188,8 +1194,9 @@ mod tests {
     }
 
     /// A run in which every claim holds: the controller upgrades at 2 s and is Ready at
-    /// 2.1 s; the deployer's first call goes out at 1.1 s and is refused twice; the watcher
-    /// is refused at 1.2 s (by N), and N+1 delivers to it at 2.6 s.
+    /// 2.1 s; the deployer's first call goes out at 1.1 s and is refused twice; N delivers
+    /// the state to the watcher at 1.2 s (limited: reads are served), and N+1 delivers the
+    /// deployed state to it at 2.6 s.
     fn observed() -> Observed {
         let bundle = Bundle::parse(DEMO_BUNDLE).unwrap();
         let gate = |phase: &str, limited| ControllerEvent::Gate {
@@ -1283,14 +1290,11 @@ mod tests {
             deployer,
             watcher: WatcherRun {
                 started: at(1.1),
-                first_delivery: Some(at(2.6)),
+                first_delivery: Some(at(1.2)),
+                last_delivery: Some(at(2.6)),
                 result: Ok(watched),
                 trace: ClientTrace {
-                    changes: vec![
-                        (at(1.2), stats(1, 0)),
-                        (at(2.001), stats(1, 1)),
-                        (at(2.05), stats(2, 1)),
-                    ],
+                    changes: vec![(at(2.001), stats(0, 1))],
                 },
             },
             status: Ok(status),
@@ -1365,13 +1369,16 @@ mod tests {
                 &["deployer overlapped the limited phases"],
             ),
             (
-                "the watcher was first refused after the re-exec",
-                |o| o.watcher.trace.changes[0].0 = at(2.0005),
+                "the watcher was first delivered to after the re-exec",
+                |o| o.watcher.first_delivery = Some(at(2.0005)),
                 &["watcher spanned the restart"],
             ),
             (
-                "the watcher was never refused",
-                |o| o.watcher.trace.changes.clear(),
+                "the watcher was never delivered to",
+                |o| {
+                    o.watcher.first_delivery = None;
+                    o.watcher.last_delivery = None;
+                },
                 &["watcher spanned the restart"],
             ),
             (
@@ -1380,8 +1387,8 @@ mod tests {
                 &["watcher spanned the restart"],
             ),
             (
-                "the watcher delivered before Ready",
-                |o| o.watcher.first_delivery = Some(at(2.09)),
+                "the watcher saw nothing after Ready",
+                |o| o.watcher.last_delivery = Some(at(2.09)),
                 &["watcher spanned the restart"],
             ),
             (

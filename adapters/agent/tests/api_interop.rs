@@ -2,11 +2,12 @@
 //! python-libjuju (PyPI `juju`) 3.6.1.3, installed into a throwaway virtualenv under the
 //! target directory with their dependencies pinned by `tests/interop/constraints.txt`.
 //!
-//! - jujuclient logs in and reads status while the agent is limited; a call outside the
-//!   allow-list is refused with `upgrade in progress` and jujuclient retries it (about once
-//!   a second) until the test turns the agent Ready, then it succeeds.
-//! - libjuju connects, reads status into its typed objects, and sees error code
-//!   `upgrade in progress` (it does not retry).
+//! - jujuclient logs in and reads status and model config while the agent is limited
+//!   (reads are served in every phase); a write (`ModelSet`) is refused with `upgrade in
+//!   progress` and jujuclient retries it (about once a second) until the test turns the
+//!   agent Ready, then it succeeds.
+//! - libjuju connects, reads status into its typed objects and the model config, and sees
+//!   error code `upgrade in progress` on a write (it does not retry).
 //! - libjuju's everyday work (`interop/libjuju_everyday.py`): `Model.connect` with an
 //!   observer, status, machines, model config, local charm deploys, relations, application
 //!   config, removals, a refused charm-store deploy, `Controller.connect` and `list_models`.
@@ -179,8 +180,16 @@ async fn jujuclient_retries_upgrade_in_progress_until_the_agent_is_ready() {
     let seen = client.finish(Duration::from_secs(60)).await;
     assert_eq!(seen["redirect"], Value::Null, "{seen}");
     assert_eq!(seen["status_model"], "controller");
+    assert_eq!(
+        seen["limited_agent_version"], "2.9.43",
+        "read while limited"
+    );
     assert_eq!(seen["agent_version"], "2.9.43");
-    let sends = seen["model_get_sends"].as_u64().unwrap();
+    assert_eq!(
+        seen["logging_config"], "<root>=DEBUG",
+        "the write landed once Ready"
+    );
+    let sends = seen["model_set_sends"].as_u64().unwrap();
     assert!(
         sends >= 4,
         "three refusals and a success, got {sends} sends"
@@ -193,12 +202,13 @@ async fn jujuclient_retries_upgrade_in_progress_until_the_agent_is_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn libjuju_connects_reads_status_and_sees_the_upgrade_error_code() {
+async fn libjuju_reads_status_and_config_while_limited_and_a_write_gets_the_upgrade_error_code() {
     tokio::task::spawn_blocking(python).await.unwrap();
     let fixture = start(Phase::CheckingAgentVersion).await;
     let client = Client::start("libjuju_check.py", &fixture);
     let seen = client.finish(Duration::from_secs(60)).await;
     assert_eq!(seen["status_model"], "controller", "{seen}");
+    assert_eq!(seen["agent_version"], "2.9.43", "{seen}");
     assert_eq!(seen["error_code"], "upgrade in progress");
     assert_eq!(fixture.api.gate_rejections(), 1);
 }

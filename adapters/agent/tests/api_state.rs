@@ -385,12 +385,15 @@ async fn machines_added_with_legacy_jobs_are_stored_with_roles_and_report_jobs()
 }
 
 #[tokio::test]
-async fn writes_and_watchers_wait_for_ready() {
+async fn writes_wait_for_ready_and_watchers_do_not() {
     let fixture = start(Phase::RunningSteps).await;
     let mut socket = logged_in(&fixture).await;
+    // A watcher is a read: served while limited (every database step commits atomically,
+    // so it sees one revision or the next, never half a step).
+    let watch = call(&mut socket, 3, "Client", 8, "WatchAll", json!({})).await;
+    assert!(watch["response"]["watcher-id"].is_string(), "{watch}");
     for (id, facade, method, params) in [
         (2, "Application", "Deploy", deploy_params(Some("d"))),
-        (3, "Client", "WatchAll", json!({})),
         (4, "Client", "AddMachines", json!({"params": [{}]})),
     ] {
         let reply = call(

@@ -100,7 +100,13 @@ async fn an_upload_is_recorded_under_its_local_url_once() {
 }
 
 /// Headers, path, body, and the status and message expected.
-type Refusal = (Vec<(&'static str, String)>, String, Vec<u8>, u16, &'static str);
+type Refusal = (
+    Vec<(&'static str, String)>,
+    String,
+    Vec<u8>,
+    u16,
+    &'static str,
+);
 
 #[tokio::test]
 async fn uploads_are_refused_as_juju_refuses_them() {

@@ -124,8 +124,8 @@ async fn a_deploy_rides_through_an_upgrade_and_a_deadline_names_the_phase() {
         .call(
             "ModelConfig",
             3,
-            "ModelGet",
-            json!({}),
+            "ModelSet",
+            json!({"config": {"logging-config": "<root>=DEBUG"}}),
             Duration::from_millis(300),
         )
         .await

@@ -48,7 +48,8 @@ async fn the_gate_is_asked_on_every_call_and_a_limited_connection_becomes_full()
     assert!(facades.contains(&json!({"name": "Client", "versions": [1, 8]})));
     assert!(facades.contains(&json!({"name": "Pinger", "versions": [1]})));
 
-    // Limited: the allow-list is served, everything else is turned away, retryably.
+    // Limited: the allow-list (Juju's calls during upgrades and every read) is served; a
+    // call that changes the model is turned away, retryably.
     assert_eq!(
         call(&mut socket, 4, "Pinger", 1, "Ping", Value::Null).await["response"],
         json!({})
@@ -66,7 +67,13 @@ async fn the_gate_is_asked_on_every_call_and_a_limited_connection_becomes_full()
         status["response"]["model"]["lockstep"]["phase"],
         "running-steps"
     );
-    let refused = call(&mut socket, 6, "ModelConfig", 3, "ModelGet", json!({})).await;
+    let read = call(&mut socket, 14, "ModelConfig", 3, "ModelGet", json!({})).await;
+    assert_eq!(
+        read["response"]["config"]["agent-version"]["value"], "2.9.43",
+        "{read}"
+    );
+    let set = json!({"config": {"logging-config": "<root>=DEBUG"}});
+    let refused = call(&mut socket, 6, "ModelConfig", 3, "ModelSet", set.clone()).await;
     assert_eq!(
         refused,
         json!({"request-id": 6, "error": "upgrade in progress", "error-code": "upgrade in progress",
@@ -92,9 +99,11 @@ async fn the_gate_is_asked_on_every_call_and_a_limited_connection_becomes_full()
 
     // Ready: the same connection is now full, without logging in again.
     fixture.gate.send(view(Phase::Ready)).unwrap();
-    let config = call(&mut socket, 9, "ModelConfig", 3, "ModelGet", json!({})).await;
+    let written = call(&mut socket, 9, "ModelConfig", 3, "ModelSet", set).await;
+    assert_eq!(written.get("error"), None, "{written}");
+    let config = call(&mut socket, 15, "ModelConfig", 3, "ModelGet", json!({})).await;
     assert_eq!(
-        config["response"]["config"]["agent-version"]["value"], "2.9.43",
+        config["response"]["config"]["logging-config"]["value"], "<root>=DEBUG",
         "{config}"
     );
 
@@ -307,7 +316,8 @@ async fn metrics_count_gate_rejections_by_facade_and_show_the_phase() {
     let mut socket = connect(&fixture, "/api").await;
     login(&mut socket).await;
     for id in 2..5 {
-        let reply = call(&mut socket, id, "ModelConfig", 3, "ModelGet", json!({})).await;
+        let set = json!({"config": {"logging-config": "<root>=DEBUG"}});
+        let reply = call(&mut socket, id, "ModelConfig", 3, "ModelSet", set).await;
         assert_eq!(reply["error-code"], "upgrade in progress");
     }
     call(&mut socket, 5, "Pinger", 1, "Ping", json!({})).await;

@@ -39,8 +39,9 @@ use super::machine::Machine;
 impl Machine {
     // ---------------------------------------------------------------- I1 and I9
 
-    /// I1, write path: "The gate serves the full API only while the agent is Ready." A
-    /// phase change publishes a Ready gate exactly when it enters Ready.
+    /// I1, write path: "The gate serves the full API, the only one that admits calls
+    /// changing the model, only while the agent is Ready." A phase change publishes a Ready
+    /// gate exactly when it enters Ready.
     pub(super) fn assert_gate_for_phase(&self, gate: &GateView, entering: Phase) {
         assert_eq!(
             gate.phase, entering,
@@ -76,8 +77,9 @@ impl Machine {
         published: GateView,
         outputs: impl Iterator<Item = &'a Output>,
     ) {
-        // I1: "The gate serves the full API only while the agent is Ready": the gate the
-        // API reads names the machine's phase.
+        // I1: "The gate serves the full API, the only one that admits calls changing the
+        // model, only while the agent is Ready": the gate the API reads names the machine's
+        // phase.
         assert_eq!(
             self.gate.phase, phase,
             "I1: the gate names {} while the agent is {phase}",

@@ -161,7 +161,8 @@ pub fn all(setup: &Setup) -> Vec<Box<dyn Checker>> {
 
 // ------------------------------------------------------------------ I1
 
-/// I1, as clients see it: the gate never admitted a full-API call while the process was
+/// I1, as clients see it: the gate never admitted a write (a call outside the limited
+/// allow-list, which holds reads and the abort of the upgrade) while the process was
 /// in another phase than Ready.
 #[derive(Debug)]
 pub struct GateChecker;
@@ -171,7 +172,7 @@ impl Checker for GateChecker {
         "gate"
     }
     fn invariant(&self) -> &'static str {
-        "I1: the gate never admitted a full-API call outside Ready"
+        "I1: the gate never admitted a write outside Ready"
     }
     fn observe(&mut self, observation: &Observation<'_>) -> Result<(), String> {
         match *observation {

@@ -1,9 +1,10 @@
 """python-jujuclient 0.54.0 against lockstep, unchanged.
 
-Asks RedirectInfo (which must say "not redirected"), logs in, reads status while the agent
-is limited, then asks for the model config, which lockstep refuses with `upgrade in
-progress` until the agent is Ready: jujuclient retries it about once a second until it
-succeeds. Prints one JSON line with what it saw.
+Asks RedirectInfo (which must say "not redirected"), logs in, reads status and the model
+config while the agent is limited (reads are served in every phase), then sets a model
+config key, which lockstep refuses with `upgrade in progress` until the agent is Ready:
+jujuclient retries it about once a second until it succeeds. Prints one JSON line with what
+it saw.
 """
 import json
 import sys
@@ -17,6 +18,7 @@ env = Environment(
 redirect = env.redirect_info()
 env.login(password, user="user-admin")
 status = env.status()
+limited_config = env.get_env_config()
 
 sent = []
 original = env._send_request
@@ -28,14 +30,18 @@ def counting(op):
 
 
 env._send_request = counting
+env.set_env_config({"logging-config": "<root>=DEBUG"})
+env._send_request = original
 config = env.get_env_config()
 print(
     json.dumps(
         {
             "redirect": redirect,
             "status_model": status["model"]["name"],
-            "model_get_sends": sent.count("ModelGet"),
+            "limited_agent_version": limited_config["config"]["agent-version"]["value"],
+            "model_set_sends": sent.count("ModelSet"),
             "agent_version": config["config"]["agent-version"]["value"],
+            "logging_config": config["config"]["logging-config"]["value"],
         }
     )
 )

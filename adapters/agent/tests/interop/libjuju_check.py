@@ -1,8 +1,9 @@
 """python-libjuju 3.6.1.3 against lockstep, unchanged.
 
 Connects (login, facade negotiation, its pinger), reads FullStatus into libjuju's typed
-objects while the agent is limited, and asks for the model config, which must fail with
-error code `upgrade in progress` (libjuju does not retry). Prints one JSON line.
+objects and the model config while the agent is limited (reads are served in every phase),
+and sets a model config key, which must fail with error code `upgrade in progress` (libjuju
+does not retry). Prints one JSON line.
 """
 import asyncio
 import json
@@ -25,13 +26,24 @@ async def main():
         cacert=cacert,
     )
     status = await client.ClientFacade.from_connection(connection).FullStatus(patterns=[])
+    model_config = client.ModelConfigFacade.from_connection(connection)
+    config = await model_config.ModelGet()
     try:
-        await client.ModelConfigFacade.from_connection(connection).ModelGet()
+        await model_config.ModelSet(config={"logging-config": "<root>=DEBUG"})
         code = None
     except JujuAPIError as error:
         code = error.error_code
     await connection.close()
-    print(json.dumps({"status_model": status.model.name, "error_code": code}))
+    agent_version = config.config["agent-version"].value
+    print(
+        json.dumps(
+            {
+                "status_model": status.model.name,
+                "agent_version": agent_version,
+                "error_code": code,
+            }
+        )
+    )
 
 
 asyncio.run(main())
