@@ -7,13 +7,11 @@
 
 mod api_support;
 
-use std::sync::Arc;
-
 use api_support::*;
 use lockstep_agent::api::applications;
 use lockstep_core::gate;
 use lockstep_core::{Binary, Phase, Role, Roles};
-use lockstep_store::{Machine, OpenMode, SqliteStore, Store};
+use lockstep_store::Machine;
 use lockstep_transport::charm::Charm;
 use lockstep_transport::served::FACADES;
 use serde_json::{Value, json};
@@ -21,14 +19,7 @@ use serde_json::{Value, json};
 /// The server over a fresh SQLite store holding a controller machine and a deployed
 /// application `web` (so that reads have something to read), then limited in `phase`.
 async fn limited(phase: Phase) -> (Fixture, tempfile::TempDir) {
-    let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(directory.path().join("state.db"), OpenMode::ReadWrite).unwrap(),
-    );
-    let credentials =
-        lockstep_transport::tls::Credentials::generate("test", &["127.0.0.1".parse().unwrap()])
-            .unwrap();
-    let fixture = start_with(Phase::Ready, store, 0, credentials).await;
+    let (fixture, directory) = start_on_sqlite(Phase::Ready).await;
     let mut machine = Machine::with_roles("0", Roles::of(&[Role::Controller]));
     machine.agent_binary = Some(Binary::parse("2.9.43-ubuntu-amd64").unwrap());
     fixture.store.add_machine(&machine).unwrap();

@@ -8,22 +8,14 @@ mod api_support;
 use api_support::*;
 use lockstep_agent::api::applications;
 use lockstep_core::{Binary, Phase, Role, Roles};
-use std::sync::Arc;
 
-use lockstep_store::{EntityKind, Machine, OpenMode, SqliteStore, Store};
+use lockstep_store::{EntityKind, Machine, Store};
 use lockstep_transport::charm::{Charm, Endpoint};
 use serde_json::{Map, Value, json};
 
 /// The server over a fresh SQLite store (its directory removed with the returned guard).
 async fn start(phase: Phase) -> (Fixture, tempfile::TempDir) {
-    let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(directory.path().join("state.db"), OpenMode::ReadWrite).unwrap(),
-    );
-    let credentials =
-        lockstep_transport::tls::Credentials::generate("test", &["127.0.0.1".parse().unwrap()])
-            .unwrap();
-    (start_with(phase, store, 0, credentials).await, directory)
+    start_on_sqlite(phase).await
 }
 
 /// A read of the store, in one snapshot.

@@ -210,6 +210,21 @@ pub async fn start(phase: Phase) -> Fixture {
     start_with(phase, store, 0, credentials).await
 }
 
+/// A server on any free port over a fresh SQLite store in a temporary directory under the
+/// target directory (removed with the returned guard), creating the model.
+pub async fn start_on_sqlite(phase: Phase) -> (Fixture, tempfile::TempDir) {
+    let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        lockstep_store::SqliteStore::open(
+            directory.path().join("state.db"),
+            lockstep_store::OpenMode::ReadWrite,
+        )
+        .unwrap(),
+    );
+    let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+    (start_with(phase, store, 0, credentials).await, directory)
+}
+
 /// A server on `port` (0: any free one) over `store`, creating the model if it has none:
 /// restarting on the same port and store is how tests play an agent restart.
 pub async fn start_with(
