@@ -81,7 +81,7 @@ impl ControllerFile {
 
     /// Writes `<data>/controller.yaml` (mode 0600).
     pub fn write(&self, data: &DataDir) -> Result<(), String> {
-        datadir::write_file_atomically(
+        lockstep_fs::write_file_atomically(
             &data.controller_config_path(),
             serde_saphyr::to_string(self)
                 .map_err(|e| e.to_string())?
@@ -280,15 +280,15 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
     let address = format!("127.0.0.1:{port}");
     let credentials = Credentials::generate(&options.name, &[IpAddr::from([127, 0, 0, 1])])
         .map_err(|e| e.to_string())?;
-    datadir::write_file_atomically(&data.ca_cert_path(), credentials.ca_pem.as_bytes(), 0o644)
+    lockstep_fs::write_file_atomically(&data.ca_cert_path(), credentials.ca_pem.as_bytes(), 0o644)
         .map_err(|e| e.to_string())?;
-    datadir::write_file_atomically(
+    lockstep_fs::write_file_atomically(
         &data.server_cert_path(),
         credentials.certificate_pem.as_bytes(),
         0o644,
     )
     .map_err(|e| e.to_string())?;
-    datadir::write_file_atomically(
+    lockstep_fs::write_file_atomically(
         &data.server_key_path(),
         credentials.key_pem.as_bytes(),
         0o600,
@@ -299,7 +299,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
         name: "admin".to_owned(),
         password_hash: lockstep_transport::server::hash_password(&password),
     }];
-    datadir::write_file_atomically(
+    lockstep_fs::write_file_atomically(
         &crate::paths::users_path(&data),
         serde_json::to_string_pretty(&users)
             .expect("users serialise")

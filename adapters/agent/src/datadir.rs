@@ -25,7 +25,7 @@
 //! As in Juju, an agent runs `tools/<tag>/lockstepd` and an upgrade installs the new
 //! binary beside the old one, then points `tools/<tag>` at it with one `rename`, so a crash
 //! leaves the old or the new link and never none. Every file the agent itself writes is
-//! replaced atomically ([`write_file_atomically`]: temporary file in the same directory,
+//! replaced atomically ([`lockstep_fs`]: temporary file in the same directory,
 //! fsync, rename, fsync of the directory; CONTRACT.md, "Where state lives"), and every
 //! binary directory is assembled under a temporary name in `tools/` and renamed into place
 //! only when complete.
@@ -150,6 +150,8 @@ pub enum DataDirError {
     },
     /// The tarball could not be unpacked.
     Unpack(UnpackError),
+    /// A file could not be replaced atomically, or a directory fsynced.
+    Write(lockstep_fs::AtomicWriteError),
 }
 
 impl DataDirError {
@@ -224,6 +226,7 @@ impl fmt::Display for DataDirError {
                 path.display()
             ),
             DataDirError::Unpack(error) => error.fmt(f),
+            DataDirError::Write(error) => error.fmt(f),
         }
     }
 }
@@ -234,6 +237,7 @@ impl std::error::Error for DataDirError {
             DataDirError::Io { error, .. } => Some(error),
             DataDirError::ForceVersion { error, .. } => Some(error.as_ref()),
             DataDirError::Unpack(error) => Some(error),
+            DataDirError::Write(error) => Some(error),
             _ => None,
         }
     }
@@ -618,7 +622,8 @@ impl DataDir {
         })?;
         let text = conf.to_yaml()?;
         fs::create_dir_all(&self.root).map_err(DataDirError::io(&self.root, "create"))?;
-        write_file_atomically(&path, text.as_bytes(), 0o600)
+        lockstep_fs::write_file_atomically(&path, text.as_bytes(), 0o600)
+            .map_err(DataDirError::Write)
     }
 
     /// The binary `tools/<tag>` points at; `None` when the link does not exist.
@@ -1132,39 +1137,6 @@ pub fn juju_arch(rust_arch: &str) -> &str {
     }
 }
 
-/// Replaces `path` with `bytes` so that a crash leaves the old or the new content and
-/// nothing else: a temporary file in the same directory created with `mode`, written,
-/// fsynced, renamed over `path`, and the directory fsynced.
-pub fn write_file_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DataDirError> {
-    let directory = parent_directory(path);
-    let name = path
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut temporary = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .permissions(fs::Permissions::from_mode(mode))
-        .tempfile_in(directory)
-        .map_err(DataDirError::io(directory, "create a temporary file in"))?;
-    // The umask may have narrowed the mode at creation: set it exactly.
-    temporary
-        .as_file()
-        .set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(DataDirError::io(temporary.path(), "set the permissions of"))?;
-    temporary
-        .write_all(bytes)
-        .map_err(DataDirError::io(path, "write"))?;
-    temporary
-        .as_file()
-        .sync_all()
-        .map_err(DataDirError::io(path, "fsync"))?;
-    temporary
-        .persist(path)
-        .map_err(|error| DataDirError::io(path, "rename into")(error.error))?;
-    sync_directory(directory)
-}
-
 /// Creates `path` (which must not exist) with `bytes` and `mode`, fsynced.
 fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DataDirError> {
     let mut file = OpenOptions::new()
@@ -1180,18 +1152,9 @@ fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DataDirErr
     file.sync_all().map_err(DataDirError::io(path, "fsync"))
 }
 
-fn parent_directory(path: &Path) -> &Path {
-    match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    }
-}
-
 /// Makes renames and creations in `directory` durable.
 fn sync_directory(directory: &Path) -> Result<(), DataDirError> {
-    File::open(directory)
-        .and_then(|file| file.sync_all())
-        .map_err(DataDirError::io(directory, "fsync the directory"))
+    lockstep_fs::sync_directory(directory).map_err(DataDirError::Write)
 }
 
 /// Reads a whole file of at most `size_bytes_max` bytes; `None` when it does not exist.

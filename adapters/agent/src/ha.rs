@@ -139,7 +139,7 @@ pub async fn enable_ha(
         ] {
             let bytes =
                 std::fs::read(&from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
-            datadir::write_file_atomically(&to, &bytes, mode).map_err(|e| e.to_string())?;
+            lockstep_fs::write_file_atomically(&to, &bytes, mode).map_err(|e| e.to_string())?;
         }
         data.install_local_binary(&binary, &exe, forced)
             .map_err(|e| e.to_string())?;

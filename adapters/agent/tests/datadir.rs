@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 
 use lockstep_agent::datadir::{
     self, AgentConf, DataDir, DataDirError, DownloadedTools, read_force_version,
-    write_file_atomically,
 };
 use lockstep_agent::unpack::{
     NameProblem, UnpackError, UnpackLimits, UnpackProblem, pack_tgz, unpack_tgz,
@@ -772,23 +771,6 @@ fn agent_conf_refuses_newer_formats_and_malformed_yaml_naming_the_file() {
         assert!(message.contains(needle), "{needle} in {message}");
         assert_eq!(message.lines().count(), 1, "{message}");
     }
-}
-
-#[test]
-fn write_file_atomically_sets_the_mode_exactly_and_leaves_no_temporary() {
-    let temporary = tempfile::tempdir().unwrap();
-    let path = temporary.path().join("server-key.pem");
-    write_file_atomically(&path, b"one", 0o600).unwrap();
-    write_file_atomically(&path, b"two", 0o644).unwrap();
-    assert_eq!(fs::read(&path).unwrap(), b"two");
-    assert_eq!(
-        fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-        0o644
-    );
-    assert_eq!(listing(temporary.path()), ["server-key.pem"]);
-    let error =
-        write_file_atomically(&temporary.path().join("no/such/dir"), b"x", 0o600).unwrap_err();
-    assert!(error.to_string().contains("no/such"), "{error}");
 }
 
 #[test]
