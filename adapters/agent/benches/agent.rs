@@ -185,8 +185,8 @@ async fn download_verify_unpack(
     let tools = DownloadedTools {
         version: entry.binary.clone(),
         url: format!("{url}/{}", entry.path),
-        sha256: entry.sha256.to_string(),
-        size: entry.size_bytes,
+        sha256: entry.sha256,
+        size_bytes: entry.size_bytes,
     };
     let started = Instant::now();
     source

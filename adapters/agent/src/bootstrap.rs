@@ -403,8 +403,8 @@ async fn install_published(
         &DownloadedTools {
             version: entry.binary.clone(),
             url: format!("{}/{}", url.trim_end_matches('/'), entry.path),
-            sha256: entry.sha256.to_string(),
-            size: entry.size_bytes,
+            sha256: entry.sha256,
+            size_bytes: entry.size_bytes,
         },
     )
     .map_err(|e| e.to_string())?;
@@ -433,9 +433,8 @@ fn install_local(
         .read_downloaded_tools(&binary)
         .map_err(|e| e.to_string())?
         .ok_or("the local binary was installed without its downloaded-tools.txt")?;
-    let sha = Sha256::parse(&installed.sha256).map_err(|e| e.to_string())?;
     tracing::debug!(target: "lockstep::bootstrap", dir = %dir.display(), "local agent installed");
-    Ok((binary, Some((sha, installed.size))))
+    Ok((binary, Some((installed.sha256, installed.size_bytes))))
 }
 
 /// Starts `lockstepd` detached (its own session, output appended to

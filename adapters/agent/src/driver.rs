@@ -802,12 +802,12 @@ async fn stage(
                         data.binary_dir(&plan.binary).display()
                     )
                 })?;
-            if installed.sha256 != plan.sha256.to_string() || installed.size != plan.size_bytes {
+            if installed.sha256 != plan.sha256 || installed.size_bytes != plan.size_bytes {
                 return Err(format!(
                     "{} holds sha256 {} ({} bytes), expected {} ({} bytes)",
                     data.binary_dir(&plan.binary).display(),
                     installed.sha256,
-                    installed.size,
+                    installed.size_bytes,
                     plan.sha256,
                     plan.size_bytes
                 ));
@@ -819,7 +819,7 @@ async fn stage(
         }
         StageSource::Catalogue { path } => {
             if let Ok(Some(installed)) = data.read_downloaded_tools(&plan.binary)
-                && installed.sha256 == plan.sha256.to_string()
+                && installed.sha256 == plan.sha256
                 && data.binary_path(&plan.binary).is_file()
             {
                 return Ok(());
@@ -849,8 +849,8 @@ async fn stage(
             let meta = DownloadedTools {
                 version: plan.binary.clone(),
                 url: format!("{}/{}", url.trim_end_matches('/'), path),
-                sha256: plan.sha256.to_string(),
-                size: plan.size_bytes,
+                sha256: plan.sha256,
+                size_bytes: plan.size_bytes,
             };
             let data = data.clone();
             let binary = plan.binary.clone();

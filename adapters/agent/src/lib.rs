@@ -25,6 +25,7 @@ pub mod launcher;
 pub mod logging;
 pub mod notify;
 pub mod paths;
+pub mod quote;
 pub mod status;
 pub mod steps;
 pub mod store;

@@ -9,26 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use lockstep_store::Store;
-use serde::{Deserialize, Serialize};
 
+pub use crate::datadir::StoreEngine;
 use crate::datadir::{AgentConf, DataDir};
-
-/// The store engine.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreEngine {
-    /// `<data>/store.db`, embedded SQLite: one controller.
-    #[default]
-    Sqlite,
-    /// An etcd cluster shared by every controller of the model.
-    Etcd,
-}
-
-impl StoreEngine {
-    pub fn is_sqlite(&self) -> bool {
-        *self == StoreEngine::Sqlite
-    }
-}
 
 /// Where the shared state lives, as `agent.conf` holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
