@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use lockstep_agent::bootstrap::ControllerFile;
+use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::DataDir;
 use lockstep_core::client::RetryPolicy;
 use serde_json::{Value, json};
@@ -94,7 +94,7 @@ fn logged_unix_micros(log: &str, words: &[&str]) -> Option<i64> {
             return None;
         }
         let stamp = plain.split_whitespace().next()?;
-        lockstep_agent::demo::parse_rfc3339_micros(stamp).map(|micros| micros as i64)
+        lockstep_agent::cli::demo::parse_rfc3339_micros(stamp).map(|micros| micros as i64)
     })
 }
 
@@ -227,8 +227,8 @@ async fn round(source: &str, python: &Path, script: &Path) -> Round {
     .expect("joined");
 
     let log = std::fs::read_to_string(data.logs_dir().join("lockstepd.log")).unwrap_or_default();
-    if let Ok(pid) = std::fs::read_to_string(lockstep_agent::paths::pid_path(&data)) {
-        lockstep_agent::demo::stop_daemon(pid.trim().parse().expect("a pid"));
+    if let Ok(pid) = std::fs::read_to_string(data.pid_path()) {
+        lockstep_agent::cli::demo::stop_daemon(pid.trim().parse().expect("a pid"));
     }
     assert!(
         bootstrap.status.success() && log.contains("re-executing"),
@@ -277,9 +277,9 @@ async fn main() {
     let own = lockstep_agent::steps::build_version();
     let next = lockstep_agent::steps::next_patch();
     let mirror = tempfile::tempdir().expect("a temporary directory");
-    lockstep_agent::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
-    lockstep_agent::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
-    lockstep_agent::demo::generate(mirror.path()).unwrap();
+    lockstep_agent::cli::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
+    lockstep_agent::cli::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
+    lockstep_agent::cli::demo::generate(mirror.path()).unwrap();
     let source = mirror.path().to_str().expect("UTF-8").to_owned();
 
     let mut rounds = Vec::new();

@@ -2,8 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::datadir::DataDir;
-
 /// `--data-dir`'s default: `/var/lib/lockstep` for root (Juju's `/var/lib/juju`), else
 /// `$XDG_DATA_HOME/lockstep` (`~/.local/share/lockstep`).
 pub fn default_data_dir() -> PathBuf {
@@ -33,14 +31,4 @@ pub fn sibling_executable(name: &str) -> Result<PathBuf, String> {
             exe.display()
         ))
     }
-}
-
-/// The API's users (`[{name, password-hash}]`, mode 0600).
-pub fn users_path(data: &DataDir) -> PathBuf {
-    data.root().join("users.json")
-}
-
-/// The launcher's pid, locked while it runs.
-pub fn pid_path(data: &DataDir) -> PathBuf {
-    data.root().join("lockstepd.pid")
 }

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use lockstep_agent::bootstrap::BootstrapOptions;
-use lockstep_agent::cli::{self, Session};
+use lockstep_agent::cli::bootstrap::BootstrapOptions;
+use lockstep_agent::cli::commands::{self, Session};
+use lockstep_agent::cli::status::Format;
 use lockstep_agent::logging::{self, LogFormat, complain, say};
-use lockstep_agent::status::Format;
 use lockstep_agent::store::StoreEngine;
 use lockstep_core::Version;
 use lockstep_core::policy::Stream;
@@ -200,22 +200,27 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
             };
             bootstrap_command(&options, timeout).await
         }
-        Command::Status { format } => cli::status(&session()?, format).await,
-        Command::Deploy { bundle } => cli::deploy(&session()?, &bundle).await,
-        Command::AddMachine { count } => cli::add_machine(&session()?, count).await,
-        Command::Watch { limit } => cli::watch(&session()?, limit).await,
+        Command::Status { format } => commands::status(&session()?, format).await,
+        Command::Deploy { bundle } => commands::deploy(&session()?, &bundle).await,
+        Command::AddMachine { count } => commands::add_machine(&session()?, count).await,
+        Command::Watch { limit } => commands::watch(&session()?, limit).await,
         Command::UpgradeController {
             agent_version,
             dry_run,
             reset_previous_upgrade,
         } => {
-            cli::upgrade_controller(&session()?, agent_version, dry_run, reset_previous_upgrade)
-                .await
+            commands::upgrade_controller(
+                &session()?,
+                agent_version,
+                dry_run,
+                reset_previous_upgrade,
+            )
+            .await
         }
-        Command::AbortUpgrade => cli::abort_upgrade(&session()?).await,
+        Command::AbortUpgrade => commands::abort_upgrade(&session()?).await,
         Command::EnableHa { count } => {
             let primary = lockstep_agent::datadir::DataDir::new(&args.data_dir);
-            let added = lockstep_agent::ha::enable_ha(&primary, count, timeout, say).await?;
+            let added = lockstep_agent::cli::ha::enable_ha(&primary, count, timeout, say).await?;
             say(&format!(
                 "enable-ha complete: {} controllers ({} added)",
                 count,
@@ -223,17 +228,19 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
             ));
             Ok(())
         }
-        Command::KillController => cli::kill_controller(&args.data_dir, Duration::from_secs(60)),
+        Command::KillController => {
+            commands::kill_controller(&args.data_dir, Duration::from_secs(60))
+        }
         Command::Metadata {
             command: MetadataCommand::GenerateAgentBinaries { dir },
-        } => cli::generate_agent_binaries(&dir),
-        Command::Demo { keep } => lockstep_agent::demo::run(keep, timeout).await,
+        } => commands::generate_agent_binaries(&dir),
+        Command::Demo { keep } => lockstep_agent::cli::demo::run(keep, timeout).await,
     }
 }
 
 async fn bootstrap_command(options: &BootstrapOptions, timeout: Duration) -> Result<(), String> {
     let started = Instant::now();
-    let outcome = lockstep_agent::bootstrap::bootstrap(options, timeout, say).await?;
+    let outcome = lockstep_agent::cli::bootstrap::bootstrap(options, timeout, say).await?;
     say(&format!(
         "Bootstrap complete, controller {:?} is now available ({:.1}s{})",
         options.name,

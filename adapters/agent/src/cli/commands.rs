@@ -10,11 +10,11 @@ use lockstep_core::client::RetryPolicy;
 use lockstep_transport::client::{Client, ClientError};
 use serde_json::{Value, json};
 
-use crate::bootstrap::{ControllerFile, Progress, wait_until_ready};
-use crate::bundle::{Bundle, BundleChange};
+use crate::cli::bootstrap::{ControllerFile, Progress, wait_until_ready};
+use crate::cli::bundle::{Bundle, BundleChange};
+use crate::cli::status::{self, Format};
 use crate::datadir::DataDir;
 use crate::logging::{complain, say};
-use crate::status::{self, Format};
 
 /// API facade versions the CLI speaks.
 pub const CLIENT_VERSION: u32 = 8;
@@ -332,8 +332,8 @@ pub async fn upgrade_controller(
 /// controller `enable-ha` added beside it, then waits for them to exit.
 pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), String> {
     let data = DataDir::new(data_dir);
-    for (_, member) in crate::ha::members(&data) {
-        if crate::paths::pid_path(&member).exists() {
+    for (_, member) in crate::cli::ha::members(&data) {
+        if member.pid_path().exists() {
             stop_daemon(&member, timeout)?;
         }
     }
@@ -341,7 +341,7 @@ pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), String>
 }
 
 fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), String> {
-    let path = crate::paths::pid_path(data);
+    let path = data.pid_path();
     let text = std::fs::read_to_string(&path).map_err(|e| {
         format!(
             "no lockstepd runs on {} ({}: {e})",
@@ -354,7 +354,7 @@ fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), String> {
         .parse()
         .map_err(|_| format!("{} holds {:?}, not a pid", path.display(), text.trim()))?;
     let target = rustix::process::Pid::from_raw(pid).ok_or("pid 0")?;
-    if !crate::bootstrap::alive(pid as u32) {
+    if !crate::process::alive(pid as u32) {
         say(&format!(
             "controller in {} is not running",
             data.root().display()
@@ -364,7 +364,7 @@ fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), String> {
     rustix::process::kill_process(target, rustix::process::Signal::TERM)
         .map_err(|e| format!("cannot signal lockstepd (pid {pid}): {e}"))?;
     let started = Instant::now();
-    while crate::bootstrap::alive(pid as u32) {
+    while crate::process::alive(pid as u32) {
         if started.elapsed() > timeout {
             let _ = rustix::process::kill_process(target, rustix::process::Signal::KILL);
             return Err(format!(
@@ -383,7 +383,7 @@ pub fn generate_agent_binaries(dir: &Path) -> Result<(), String> {
     let generated = lockstep_streams::generate_agent_binaries(
         dir,
         &lockstep_streams::GenerateOptions {
-            now_unix_seconds: crate::driver::unix_now(),
+            now_unix_seconds: crate::metadata::unix_now(),
         },
     )
     .map_err(|e| e.to_string())?;

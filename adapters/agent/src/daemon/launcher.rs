@@ -30,9 +30,9 @@ use tokio::net::UnixDatagram;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+use crate::daemon::notify::{NOTIFY_SOCKET, Notification, Notifier};
+use crate::daemon::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD};
 use crate::datadir::DataDir;
-use crate::notify::{NOTIFY_SOCKET, Notification, Notifier};
-use crate::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD};
 
 /// The launcher's settings.
 #[derive(Clone, Debug)]
@@ -69,7 +69,7 @@ impl Drop for DirLock {
 /// Locks `<data>/lockstepd.pid` and writes this process's id into it.
 pub fn lock_data_dir(data: &DataDir) -> Result<DirLock, String> {
     use std::io::Write;
-    let path = crate::paths::pid_path(data);
+    let path = data.pid_path();
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -128,7 +128,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
         "launcher started"
     );
 
-    let mut terminate = Box::pin(crate::worker::wait_for_termination());
+    let mut terminate = Box::pin(crate::process::wait_for_termination());
     let mut failures = 0u32;
     loop {
         let exe = data.agent_link(&conf.tag).join("lockstepd");

@@ -22,14 +22,14 @@ use lockstep_store::{Changes, EntityKind, Store};
 use lockstep_transport::client::{Client, ClientStats};
 use serde_json::{Value, json};
 
-use crate::bootstrap::{self, BootstrapOptions, ControllerFile, Progress};
-use crate::bundle::{Bundle, BundleChange};
-use crate::cli;
+use crate::cli::bootstrap::{self, BootstrapOptions, ControllerFile, Progress};
+use crate::cli::bundle::{Bundle, BundleChange};
+use crate::cli::commands;
 use crate::datadir::{self, DataDir};
 use crate::logging::say;
 
 /// The bundle the demo deploys.
-pub const DEMO_BUNDLE: &str = include_str!("../bundles/demo.yaml");
+pub const DEMO_BUNDLE: &str = include_str!("../../bundles/demo.yaml");
 
 /// One timeline entry: when (since the demo started), who, what.
 pub type Event = (Duration, &'static str, String);
@@ -226,7 +226,7 @@ pub fn stop_daemon(pid: u32) {
     };
     let _ = rustix::process::kill_process(target, rustix::process::Signal::TERM);
     let started = Instant::now();
-    while bootstrap::alive(pid) {
+    while crate::process::alive(pid) {
         if started.elapsed() > Duration::from_secs(30) {
             let _ = rustix::process::kill_process(target, rustix::process::Signal::KILL);
         }
@@ -262,7 +262,7 @@ pub fn generate(mirror: &Path) -> Result<(), String> {
     lockstep_streams::generate_agent_binaries(
         mirror,
         &lockstep_streams::GenerateOptions {
-            now_unix_seconds: crate::driver::unix_now(),
+            now_unix_seconds: crate::metadata::unix_now(),
         },
     )
     .map(|_| ())
@@ -374,15 +374,15 @@ pub async fn deployer(
     let client = controller.client(RetryPolicy::default());
     let mut calls = Vec::new();
     for change in bundle.plan() {
-        let (facade, version, method, params) = cli::call_for(&change);
+        let (facade, version, method, params) = commands::call_for(&change);
         let before = client.stats();
         let sent = timeline.elapsed();
         let result = client
             .mutate(facade, version, method, params, deadline)
             .await
-            .map_err(|e| cli::describe(&e))
+            .map_err(|e| commands::describe(&e))
             .and_then(|reply| {
-                cli::check_results(&reply, &cli::describe_change(&change)).map(|()| reply)
+                commands::check_results(&reply, &commands::describe_change(&change)).map(|()| reply)
             });
         let answered = timeline.elapsed();
         let after = client.stats();
@@ -392,7 +392,7 @@ pub async fn deployer(
             timeline.add_at(
                 sent,
                 "deployer",
-                format!("{}: sent", cli::describe_change(&change)),
+                format!("{}: sent", commands::describe_change(&change)),
             );
         }
         timeline.add_at(
@@ -402,10 +402,10 @@ pub async fn deployer(
                 Ok(_) if refused + reconnected > 0 => format!(
                     "{} done after {refused} answers `upgrade in progress` and {reconnected} \
                      closed connections, each retried with the same operation-id",
-                    cli::describe_change(&change),
+                    commands::describe_change(&change),
                 ),
-                Ok(_) => format!("{} done", cli::describe_change(&change)),
-                Err(error) => format!("{} FAILED: {error}", cli::describe_change(&change)),
+                Ok(_) => format!("{} done", commands::describe_change(&change)),
+                Err(error) => format!("{} FAILED: {error}", commands::describe_change(&change)),
             },
         );
         calls.push(DeployCall {
@@ -472,7 +472,10 @@ pub async fn watcher(
             if left.is_zero() {
                 return Err("the watcher did not see the deployed state in time".to_owned());
             }
-            let deltas = watcher.next(left).await.map_err(|e| cli::describe(&e))?;
+            let deltas = watcher
+                .next(left)
+                .await
+                .map_err(|e| commands::describe(&e))?;
             if !deltas.is_empty() && first_delivery.is_none() {
                 first_delivery = Some(timeline.elapsed());
             }
@@ -717,7 +720,7 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
             Some(first) => format!(
                 "the deployer's first call ({}) was sent at {}, Ready came at {}; it was \
                  answered `upgrade in progress` {} times and {} at {}",
-                cli::describe_change(&first.change),
+                commands::describe_change(&first.change),
                 seconds(Some(first.sent)),
                 seconds(ready_at),
                 first.refused,
@@ -778,7 +781,7 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
             call.result
                 .as_ref()
                 .err()
-                .map(|e| format!("deployer: {}: {e}", cli::describe_change(&call.change)))
+                .map(|e| format!("deployer: {}: {e}", commands::describe_change(&call.change)))
         })
         .collect();
     if let Err(error) = &watcher.result {
@@ -974,7 +977,7 @@ fn check_watcher(watched: &Result<Watched, String>, status: Option<&Value>) -> V
 pub async fn run(keep: bool, timeout: Duration) -> Result<(), String> {
     tokio::select! {
         result = run_demo(keep, timeout) => result,
-        () = crate::worker::wait_for_termination() => {
+        () = crate::process::wait_for_termination() => {
             // Dropping `run_demo` dropped its daemon guard: the controller is stopped.
             Err("interrupted; the demo's controller was stopped".to_owned())
         }
@@ -1088,13 +1091,13 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
     let status = client
         .call(
             "Client",
-            cli::CLIENT_VERSION,
+            commands::CLIENT_VERSION,
             "FullStatus",
             json!({}),
             Duration::from_secs(30),
         )
         .await
-        .map_err(|e| cli::describe(&e));
+        .map_err(|e| commands::describe(&e));
     let watched = watch.await.map_err(|e| e.to_string())?;
 
     let data = DataDir::new(root.join("controller"));

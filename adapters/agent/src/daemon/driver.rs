@@ -25,12 +25,13 @@ use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
 use lockstep_core::steps::{StepKind, StepRegistry};
 use lockstep_core::{Binary, Lifecycle, Phase, Timestamp, Version};
 use lockstep_store::Store;
-use lockstep_streams::{AsyncSource, DirectorySource, HttpSource, LookupConfig};
+use lockstep_streams::LookupConfig;
 use tokio::sync::{mpsc, watch};
 
+use crate::daemon::notify::Notifier;
+use crate::daemon::step_runner::{self, HostContext};
 use crate::datadir::{DataDir, DownloadedTools};
-use crate::notify::Notifier;
-use crate::steps::{self, HostContext};
+use crate::metadata::{MetadataSource, unix_now};
 
 /// What the lifecycle shows the API and the operator, besides the gate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -409,8 +410,9 @@ impl Driver {
                 match kind {
                     StepKind::Database => {
                         self.blocking(id, "run a database step", move || {
-                            let outcome = steps::run_database_step(&*store, &key, fence, &running)
-                                .map_err(|e| e.to_string())?;
+                            let outcome =
+                                step_runner::run_database_step(&*store, &key, fence, &running)
+                                    .map_err(|e| e.to_string())?;
                             Ok(Input::StepFinished { id, outcome })
                         });
                     }
@@ -421,7 +423,7 @@ impl Driver {
                             running: running.clone(),
                         };
                         self.tasks.spawn_blocking(move || {
-                            let outcome = match steps::run_host_step(&context, &key) {
+                            let outcome = match step_runner::run_host_step(&context, &key) {
                                 Ok(()) => StepOutcome::Applied,
                                 Err(reason) => StepOutcome::Failed(reason),
                             };
@@ -678,68 +680,6 @@ pub fn status_line(report: &StatusReport) -> String {
         line.push_str(&report.message);
     }
     line
-}
-
-/// The model's metadata source, as an async source.
-#[derive(Debug)]
-pub enum MetadataSource {
-    Directory(DirectorySource),
-    Http(HttpSource),
-}
-
-impl MetadataSource {
-    /// `http://` and `https://` URLs are fetched; anything else is a local directory
-    /// (`file://` or a path).
-    pub fn open(url: &str) -> Result<MetadataSource, String> {
-        if url.starts_with("http://") || url.starts_with("https://") {
-            HttpSource::new(url, lockstep_streams::HttpConfig::default())
-                .map(MetadataSource::Http)
-                .map_err(|e| e.to_string())
-        } else {
-            DirectorySource::from_url(url)
-                .map(MetadataSource::Directory)
-                .map_err(|e| e.to_string())
-        }
-    }
-
-    pub async fn look_up(
-        &self,
-        mark: &lockstep_streams::HighWaterMarkFile,
-        config: &LookupConfig,
-        now: u64,
-    ) -> Result<lockstep_streams::Lookup, lockstep_streams::LookupError> {
-        match self {
-            MetadataSource::Directory(source) => {
-                lockstep_streams::look_up_async(source, mark, config, now).await
-            }
-            MetadataSource::Http(source) => {
-                lockstep_streams::look_up_async(source, mark, config, now).await
-            }
-        }
-    }
-
-    pub async fn download(
-        &self,
-        entry: &CatalogueEntry,
-        destination: &std::path::Path,
-        progress: &mut (dyn FnMut(lockstep_streams::DownloadProgress) + Send),
-    ) -> Result<(), lockstep_streams::DownloadError> {
-        match self {
-            MetadataSource::Directory(source) => {
-                AsyncSource::download(source, entry, destination, progress).await
-            }
-            MetadataSource::Http(source) => {
-                AsyncSource::download(source, entry, destination, progress).await
-            }
-        }
-    }
-}
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_secs())
-        .unwrap_or(0)
 }
 
 /// The model's `agent-metadata-url`, or `None` when the controller has no stream source

@@ -8,26 +8,20 @@
 //! set grows to N in the same store transaction that adds the machines, so the next
 //! upgrade's record waits for all of them.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use lockstep_core::lifecycle::{ControllerId, ControllerSet, Snapshot};
 use lockstep_core::{Role, Roles};
 use lockstep_store::{Machine, StoreError};
 
-use crate::bootstrap::{ControllerFile, spawn_daemon, wait_until_ready};
+use crate::cli::bootstrap::{ControllerFile, spawn_daemon, wait_until_ready};
 use crate::datadir::{self, AgentConf, DataDir};
 use crate::store::{StoreEngine, StoreSettings};
-
-/// Where controller `id`'s data dir is, under the first controller's.
-pub fn member_dir(primary: &DataDir, id: u8) -> PathBuf {
-    primary.root().join("ha").join(format!("machine-{id}"))
-}
 
 /// The data dirs of the controllers `enable-ha` added under `primary`, by id.
 pub fn members(primary: &DataDir) -> Vec<(u8, DataDir)> {
     (1..ControllerId::COUNT_MAX)
-        .map(|id| (id, DataDir::new(member_dir(primary, id))))
+        .map(|id| (id, DataDir::new(primary.ha_member_dir(id))))
         .filter(|(_, data)| data.agent_conf_path().exists())
         .collect()
 }
@@ -106,14 +100,14 @@ pub async fn enable_ha(
     let ids: Vec<u8> = (existing..count).collect();
     let mut prepared = Vec::new();
     for &id in &ids {
-        let data = DataDir::new(member_dir(primary, id));
+        let data = DataDir::new(primary.ha_member_dir(id));
         if data.agent_conf_path().exists() {
             return Err(format!(
                 "{} already holds controller {id}; remove it first",
                 data.root().display()
             ));
         }
-        let port = crate::bootstrap::free_port()?;
+        let port = crate::cli::bootstrap::free_port()?;
         prepared.push((id, data, format!("127.0.0.1:{port}")));
     }
     let addresses: Vec<String> = file
@@ -131,11 +125,7 @@ pub async fn enable_ha(
             (primary.ca_cert_path(), data.ca_cert_path(), 0o644),
             (primary.server_cert_path(), data.server_cert_path(), 0o644),
             (primary.server_key_path(), data.server_key_path(), 0o600),
-            (
-                crate::paths::users_path(primary),
-                crate::paths::users_path(data),
-                0o600,
-            ),
+            (primary.users_path(), data.users_path(), 0o600),
         ] {
             let bytes =
                 std::fs::read(&from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
@@ -212,7 +202,7 @@ pub async fn enable_ha(
                 format!(
                     "controller {}: {error}\nlast lines of its log:\n{}",
                     member.id,
-                    crate::bootstrap::log_tail(&member.data, 15)
+                    crate::cli::bootstrap::log_tail(&member.data, 15)
                 )
             })?;
         on_line(&format!("Controller {} is ready", member.id));

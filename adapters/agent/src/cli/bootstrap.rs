@@ -21,19 +21,11 @@ use lockstep_transport::tls::Credentials;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::datadir::{self, AgentConf, DataDir, DownloadedTools};
-use crate::driver::{MetadataSource, unix_now};
+use crate::datadir::{self, AgentConf, DataDir, DownloadedTools, User};
+use crate::metadata::{MetadataSource, unix_now};
 
 /// The agent's tag: a controller is machine 0, as in Juju.
 pub const AGENT_TAG: &str = "machine-0";
-
-/// An API user, as the daemon reads them from `<data>/users.json`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct User {
-    pub name: String,
-    #[serde(rename = "password-hash")]
-    pub password_hash: String,
-}
 
 /// What a client needs to reach the controller: `<data>/controller.yaml` (mode 0600), the
 /// equivalent of Juju's `controllers.yaml` and `accounts.yaml` entries.
@@ -299,14 +291,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
         name: "admin".to_owned(),
         password_hash: lockstep_transport::server::hash_password(&password),
     }];
-    lockstep_fs::write_file_atomically(
-        &crate::paths::users_path(&data),
-        serde_json::to_string_pretty(&users)
-            .expect("users serialise")
-            .as_bytes(),
-        0o600,
-    )
-    .map_err(|e| e.to_string())?;
+    data.write_users(&users).map_err(|e| e.to_string())?;
 
     let store = match shared {
         Some(store) => store,
@@ -467,23 +452,6 @@ pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, String
     Ok(child.id())
 }
 
-/// Whether process `pid` still runs: some thread of it is not a zombie. (The main thread
-/// of a multi-threaded process may be a zombie while other threads still exit and the
-/// process still holds its files and sockets.)
-pub fn alive(pid: u32) -> bool {
-    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    threads.flatten().any(|thread| {
-        std::fs::read_to_string(thread.path().join("stat"))
-            .map(|stat| {
-                let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-                !(state.starts_with('Z') || state.starts_with('X'))
-            })
-            .unwrap_or(false)
-    })
-}
-
 /// The last lines of the daemon's log, for failure messages.
 pub fn log_tail(data: &DataDir, lines: usize) -> String {
     let text = std::fs::read_to_string(data.logs_dir().join("lockstepd.log")).unwrap_or_default();
@@ -568,7 +536,7 @@ pub async fn wait_until_ready(
             ));
         }
         if let Some(pid) = pid
-            && !alive(pid)
+            && !crate::process::alive(pid)
         {
             return Err(format!(
                 "lockstepd (pid {pid}) exited while {}",

@@ -26,9 +26,10 @@ use lockstep_transport::tls::Credentials;
 use tokio::sync::{mpsc, watch};
 
 use crate::api::StoreState;
+use crate::daemon::driver::{self, AgentStatus, Driver, DriverConfig, Exit};
+use crate::daemon::notify::Notifier;
 use crate::datadir::{self, AgentConf, DataDir};
-use crate::driver::{self, AgentStatus, Driver, DriverConfig, Exit, MetadataSource};
-use crate::notify::Notifier;
+use crate::metadata::MetadataSource;
 
 /// The environment variable carrying the listening socket's descriptor number.
 pub const LISTEN_FD: &str = "LOCKSTEP_LISTEN_FD";
@@ -231,12 +232,9 @@ fn credentials(data: &DataDir) -> Result<Credentials, String> {
 
 /// The API's users: `(name, argon2 hash)`, from the file bootstrap wrote.
 fn users(data: &DataDir) -> Result<Vec<(String, String)>, String> {
-    let path = crate::paths::users_path(data);
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let users: Vec<crate::bootstrap::User> = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a list of users: {e}", path.display()))?;
-    Ok(users
+    Ok(data
+        .read_users()
+        .map_err(|e| e.to_string())?
         .into_iter()
         .map(|user| (user.name, user.password_hash))
         .collect())
@@ -344,7 +342,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
 
     let (shutdown_tx, shutdown) = watch::channel(false);
     tokio::spawn(async move {
-        wait_for_termination().await;
+        crate::process::wait_for_termination().await;
         let _ = shutdown_tx.send(true);
     });
 
@@ -382,16 +380,5 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
                 Err(format!("cannot execute {}: {error}", path.display()))
             }
         },
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn wait_for_termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler can be installed");
-    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler can be installed");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
 }
