@@ -143,7 +143,7 @@ async fn a_client_waiting_for_ready_proceeds_when_ready() {
     // within the pause, with a limited phase.
     let client = controller.client();
     controller.start(&[(
-        lockstep_agent::daemon::step_runner::PAUSE_DATABASE_STEP_MS,
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
         "3000",
     )]);
     controller

@@ -418,7 +418,7 @@ async fn kill_9_while_checking_upgrading_and_running_steps_converges_ready_with_
             &source,
         ])
         .env(
-            lockstep_agent::daemon::step_runner::PAUSE_DATABASE_STEP_MS,
+            lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
             "1500",
         )
         .stdout(std::process::Stdio::piped())
@@ -606,7 +606,7 @@ async fn a_new_binary_failing_after_its_database_steps_is_held_not_rolled_back()
             "20",
         ],
         &[
-            (lockstep_agent::daemon::step_runner::FAIL_HOST_STEPS, "1"),
+            (lockstep_agent::daemon::failpoints::FAIL_HOST_STEPS, "1"),
             ("LOCKSTEPD_TRIAL_READY_TIMEOUT_SEC", "3"),
         ],
     );

@@ -92,7 +92,7 @@ async fn the_cli_carries_on_through_another_controller_when_the_first_is_down() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_coordinator_in_a_database_step_hands_over_within_the_lease_bound() {
     let ha = Ha::start(&[(
-        lockstep_agent::daemon::step_runner::PAUSE_DATABASE_STEP_MS,
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
         DB_STEP_PAUSE_MS,
     )]);
     let before = ha.db_step_lines();
@@ -207,7 +207,7 @@ async fn the_upgrade_aborts_saying_why_when_a_killed_controller_does_not_return(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_etcd_leader_mid_upgrade_is_ridden_through() {
     let mut ha = Ha::start(&[(
-        lockstep_agent::daemon::step_runner::PAUSE_DATABASE_STEP_MS,
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
         "3000",
     )]);
     let before = ha.db_step_lines();
@@ -226,7 +226,7 @@ const REFUSED_APPLICATION: &str = "refused-while-cut-off";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
     let ha = Ha::start(&[(
-        lockstep_agent::daemon::step_runner::PAUSE_DATABASE_STEP_MS,
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
         DB_STEP_PAUSE_MS,
     )]);
     // Each controller reaches etcd through its own proxies, one per member.

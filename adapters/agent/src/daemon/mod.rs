@@ -11,12 +11,15 @@
 //! - [`step_runner`]: how this daemon runs the database and host steps of
 //!   [`crate::steps`].
 //! - [`notify`]: both ends of systemd's notification protocol.
+//! - `failpoints` (feature `failpoints`, test builds only): `LOCKSTEPD_FAILPOINT_*`.
 //!
 //! **Architecture Invariant:** nothing here imports [`crate::cli`]: the daemon is the same
 //! whichever command line started it. What both need (the data directory, the store
 //! settings, the metadata source, the step registry) is in the crate's shared modules.
 
 pub mod driver;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod launcher;
 pub mod notify;
 pub mod step_runner;

@@ -21,9 +21,11 @@ pub fn run_database_step(
         return Ok(outcome);
     }
     if key.id.as_str() == RECORD_AGENT_BINARIES {
-        let pause = database_step_pause();
+        #[cfg(feature = "failpoints")]
+        let pause = crate::daemon::failpoints::database_step_pause();
         tracing::info!(target: "lockstep::agent", step = %key, fenced = fence.is_some(), "running database step");
         return store.run_database_step(*key, fence, &mut |tx| {
+            #[cfg(feature = "failpoints")]
             if let Some(pause) = pause {
                 tracing::warn!(target: "lockstep::agent", step = %key, pause_ms = pause.as_millis() as u64, "failpoint: pausing inside the step's transaction");
                 std::thread::sleep(pause);
@@ -52,29 +54,13 @@ pub struct HostContext {
     pub running: Binary,
 }
 
-/// A failpoint for tests (as FoundationDB's buggify or TiKV's fail-rs): when this variable
-/// is set, every host step fails. It lets the end-to-end tests make a new binary that has
-/// run its database steps fail before Ready, which no honest input can do on demand.
-pub const FAIL_HOST_STEPS: &str = "LOCKSTEPD_FAILPOINT_HOST_STEPS";
-
-/// A failpoint for tests: when this variable holds a number of milliseconds, the
-/// `record-agent-binaries` database step pauses that long inside its transaction, before
-/// its changes and checkpoint commit, so that a test can kill or cut off the coordinator
-/// while a database step is under way.
-pub const PAUSE_DATABASE_STEP_MS: &str = "LOCKSTEPD_FAILPOINT_DB_STEP_PAUSE_MS";
-
-fn database_step_pause() -> Option<std::time::Duration> {
-    std::env::var(PAUSE_DATABASE_STEP_MS)
-        .ok()
-        .and_then(|text| text.parse::<u64>().ok())
-        .map(std::time::Duration::from_millis)
-}
-
 /// Runs a host step; `Err` names why it failed (the core retries, bounded).
 pub fn run_host_step(context: &HostContext, key: &StepKey) -> Result<(), String> {
-    if std::env::var_os(FAIL_HOST_STEPS).is_some() {
+    #[cfg(feature = "failpoints")]
+    if crate::daemon::failpoints::host_steps_fail() {
         return Err(format!(
-            "host step {key} failed: failpoint {FAIL_HOST_STEPS} is set"
+            "host step {key} failed: failpoint {} is set",
+            crate::daemon::failpoints::FAIL_HOST_STEPS
         ));
     }
     match key.id.as_str() {
