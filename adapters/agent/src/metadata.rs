@@ -3,7 +3,7 @@
 //! binaries up and stage them, and by `lockstep bootstrap` to install the first one.
 
 use lockstep_core::policy::CatalogueEntry;
-use lockstep_streams::{AsyncSource, DirectorySource, HttpSource, LookupConfig};
+use lockstep_streams::{AsyncSource, DirectorySource, HttpSource, LookupConfig, SourceError};
 
 /// The model's metadata source, as an async source.
 #[derive(Debug)]
@@ -15,15 +15,11 @@ pub enum MetadataSource {
 impl MetadataSource {
     /// `http://` and `https://` URLs are fetched; anything else is a local directory
     /// (`file://` or a path).
-    pub fn open(url: &str) -> Result<MetadataSource, String> {
+    pub fn open(url: &str) -> Result<MetadataSource, SourceError> {
         if url.starts_with("http://") || url.starts_with("https://") {
-            HttpSource::new(url, lockstep_streams::HttpConfig::default())
-                .map(MetadataSource::Http)
-                .map_err(|e| e.to_string())
+            HttpSource::new(url, lockstep_streams::HttpConfig::default()).map(MetadataSource::Http)
         } else {
-            DirectorySource::from_url(url)
-                .map(MetadataSource::Directory)
-                .map_err(|e| e.to_string())
+            DirectorySource::from_url(url).map(MetadataSource::Directory)
         }
     }
 

@@ -128,13 +128,32 @@ pub fn check_entry_name(name: &str) -> Result<(), NameProblem> {
     Ok(())
 }
 
+/// Why a destination is not an existing, empty directory.
+#[derive(Debug)]
+pub enum DestinationProblem {
+    /// It cannot be examined (it does not exist, or is not readable).
+    Unreadable(io::Error),
+    NotADirectory,
+    NotEmpty,
+}
+
+impl fmt::Display for DestinationProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DestinationProblem::Unreadable(error) => error.fmt(f),
+            DestinationProblem::NotADirectory => f.write_str("not a directory"),
+            DestinationProblem::NotEmpty => f.write_str("the directory is not empty"),
+        }
+    }
+}
+
 /// What went wrong with an archive, or with one of its entries.
 #[derive(Debug)]
 pub enum UnpackProblem {
     /// The destination is not an existing, empty directory.
     Destination {
         destination: PathBuf,
-        detail: String,
+        problem: DestinationProblem,
     },
     /// An entry name that is not a plain file name.
     Name(NameProblem),
@@ -186,8 +205,8 @@ impl fmt::Display for UnpackError {
         match &self.problem {
             UnpackProblem::Destination {
                 destination,
-                detail,
-            } => write!(f, "cannot unpack into {}: {detail}", destination.display()),
+                problem,
+            } => write!(f, "cannot unpack into {}: {problem}", destination.display()),
             UnpackProblem::Name(problem) => write!(f, "refused: {problem}"),
             UnpackProblem::NotRegular { kind } => write!(
                 f,
@@ -234,6 +253,10 @@ impl std::error::Error for UnpackError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.problem {
             UnpackProblem::Io { error, .. } => Some(error),
+            UnpackProblem::Destination {
+                problem: DestinationProblem::Unreadable(error),
+                ..
+            } => Some(error),
             _ => None,
         }
     }
@@ -254,12 +277,12 @@ pub fn unpack_tgz(
         entry: entry.map(str::to_owned),
         problem,
     };
-    check_destination(destination).map_err(|detail| {
+    check_destination(destination).map_err(|problem| {
         error(
             None,
             UnpackProblem::Destination {
                 destination: destination.to_path_buf(),
-                detail,
+                problem,
             },
         )
     })?;
@@ -305,14 +328,14 @@ impl Drop for Written<'_> {
     }
 }
 
-fn check_destination(destination: &Path) -> Result<(), String> {
-    let metadata = fs::symlink_metadata(destination).map_err(|error| error.to_string())?;
+fn check_destination(destination: &Path) -> Result<(), DestinationProblem> {
+    let metadata = fs::symlink_metadata(destination).map_err(DestinationProblem::Unreadable)?;
     if !metadata.is_dir() {
-        return Err("not a directory".into());
+        return Err(DestinationProblem::NotADirectory);
     }
-    let mut entries = fs::read_dir(destination).map_err(|error| error.to_string())?;
+    let mut entries = fs::read_dir(destination).map_err(DestinationProblem::Unreadable)?;
     if entries.next().is_some() {
-        return Err("the directory is not empty".into());
+        return Err(DestinationProblem::NotEmpty);
     }
     Ok(())
 }

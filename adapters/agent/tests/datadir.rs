@@ -11,7 +11,7 @@ use lockstep_agent::datadir::{
     self, AgentConf, DataDir, DataDirError, DownloadedTools, read_force_version,
 };
 use lockstep_agent::unpack::{
-    NameProblem, UnpackError, UnpackLimits, UnpackProblem, pack_tgz, unpack_tgz,
+    DestinationProblem, NameProblem, UnpackError, UnpackLimits, UnpackProblem, pack_tgz, unpack_tgz,
 };
 use lockstep_core::lifecycle::{Snapshot, Trial};
 use lockstep_core::policy::Sha256;
@@ -454,6 +454,16 @@ fn the_destination_must_be_an_existing_empty_directory() {
     fs::write(fixture.destination.join("old"), b"").unwrap();
     let error = unpack_tgz(&tarball, &fixture.destination, &UnpackLimits::default()).unwrap_err();
     assert!(
+        matches!(
+            error.problem,
+            UnpackProblem::Destination {
+                problem: DestinationProblem::NotEmpty,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
         error.to_string().contains("the directory is not empty"),
         "{error}"
     );
@@ -465,7 +475,13 @@ fn the_destination_must_be_an_existing_empty_directory() {
     )
     .unwrap_err();
     assert!(
-        matches!(error.problem, UnpackProblem::Destination { .. }),
+        matches!(
+            error.problem,
+            UnpackProblem::Destination {
+                problem: DestinationProblem::Unreadable(_),
+                ..
+            }
+        ),
         "{error}"
     );
 }

@@ -189,7 +189,8 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
                 build_agent,
                 metadata_source,
                 api_port,
-                local_agent: lockstep_agent::paths::sibling_executable("lockstepd")?,
+                local_agent: lockstep_agent::paths::sibling_executable("lockstepd")
+                    .map_err(|e| e.to_string())?,
                 store,
                 etcd_endpoints,
                 etcd_tls: lockstep_agent::store::EtcdTlsFiles {

@@ -206,10 +206,11 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
             &options.etcd_endpoints,
             options.etcd_tls.clone(),
             &controller_uuid,
-        )?,
+        )
+        .map_err(|e| e.to_string())?,
     };
     let shared = if settings.engine == crate::store::StoreEngine::Etcd {
-        let store = crate::store::open(&data, &settings)?;
+        let store = crate::store::open(&data, &settings).map_err(|e| e.to_string())?;
         store
             .revision()
             .map_err(|e| format!("cannot use {}: {e}", settings.describe(&data)))?;
@@ -295,7 +296,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
 
     let store = match shared {
         Some(store) => store,
-        None => crate::store::open(&data, &settings)?,
+        None => crate::store::open(&data, &settings).map_err(|e| e.to_string())?,
     };
     let created = store
         .create_model(&Model {
@@ -355,7 +356,7 @@ async fn install_published(
     url: &str,
     version: Version,
 ) -> Result<Option<Binary>, String> {
-    let source = MetadataSource::open(url)?;
+    let source = MetadataSource::open(url).map_err(|e| e.to_string())?;
     let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
     let lookup = source
         .look_up(

@@ -995,7 +995,7 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
     } else {
         temp.path().to_path_buf()
     };
-    let lockstepd = crate::paths::sibling_executable("lockstepd")?;
+    let lockstepd = crate::paths::sibling_executable("lockstepd").map_err(|e| e.to_string())?;
     let own = crate::steps::build_version();
     let next = crate::steps::next_patch();
     let mirror = root.join("mirror");

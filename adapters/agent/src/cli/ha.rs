@@ -68,7 +68,7 @@ pub async fn enable_ha(
         ));
     }
     let mut file = ControllerFile::read(primary)?;
-    let store = crate::store::open(primary, &settings)?;
+    let store = crate::store::open(primary, &settings).map_err(|e| e.to_string())?;
     let model = store
         .load_model()
         .map_err(|e| e.to_string())?

@@ -10,6 +10,7 @@
 //!   store, streams and data-dir adapters.
 //! - [`step_runner`]: how this daemon runs the database and host steps of
 //!   [`crate::steps`].
+//! - [`error`]: [`DaemonError`](error::DaemonError), why `lockstepd` cannot start or go on.
 //! - [`notify`]: both ends of systemd's notification protocol.
 //! - `failpoints` (feature `failpoints`, test builds only): `LOCKSTEPD_FAILPOINT_*`.
 //!
@@ -18,6 +19,7 @@
 //! settings, the metadata source, the step registry) is in the crate's shared modules.
 
 pub mod driver;
+pub mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod launcher;
