@@ -10,6 +10,8 @@
 //! - [`bundle`]: Juju bundles (parse, validate, plan).
 //! - [`status`]: `FullStatus` rendered as Juju renders it (tabular, YAML, JSON).
 //! - [`demo`]: `lockstep demo`, the seed's scenario with its claims computed.
+//! - [`error`]: [`CliError`](error::CliError), every command's failure, typed until the
+//!   binary prints it.
 //!
 //! **Architecture Invariant:** nothing here imports [`crate::daemon`]: the CLI reaches a
 //! controller's state through its API, and its data directory through the shared
@@ -19,5 +21,6 @@ pub mod bootstrap;
 pub mod bundle;
 pub mod commands;
 pub mod demo;
+pub mod error;
 pub mod ha;
 pub mod status;
