@@ -3,8 +3,9 @@
 //! - `lockstepd` start to Ready without an upgrade: `lockstepd` started on a bootstrapped
 //!   data dir until a client (connecting, completing TLS and logging in meanwhile: one
 //!   argon2 verification) is answered `ready` by `Upgrade.Status`; and, in the same runs,
-//!   until the launcher sends `READY=1` to `NOTIFY_SOCKET`, as systemd sees it (Juju took
-//!   17 s in seed 000, a cloud bootstrap);
+//!   until the launcher sends `READY=1` to `NOTIFY_SOCKET`, as systemd sees it. No Juju
+//!   figure is compared: seed 000's 17 s was a whole cloud bootstrap (a machine
+//!   provisioned), not an agent starting on loopback;
 //! - bootstrap to Ready without an upgrade: `lockstep bootstrap` from start to exit, with
 //!   this build's own binary (copied and hashed, no mirror);
 //! - bootstrap from the mirror to Ready without an upgrade: the same against a mirror

@@ -23,7 +23,9 @@
 //! ratios (jujuclient / lockstep) last.
 //!
 //! Run: `cargo bench -p lockstep-agent --bench jujuclient` (`RUNS=N` rounds, default 11;
-//! needs `python3` with `venv` and PyPI the first time).
+//! needs `python3` with `venv` and PyPI the first time). `LOCKSTEP_BENCH_QUICK=1` takes one
+//! round (same code paths, same checks), so that `LOCKSTEP_BENCH_QUICK=1 cargo test -p
+//! lockstep-agent --bench jujuclient` runs it briefly and fails if it is broken.
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -42,7 +44,8 @@ const JUJUCLIENT: &str = "jujuclient==0.54.0";
 const ROUND_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The virtualenv with jujuclient, made once (its dependencies pinned by the interop
-/// test's constraints) and reused while its marker names the same version.
+/// tests' constraints, `tests/interop/constraints.txt`) and reused while its marker names
+/// the same version.
 fn python() -> PathBuf {
     let directory = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jujuclient-bench-venv");
     let python = directory.join("bin/python");
@@ -50,8 +53,8 @@ fn python() -> PathBuf {
     if std::fs::read_to_string(&marker).ok().as_deref() != Some(JUJUCLIENT) {
         let _ = std::fs::remove_dir_all(&directory);
         run(Command::new("python3").args(["-m", "venv"]).arg(&directory));
-        let constraints = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../transport/tests/interop/constraints.txt");
+        let constraints =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/constraints.txt");
         run(Command::new(&python)
             .args([
                 "-m",
@@ -268,10 +271,11 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|text| text.parse().ok())
-        .unwrap_or(11);
+        .unwrap_or(if quick { 1 } else { 11 });
     let python = tokio::task::spawn_blocking(python).await.expect("venv");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/jujuclient_first_call.py");
     let own = lockstep_agent::steps::build_version();
@@ -303,8 +307,9 @@ async fn main() {
     let retrying = median(rounds.iter().map(|r| r.retrying_ms).collect());
     let re_exec = median(rounds.iter().map(|r| -r.re_exec_ms).collect());
     println!(
-        "median of {runs} rounds (the re-exec into N+1, which closes every connection, \
-         {re_exec:.1} ms before Ready), from Ready to the first successful ModelGet:"
+        "median of {runs} rounds{} (the re-exec into N+1, which closes every connection, \
+         {re_exec:.1} ms before Ready), from Ready to the first successful ModelGet:",
+        if quick { ", quick" } else { "" }
     );
     println!("  python-jujuclient 0.54.0 (resends every 1 s)     {jujuclient:>8.1} ms");
     println!("  lockstep client, wait_ready (WatchProgress)      {subscribed:>8.1} ms");
