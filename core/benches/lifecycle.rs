@@ -18,8 +18,13 @@
 //! of a Ready machine, lockstep and baseline alternating first. Machines and input copies
 //! are prepared outside the timed region, in batches small enough that the inputs are in
 //! cache when replayed (as a driver's freshly decoded inputs would be); dropping inputs and
-//! outputs is timed, for both. The report is the median over the rounds.
+//! outputs is timed, for both. The report is the median over the rounds, the ratio last.
 //! Run: `cargo bench -p lockstep-core --bench lifecycle`.
+//!
+//! `LOCKSTEP_BENCH_QUICK=1` (anything but `0`) runs one short round (a tenth of the boots,
+//! five Ready copies): the same recording, the same output comparison, the same code paths,
+//! in seconds. CI runs it so that a bench whose baseline no longer matches the lifecycle
+//! fails.
 #![allow(
     clippy::print_stdout,
     reason = "a bench binary reports its figures on stdout"
@@ -57,6 +62,36 @@ const STEADY_COPIES: usize = 50;
 const CHECK_EVERY: u64 = 1_000;
 const ROUNDS: usize = 31;
 
+/// How much work a run does: the full run, or `LOCKSTEP_BENCH_QUICK=1`'s one short round.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    quick: bool,
+    rounds: usize,
+    boots_per_round: usize,
+    steady_copies: usize,
+}
+
+impl Size {
+    fn from_environment() -> Size {
+        let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+        if quick {
+            Size {
+                quick,
+                rounds: 1,
+                boots_per_round: BOOTS_PER_ROUND / 10,
+                steady_copies: 5,
+            }
+        } else {
+            Size {
+                quick,
+                rounds: ROUNDS,
+                boots_per_round: BOOTS_PER_ROUND,
+                steady_copies: STEADY_COPIES,
+            }
+        }
+    }
+}
+
 /// One call into a machine.
 #[derive(Clone, Debug)]
 #[expect(
@@ -87,7 +122,18 @@ impl Machine for Lifecycle {
     }
 }
 
-fn replay<M: Machine>(machine: &mut M, calls: Vec<Call>) {
+/// The mixes, as a `replay` parameter.
+const BOOT: usize = 0;
+const STEADY: usize = 1;
+
+/// The timed work. Never inlined, and one instance per machine and mix, so that a profiler
+/// counts each apart: `valgrind --tool=callgrind --demangle=no` with
+/// `LOCKSTEP_BENCH_QUICK=1`, then `callgrind_annotate --inclusive=yes` lists four
+/// `lifecycle6replay` symbols (the boot ones called 200 times, the steady ones 5 times).
+#[inline(never)]
+fn replay<M: Machine, const MIX: usize>(machine: &mut M, calls: Vec<Call>) {
+    // Keeps the instances apart: identical bodies would be folded into one symbol.
+    black_box(MIX);
     for call in calls {
         machine.call(call);
         while let Some(output) = machine.poll_output() {
@@ -555,17 +601,25 @@ impl Baseline {
                 self.request(BasePending::Capabilities, Request::RefreshCapabilities);
                 return;
             }
+            // Created with nobody ready; this controller registers by compare-and-set.
             let created = UpgradeInfo {
                 previous_version: from,
                 target_version: to,
                 status: UpgradeStatus::Pending,
-                controllers_ready: lockstep_core::lifecycle::ControllerSet::EMPTY.with(me),
+                controllers_ready: lockstep_core::lifecycle::ControllerSet::EMPTY,
                 controllers_done: lockstep_core::lifecycle::ControllerSet::EMPTY,
             };
             self.request(BasePending::RecordWrite, Request::CreateRecord(created));
             return;
         };
         match record.status {
+            UpgradeStatus::Pending if !record.controllers_ready.contains(me) => {
+                let next = UpgradeInfo {
+                    controllers_ready: record.controllers_ready.with(me),
+                    ..record
+                };
+                self.update(revision, next, None);
+            }
             UpgradeStatus::Pending => {
                 let Some(token) = self.lease else {
                     if self.lease_asking.is_none() {
@@ -655,7 +709,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
 /// Nanoseconds per call of replaying `calls` into `copies` machines made by `make`, timed
 /// in batches of `batch`: each batch's machines and input copies are prepared just before
 /// it runs, so the inputs are in cache, as a driver's freshly decoded inputs would be.
-fn time_replays<M: Machine>(
+fn time_replays<M: Machine, const MIX: usize>(
     make: impl Fn() -> M,
     calls: &[Call],
     copies: usize,
@@ -667,7 +721,7 @@ fn time_replays<M: Machine>(
             (0..batch).map(|_| (make(), calls.to_vec())).collect();
         let start = Instant::now();
         for (machine, calls) in &mut prepared {
-            replay(machine, std::mem::take(calls));
+            replay::<M, MIX>(machine, std::mem::take(calls));
         }
         elapsed += start.elapsed();
         black_box(&prepared);
@@ -703,18 +757,20 @@ fn main() {
         "steady outputs differ"
     );
 
+    let size = Size::from_environment();
     let mut samples = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
-    for round in 0..ROUNDS {
+    for round in 0..size.rounds {
         for which in [round % 2, 1 - round % 2] {
+            let (boots, copies) = (size.boots_per_round, size.steady_copies);
             let (boot_ns, steady_ns) = if which == 0 {
                 (
-                    time_replays(new_lifecycle, boot, BOOTS_PER_ROUND, BOOTS_PER_BATCH),
-                    time_replays(|| ready_lifecycle.clone(), steady, STEADY_COPIES, 1),
+                    time_replays::<_, BOOT>(new_lifecycle, boot, boots, BOOTS_PER_BATCH),
+                    time_replays::<_, STEADY>(|| ready_lifecycle.clone(), steady, copies, 1),
                 )
             } else {
                 (
-                    time_replays(new_baseline, boot, BOOTS_PER_ROUND, BOOTS_PER_BATCH),
-                    time_replays(|| ready_baseline.clone(), steady, STEADY_COPIES, 1),
+                    time_replays::<_, BOOT>(new_baseline, boot, boots, BOOTS_PER_BATCH),
+                    time_replays::<_, STEADY>(|| ready_baseline.clone(), steady, copies, 1),
                 )
             };
             samples[0][which].push(boot_ns);
@@ -723,9 +779,17 @@ fn main() {
     }
 
     println!(
-        "lockstep-core lifecycle bench: {ROUNDS} rounds, median ns per input (boot: {} inputs x {BOOTS_PER_ROUND} per round; steady: {} inputs x {STEADY_COPIES} per round)",
+        "lockstep-core lifecycle bench{}: {} rounds, median ns per input (boot: {} inputs x {} per round; steady: {} inputs x {} per round)",
+        if size.quick {
+            " (quick: LOCKSTEP_BENCH_QUICK)"
+        } else {
+            ""
+        },
+        size.rounds,
         boot.len(),
-        steady.len()
+        size.boots_per_round,
+        steady.len(),
+        size.steady_copies
     );
     println!(
         "{:<8} {:>14} {:>14} {:>8}",

@@ -18,6 +18,7 @@ use lockstep_core::lifecycle::{
 };
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Sha256, Stream, UpgradePolicy};
 use lockstep_core::steps::{Step, StepRegistry, Target};
+use lockstep_core::upgrader::AgentVersionCheck;
 use lockstep_core::{Binary, Lifecycle, Millis, Role, Roles, Timestamp, Version};
 
 /// The embedder's steps: lockstep-core runs those whose target is in (upgraded-to, running].
@@ -223,8 +224,20 @@ fn execute(
             result: Ok(host.catalogue.clone()),
         },
         Request::SetAgentVersion(version) => {
-            host.model.agent_version = version;
-            Input::Done { id }
+            // The store's rule, decided with the write: a current upgrade-info record refuses.
+            let record = host.record.current.map(|(record, _)| record);
+            let (current, stream) = (host.model.agent_version, host.model.stream);
+            match AgentVersionCheck::LIFECYCLE.check(current, stream, record.as_ref(), version) {
+                Ok(_) => {
+                    host.model.agent_version = version;
+                    Input::Done { id }
+                }
+                Err(_) => Input::AgentVersionRefused {
+                    id,
+                    agent_version: current,
+                    view: host.record,
+                },
+            }
         }
         Request::ReportUpgradeAvailable(_) => Input::Done { id },
         Request::StageBinary(_) => Input::Staged { id, result: Ok(()) },

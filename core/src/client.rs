@@ -44,7 +44,9 @@ pub enum Attempt {
     Answered,
     /// Refused with `upgrade in progress`; the detail from `error-info` when present.
     UpgradeInProgress {
+        /// The phase the refusal named, when `error-info` carried one.
         phase: Option<Phase>,
+        /// The wait the refusal asked for, when `error-info` carried one.
         retry_after: Option<Millis>,
     },
     /// The connection failed or closed before an answer (agent restarting, network).
@@ -57,10 +59,16 @@ pub enum Decision {
     /// The call is over: hand its answer to the caller.
     Finish,
     /// Send the same call again after `wait`.
-    Retry { wait: Millis },
+    Retry {
+        /// How long to wait before sending it again.
+        wait: Millis,
+    },
     /// Reconnect, log in again, then send the same call (with the same `operation-id`)
     /// after `wait`.
-    Reconnect { wait: Millis },
+    Reconnect {
+        /// How long to wait before reconnecting.
+        wait: Millis,
+    },
     /// Stop: the caller's deadline or the attempt bound would be passed.
     GiveUp(GiveUp),
 }
@@ -72,7 +80,9 @@ pub struct GiveUp {
     pub phase: Option<Phase>,
     /// Whether the last attempt was a disconnect rather than a refusal.
     pub disconnected: bool,
+    /// Attempts made, the first included.
     pub attempts: u32,
+    /// Time waited between attempts in all.
     pub waited: Millis,
 }
 

@@ -38,6 +38,20 @@
 //! - `testkit` (feature `testkit`): a deterministic in-memory world of stores, catalogues
 //!   and crashing hosts that drives real lifecycles; shared by the explorer, the property
 //!   tests, the benchmark and the example.
+//!
+//! ## What an embedder relies on
+//!
+//! Every public item is documented (`missing_docs` is denied). The API names no type of
+//! lockstep's adapters: an embedder brings its own store, transport and binaries, and
+//! answers the [`Request`]s of [`Lifecycle::poll_output`] with [`Input`]s; a completion
+//! whose id is not awaited is ignored. The lifecycle asserts its invariants
+//! (`spec/invariants.md`) where it makes each transition, in every build: a failed
+//! assertion is a panic naming the invariant, never a silent corruption of the upgrade. A
+//! driver that leaves more than [`lifecycle::OUTPUTS_MAX`] outputs undrained meets one too.
+//! `examples/controller.rs` is the full driver; `examples/embedded.rs` embeds the core in a
+//! small daemon with its own upgrade step and capability table.
+
+#![deny(missing_docs)]
 
 pub mod client;
 pub mod gate;

@@ -2390,10 +2390,12 @@ mod tests {
                     pin == running.number || occasion == Occasion::Periodic
                 ),
                 Ok(decision) => prop_assert_eq!(decision.target().unwrap().number, pin),
-                Err(PolicyError::VersionNotFound { version, origin, .. }) => {
+                Err(PolicyError::VersionNotFound { version, origin, streams, .. }) => {
                     prop_assert_eq!(version, pin);
                     prop_assert_eq!(origin, VersionOrigin::AgentVersion);
-                    let streams = Stream::preferred(stream, &running.number);
+                    // The one stream rule (`Catalogue::entry_for`): the streams preferred
+                    // for the version wanted, not for the running one.
+                    prop_assert_eq!(streams, Stream::preferred(stream, &pin));
                     prop_assert!(catalogue.find(pin, &running.release, &running.arch, streams).is_none());
                 }
                 Err(PolicyError::PinnedConflict { pinned, requested }) => {

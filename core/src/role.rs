@@ -15,8 +15,10 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role, in wire order.
     pub const ALL: [Role; 2] = [Role::Controller, Role::HostMachine];
 
+    /// The wire name: `controller`, `host-machine`.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Controller => "controller",
@@ -41,24 +43,30 @@ impl fmt::Display for Role {
 pub struct Roles(u8);
 
 impl Roles {
+    /// No role.
     pub const NONE: Roles = Roles(0);
 
+    /// The set of `roles`.
     pub fn of(roles: &[Role]) -> Roles {
         roles.iter().fold(Roles::NONE, |set, &role| set.with(role))
     }
 
+    /// This set and `role`.
     pub fn with(self, role: Role) -> Roles {
         Roles(self.0 | Roles::bit(role))
     }
 
+    /// True when `role` is in the set.
     pub fn contains(self, role: Role) -> bool {
         self.0 & Roles::bit(role) != 0
     }
 
+    /// True when no role is in the set.
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
 
+    /// The roles in the set, in wire order.
     pub fn iter(self) -> impl Iterator<Item = Role> {
         Role::ALL
             .into_iter()

@@ -38,12 +38,18 @@ const RUNS_SATURATE: u8 = 3;
 /// The shared store.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Store {
+    /// The model, as `LoadModel` reads it.
     pub model: ModelView,
+    /// The current upgrade-info record and its revision.
     pub record: Option<(UpgradeInfo, Revision)>,
+    /// The record archived last.
     pub last_archived: Option<UpgradeInfo>,
+    /// The store's revision: bumped by every change.
     pub revision: Revision,
+    /// The coordinator lease: its holder and fencing token.
     pub lease: Option<(ControllerId, LeaseToken)>,
     next_token: u64,
+    /// Database steps checkpointed (their effects committed with them).
     pub database_checkpoints: BTreeSet<StepKey>,
     /// Times each database step's effects were committed.
     pub database_runs: BTreeMap<StepKey, u8>,
@@ -51,7 +57,9 @@ pub struct Store {
     pub unfenced_database_runs: u8,
     /// Record writes that were not valid successors of the record they replaced.
     pub invalid_record_writes: u8,
+    /// Times a controller rediscovered capabilities (`RefreshCapabilities`).
     pub capability_refreshes: u8,
+    /// The model's `upgrade-available`, as last reported.
     pub upgrade_available: Option<Version>,
     /// The binary each host's agent last reported running (Juju's `Upgrader.SetTools`),
     /// by host index: a process reports the binary it runs when it starts. `None`: never
@@ -84,7 +92,9 @@ impl Store {
 /// One machine: its process (if running), what it has on disk, and what is in flight.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Host {
+    /// The agent's configuration; fixed across restarts except the running binary.
     pub config: Config,
+    /// The running process, if any.
     pub process: Option<Lifecycle>,
     /// The snapshot on disk (`agent.conf`), as last persisted.
     pub durable: Option<Snapshot>,
@@ -92,6 +102,7 @@ pub struct Host {
     pub in_flight: Vec<(RequestId, Request)>,
     /// Results of executed requests, not yet delivered (delivered in order).
     pub completions: Vec<Input>,
+    /// The process subscribed to the upgrade-info record.
     pub watching: bool,
     /// Times each host step ran here.
     pub host_runs: BTreeMap<StepKey, u8>,
@@ -189,15 +200,34 @@ fn is_timeout(timer: Timer) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Action {
     /// Host `host` starts its process (first boot, after a crash, or into a new binary).
-    Boot { host: usize },
+    Boot {
+        /// The host, by index.
+        host: usize,
+    },
     /// The store (or provider, or disk) executes the `index`-th request in flight.
-    Execute { host: usize, index: usize },
+    Execute {
+        /// The host, by index.
+        host: usize,
+        /// The request, by its place among the host's requests in flight.
+        index: usize,
+    },
     /// The oldest completion reaches the process.
-    Deliver { host: usize },
+    Deliver {
+        /// The host, by index.
+        host: usize,
+    },
     /// An armed timer fires.
-    Fire { host: usize, timer: Timer },
+    Fire {
+        /// The host, by index.
+        host: usize,
+        /// The timer.
+        timer: Timer,
+    },
     /// The process dies; what was not durable is lost.
-    Crash { host: usize },
+    Crash {
+        /// The host, by index.
+        host: usize,
+    },
     /// The coordinator lease expires (its holder stopped keeping it alive, or was cut off).
     ExpireLease,
 }
@@ -206,25 +236,56 @@ pub enum Action {
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Violation {
     /// I1: the gate served the full API outside Ready.
-    GateOpenOutsideReady { host: usize, phase: Phase },
+    GateOpenOutsideReady {
+        /// The host, by index.
+        host: usize,
+        /// The phase its process was in.
+        phase: Phase,
+    },
     /// I2: a database step's effects were committed more than once.
-    DatabaseStepTwice { key: StepKey },
+    DatabaseStepTwice {
+        /// The step's checkpoint key.
+        key: StepKey,
+    },
     /// I3: a database step was committed by a controller not holding the current lease.
     UnfencedCoordinatorWrite,
     /// I4: the upgrade-info record took an invalid transition.
     InvalidRecordTransition,
     /// I5: a host checkpoint is durable for a step that never ran on that host.
-    CheckpointWithoutEffects { host: usize, key: StepKey },
+    CheckpointWithoutEffects {
+        /// The host, by index.
+        host: usize,
+        /// The step's checkpoint key.
+        key: StepKey,
+    },
     /// I6: `upgradedToVersion` advanced while a planned step had not run.
-    UpgradedToAheadOfSteps { host: usize, key: StepKey },
+    UpgradedToAheadOfSteps {
+        /// The host, by index.
+        host: usize,
+        /// The key of the step that had not run.
+        key: StepKey,
+    },
     /// I7: a process is Ready while its own steps are not recorded as done.
-    ReadyBeforeSteps { host: usize },
+    ReadyBeforeSteps {
+        /// The host, by index.
+        host: usize,
+    },
     /// I8: a controller serves (is Ready on) a binary older than a database step already
     /// applied to the shared store: a rollback onto migrated state.
-    OldBinaryOnMigratedStore { host: usize, key: StepKey },
+    OldBinaryOnMigratedStore {
+        /// The host, by index.
+        host: usize,
+        /// The newer database step applied.
+        key: StepKey,
+    },
     /// I9: published progress ran backwards within a phase, or a status was marked with
     /// another phase than the gate's.
-    PublishedOutOfStep { host: usize, fault: String },
+    PublishedOutOfStep {
+        /// The host, by index.
+        host: usize,
+        /// What was out of step.
+        fault: String,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -236,14 +297,21 @@ impl fmt::Display for Violation {
 /// The whole world.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct World {
+    /// The steps every host runs.
     pub registry: Arc<StepRegistry>,
+    /// The agent binaries the catalogue offers.
     pub catalogue: Catalogue,
+    /// The shared store.
     pub store: Store,
+    /// The machines, controllers first.
     pub hosts: Vec<Host>,
+    /// The world's clock.
     pub now: Timestamp,
+    /// Planted defects switched on in every process this world boots.
     pub mutations: Mutations,
-    /// Remaining crashes and lease expiries the explorer may inject.
+    /// Remaining crashes the explorer may inject.
     pub crashes_left: u8,
+    /// Remaining lease expiries the explorer may inject.
     pub expiries_left: u8,
     /// Remaining fires of the timers that say "something took too long"
     /// ([`Timer::ControllersWait`], [`Timer::TrialReady`], [`Timer::LeaseDeadline`]). Time
@@ -270,18 +338,24 @@ impl std::hash::Hash for World {
 /// What a world is built from.
 #[derive(Clone, Debug)]
 pub struct WorldSpec {
+    /// The steps every host runs.
     pub registry: Arc<StepRegistry>,
+    /// The agent binaries the catalogue offers.
     pub catalogue: Catalogue,
+    /// The model in the store at the start.
     pub model: ModelView,
     /// One config per host; controllers first.
     pub hosts: Vec<Config>,
     /// Each host's snapshot on disk at the start (`None`: first boot after bootstrap).
     pub snapshots: Vec<Option<Snapshot>>,
+    /// Crashes the explorer may inject.
     pub crashes: u8,
+    /// Lease expiries the explorer may inject.
     pub expiries: u8,
 }
 
 impl World {
+    /// The world `spec` describes, every process down.
     pub fn new(spec: WorldSpec) -> World {
         assert_eq!(
             spec.hosts.len(),

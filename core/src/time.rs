@@ -11,12 +11,15 @@ use std::ops::{Add, Sub};
 pub struct Timestamp(pub u64);
 
 impl Timestamp {
+    /// The driver's epoch itself.
     pub const ZERO: Timestamp = Timestamp(0);
 
+    /// The instant `ms` milliseconds after the driver's epoch.
     pub fn from_millis(ms: u64) -> Timestamp {
         Timestamp(ms)
     }
 
+    /// Milliseconds since the driver's epoch.
     pub fn as_millis(self) -> u64 {
         self.0
     }

@@ -117,7 +117,12 @@ pub enum AgentVersionChange {
     /// current value back, whatever else holds).
     Unchanged,
     /// Write `to` over `from`.
-    Changed { from: Version, to: Version },
+    Changed {
+        /// The model's `agent-version` now.
+        from: Version,
+        /// The version to write.
+        to: Version,
+    },
 }
 
 /// Why an `agent-version` change is refused. The messages are Juju's where it has one.

@@ -51,6 +51,7 @@ impl Tag {
         })
     }
 
+    /// The tag's letters, e.g. `beta`.
     pub fn as_str(&self) -> &str {
         // Only ASCII lowercase letters are ever stored (see `new`).
         std::str::from_utf8(&self.bytes[..usize::from(self.length)]).expect("tag is ASCII")
@@ -72,10 +73,14 @@ impl fmt::Display for Tag {
 /// An agent version, Juju's `version.Number`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Version {
+    /// The major version: `2` in `2.9.43`.
     pub major: u32,
+    /// The minor version: `9` in `2.9.43`.
     pub minor: u32,
     /// Pre-release tag; `None` for a release.
     pub tag: Option<Tag>,
+    /// The patch number: `43` in `2.9.43`; in a tagged version, the tag's number (`1` in
+    /// `1.25-beta1`).
     pub patch: u32,
     /// Build number (`2.9.43.1`); 0 when absent, and then not displayed.
     pub build: u32,
@@ -193,8 +198,11 @@ impl<'de> serde::Deserialize<'de> for Version {
 /// as `trusty` in Juju 1.x names) and one architecture. Juju's `version.Binary`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Binary {
+    /// The version.
     pub number: Version,
+    /// The release: an OS (`ubuntu`) or, in Juju 1.x names, a series (`trusty`).
     pub release: String,
+    /// The architecture, e.g. `amd64`.
     pub arch: String,
 }
 
@@ -283,26 +291,32 @@ pub struct ParseVersionError {
     pub input: String,
     /// `"version"` or `"binary"`.
     pub what: &'static str,
+    /// Why it was refused.
     pub reason: Reason,
 }
 
 /// Why a version or binary string was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reason {
+    /// The input is empty.
     Empty,
     /// Not `major.minor.patch` or `major.minor-tagN` (with an optional `.build`).
     Shape,
     /// A component that is not 1 to 9 ASCII digits.
     Component {
+        /// Which component: `major`, `minor`, `patch` or `build`.
         name: &'static str,
+        /// The component as given.
         text: String,
     },
     /// A pre-release tag without its number, as in `1.2-beta`.
     TagWithoutNumber {
+        /// The tag as given.
         tag: String,
     },
     /// A tag that is not 1..=15 lowercase ASCII letters.
     BadTag {
+        /// The tag as given.
         tag: String,
     },
     /// A binary that is not `<version>-<release>-<arch>`.
@@ -310,7 +324,9 @@ pub enum Reason {
     /// A release or arch name that is empty, too long, or has characters outside
     /// `[A-Za-z0-9._]` (which would be unsafe in a file name).
     BadName {
+        /// `release` or `arch`.
         name: &'static str,
+        /// The name as given.
         text: String,
     },
 }

@@ -378,6 +378,11 @@ enum Finding {
     Liveness(String),
     /// Not quiescent, and nothing but faults can happen.
     Stuck,
+    /// An action panicked: a lifecycle asserted one of its invariants where it makes the
+    /// transition (`lifecycle/invariants.rs`), or another assertion failed. Reported with
+    /// the shortest path like any other finding, instead of ending the search with a
+    /// panic and no path.
+    Crash(String),
 }
 
 #[derive(Debug)]
@@ -527,8 +532,17 @@ fn explore(configuration: &Configuration) -> Report {
         };
         for action in explored {
             let mut next = world.clone();
-            next.apply(action);
+            let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                next.apply(action);
+            }));
             report.transitions += 1;
+            if let Err(panic) = applied {
+                let mut path = path_to(&parents, id);
+                path.push(action);
+                report.depth_max = report.depth_max.max(depth + 1);
+                report.finding = Some((Finding::Crash(panic_message(panic.as_ref())), path));
+                break 'search;
+            }
             let next_id = fingerprint(&next);
             if parents.contains_key(&next_id) {
                 continue;
@@ -550,6 +564,15 @@ fn explore(configuration: &Configuration) -> Report {
     report.states = parents.len();
     report.elapsed = started.elapsed();
     report
+}
+
+/// What a caught panic said.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(message), _) => (*message).to_owned(),
+        (_, Some(message)) => message.clone(),
+        _ => "a panic without a message".to_owned(),
+    }
 }
 
 /// The actions from the initial world to the state `id`.
@@ -715,7 +738,16 @@ fn trace(initial: &World, path: &[Action]) -> String {
     let mut text = format!("  start{:>43}{}\n", "", hosts_line(&world));
     for (step, &action) in path.iter().enumerate() {
         let what = describe(&world, action);
-        world.apply(action);
+        let mut next = world.clone();
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            next.apply(action);
+        }));
+        if let Err(panic) = applied {
+            let message = panic_message(panic.as_ref());
+            let _ = writeln!(text, "  {:>3}. {what:<42} -> panicked: {message}", step + 1);
+            break;
+        }
+        world = next;
         let _ = writeln!(
             text,
             "  {:>3}. {what:<42} ->{}",
@@ -981,6 +1013,7 @@ fn finding_kind(report: &Report) -> Option<String> {
         Finding::Safety(violation) => format!("{violation:?}"),
         Finding::Liveness(_) => "liveness".to_owned(),
         Finding::Stuck => "stuck".to_owned(),
+        Finding::Crash(message) => format!("crash: {message}"),
     })
 }
 

@@ -32,7 +32,7 @@ async fn model_set_changes_the_agent_version_only_when_juju_would() {
     assert_eq!(gated["error-code"], "upgrade in progress", "{gated}");
     fixture.gate.send(view(Phase::Ready)).unwrap();
 
-    // Other keys are refused by name, and nothing changes.
+    // agent-version is set alone: with another key, nothing changes.
     let other = call(
         &mut socket,
         3,
@@ -42,12 +42,12 @@ async fn model_set_changes_the_agent_version_only_when_juju_would() {
         json!({"config": {"agent-version": "2.9.44", "logging-config": "<root>=DEBUG"}}),
     )
     .await;
-    assert_eq!(other["error-code"], "not supported", "{other}");
+    assert_eq!(other["error-code"], "bad request", "{other}");
     assert!(
         other["error"]
             .as_str()
             .unwrap()
-            .contains("\"logging-config\""),
+            .contains("agent-version is set alone"),
         "{other}"
     );
     let malformed = call(&mut socket, 4, "ModelConfig", 3, "ModelSet", set("2.9")).await;
@@ -109,10 +109,19 @@ async fn model_set_changes_the_agent_version_only_when_juju_would() {
     );
     let delta = receive(&mut socket).await;
     assert_eq!(delta["request-id"], 9, "{delta}");
+    let deltas = delta["response"]["deltas"].as_array().unwrap();
+    assert_eq!(deltas.len(), 1, "{delta}");
     assert_eq!(
-        delta["response"]["deltas"],
-        json!([["model", "change", {"model-uuid": MODEL_UUID, "name": "controller", "life": "alive", "agent-version": "2.9.44"}]])
+        (&deltas[0][0], &deltas[0][1]),
+        (&json!("model"), &json!("change"))
     );
+    let model = &deltas[0][2];
+    assert_eq!(
+        (&model["model-uuid"], &model["name"], &model["life"]),
+        (&json!(MODEL_UUID), &json!("controller"), &json!("alive"))
+    );
+    assert_eq!(model["config"]["agent-version"], "2.9.44", "{model}");
+    assert_eq!(model["agent-version"], "2.9.44", "{model}");
     let config = call(&mut socket, 11, "ModelConfig", 3, "ModelGet", json!({})).await;
     assert_eq!(
         config["response"]["config"]["agent-version"]["value"],

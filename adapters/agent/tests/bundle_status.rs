@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use lockstep_agent::api::{applications, machines, status as state_status};
+use lockstep_agent::api::{applications, status as state_status};
 use lockstep_agent::cli::bundle::{Bundle, BundleChange, BundleError, NUM_UNITS_MAX};
 use lockstep_agent::cli::status::{self, Format};
 use lockstep_core::gate::GateView;
@@ -319,7 +319,13 @@ fn full_status(phase: Phase) -> Value {
             upgrade_available: Some(Version::new(2, 9, 44)),
         })
         .unwrap();
-    machines::add_machines(&store, &json!({"params": [{"jobs": ["JobManageModel"]}]})).unwrap();
+    // The controller machine as bootstrap records it: its agent runs a known binary.
+    let mut controller = lockstep_store::Machine::with_roles(
+        "0",
+        lockstep_core::Roles::of(&[lockstep_core::Role::Controller]),
+    );
+    controller.agent_binary = Some(lockstep_core::Binary::parse("2.9.43-ubuntu-amd64").unwrap());
+    store.add_machine(&controller).unwrap();
     let bundle = Bundle::from_file(&demo_path()).unwrap();
     for change in bundle.plan() {
         match change {
@@ -402,15 +408,16 @@ fn status_renders_the_real_full_status_reply_as_juju_status_does() {
             "wordpress   -        unknown  2      wordpress    yes",
         ]
     );
+    // lockstep runs no charms and no unit agents: Juju's words for neither having started.
     assert_eq!(
         section("Unit ")[0],
-        "Unit          Workload  Agent  Machine"
+        "Unit          Workload  Agent       Machine"
     );
     assert_eq!(section("Unit ").len(), 6);
     assert!(
         section("Unit ")
             .iter()
-            .any(|line| line.starts_with("wordpress/1   unknown   idle   ")),
+            .any(|line| line.starts_with("wordpress/1   unknown   allocating  ")),
         "{text}"
     );
     let machines = section("Machine ");
@@ -419,7 +426,10 @@ fn status_renders_the_real_full_status_reply_as_juju_status_does() {
         machines[1].starts_with("0        started  ") && machines[1].contains("JobManageModel"),
         "{text}"
     );
-    assert!(machines[1].contains("ubuntu@22.04"), "{text}");
+    // The release its agent reported; lockstep knows no channel.
+    assert!(machines[1].contains("  ubuntu  "), "{text}");
+    // A machine no agent runs on is pending.
+    assert!(machines[2].starts_with("1        pending  "), "{text}");
     let relations = section("Integration provider");
     assert_eq!(relations.len(), 4, "{text}");
     assert!(

@@ -139,7 +139,7 @@ impl fmt::Display for StoreError {
             }
             StoreError::NotADocument { kind } => write!(
                 f,
-                "{kind} is not stored as a document: only applications, units and relations are"
+                "{kind} is not stored as a document: only applications, units, relations, settings and charms are"
             ),
         }
     }

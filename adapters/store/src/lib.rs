@@ -71,8 +71,9 @@
 //!
 //! Every write appends `[kind, change|remove, entity]` with its revision (Juju's delta
 //! shape): kinds `model`, `machine`, `application`, `unit`, `relation`, `upgrade-info` (id
-//! `current`; archiving a final record is a `remove` carrying the final record) and `step`
-//! (a database step's checkpoint, id `<step>@<version>`). Leases and client operation ids
+//! `current`; archiving a final record is a `remove` carrying the final record), `step`
+//! (a database step's checkpoint, id `<step>@<version>`), `settings` (id `model`: model
+//! config keys beyond the model's fields) and `charm` (id the charm URL). Leases and client operation ids
 //! are not entities and write no events (keep-alives would flood the log).
 //!
 //! ## Decisions where the issue was silent
@@ -113,6 +114,7 @@ mod error;
 pub mod etcd;
 mod lease;
 pub mod memory;
+mod postcondition;
 pub mod seed004;
 pub mod sqlite;
 mod types;
@@ -219,18 +221,18 @@ pub trait Tx {
     /// `None` when there was no such machine (and no event).
     fn remove_machine(&mut self, id: &str) -> Result<Option<Revision>, StoreError>;
 
-    /// An application, unit or relation document, by kind and id.
+    /// An application, unit, relation, settings or charm document, by kind and id.
     fn document(
         &mut self,
         kind: EntityKind,
         id: &str,
     ) -> Result<Option<serde_json::Value>, StoreError>;
-    /// Every application, unit or relation document of one kind, ordered by id.
+    /// Every document of one kind, ordered by id.
     fn documents(
         &mut self,
         kind: EntityKind,
     ) -> Result<Vec<(String, serde_json::Value)>, StoreError>;
-    /// Writes an application, unit or relation document.
+    /// Writes an application, unit, relation, settings or charm document.
     fn put_document(
         &mut self,
         kind: EntityKind,

@@ -20,6 +20,7 @@ use lockstep_core::{Millis, Timestamp};
 
 use crate::error::encode;
 use crate::lease::{self, Clock, Lease, SystemClock};
+use crate::postcondition::{self, CommitOrder};
 use crate::watch::Notifier;
 use crate::{
     Abort, ChangeKind, Changes, Checkpoint, EntityKind, Event, Machine, Model, Store, StoreError,
@@ -80,6 +81,8 @@ struct Shared {
     durability: Durability,
     /// Bumped by every crash: a transaction begun in an earlier generation is lost.
     generation: u64,
+    /// The revisions committed, checked under this lock (`postcondition`).
+    order: CommitOrder,
 }
 
 impl Shared {
@@ -113,6 +116,7 @@ impl MemoryStore {
                 durable: State::default(),
                 durability,
                 generation: 0,
+                order: CommitOrder::default(),
             })),
             clock,
             notifier: Arc::new(Notifier::new()),
@@ -139,6 +143,7 @@ impl MemoryStore {
         let mut shared = self.lock();
         shared.visible = shared.durable.clone();
         shared.generation += 1;
+        shared.order.reset(Revision(shared.visible.revision));
         self.notifier.reset(Revision(shared.visible.revision));
     }
 }
@@ -159,10 +164,13 @@ impl Store for MemoryStore {
             if !lease::fence_holds(state.lease, fence, now) {
                 return Ok(TxOutcome::Fenced);
             }
-            let result = body(&mut MemoryTx {
+            let mut tx = MemoryTx {
                 state: &mut state,
                 now,
-            });
+                logged: 0,
+            };
+            let result = body(&mut tx);
+            let logged = tx.logged;
             if result.is_err() {
                 return finish_body(result);
             }
@@ -181,6 +189,10 @@ impl Store for MemoryStore {
                 return Ok(TxOutcome::Fenced);
             }
             let revision = Revision(state.revision);
+            postcondition::assert_commit("memory", Revision(base), logged, revision);
+            if logged > 0 {
+                shared.order.assert_after_last("memory", revision);
+            }
             shared.visible = state;
             shared.acknowledge();
             drop(shared);
@@ -199,6 +211,7 @@ impl Store for MemoryStore {
         let mut state = self.lock().visible.clone();
         body(&mut MemoryTx {
             state: &mut state,
+            logged: 0,
             now: self.clock.now(),
         })
     }
@@ -284,6 +297,8 @@ impl Store for MemoryStore {
 struct MemoryTx<'a> {
     state: &'a mut State,
     now: Timestamp,
+    /// Events logged by this transaction.
+    logged: u64,
 }
 
 impl MemoryTx<'_> {
@@ -295,6 +310,7 @@ impl MemoryTx<'_> {
         entity: serde_json::Value,
     ) -> Revision {
         self.state.revision += 1;
+        self.logged += 1;
         let revision = Revision(self.state.revision);
         self.state.events.push(Event {
             revision,
@@ -578,7 +594,7 @@ mod tests {
     }
 
     #[test]
-    fn documents_are_only_applications_units_and_relations() {
+    fn documents_are_only_applications_units_relations_settings_and_charms() {
         let store = store(Durability::Full);
         let error = store
             .transaction(None, &mut |tx| {

@@ -23,6 +23,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction,
 
 use crate::error::{decode, encode};
 use crate::lease::{self, Clock, Lease, SystemClock};
+use crate::postcondition::{self, CommitOrder};
 use crate::watch::Notifier;
 use crate::{
     Abort, ChangeKind, Changes, Checkpoint, Discovery, EntityKind, Event, Life, Machine, Model,
@@ -30,7 +31,7 @@ use crate::{
 };
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The upgrade-info record's id in the event log.
 pub(crate) const RECORD_CURRENT: &str = "current";
@@ -99,6 +100,10 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
      ALTER TABLE model ADD COLUMN capabilities TEXT NOT NULL DEFAULT '[]';
      ALTER TABLE model ADD COLUMN capabilities_discovered_at INTEGER;
      ALTER TABLE model ADD COLUMN capabilities_discovered_by TEXT;",
+    // 2 → 3: the API's Juju facades. Settings documents (model config keys beyond the
+    // model's own fields) and charms recorded from uploads (metadata only).
+    "CREATE TABLE settings (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
+     CREATE TABLE charms (url TEXT PRIMARY KEY, doc TEXT NOT NULL);",
 ];
 
 /// How to open a store.
@@ -121,6 +126,8 @@ pub struct SqliteStore {
     /// Shared by every handle on this file in this process: wakes their watchers after each
     /// commit made through any of them.
     notifier: Arc<Notifier>,
+    /// The revisions this handle committed, checked under its connection's lock.
+    order: CommitOrder,
 }
 
 /// One [`Notifier`] per database file in this process.
@@ -170,6 +177,7 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             clock,
             notifier,
+            order: CommitOrder::default(),
         };
         store.prepare()?;
         Ok(store)
@@ -382,6 +390,8 @@ pub(crate) fn document_table(kind: EntityKind) -> Result<(&'static str, &'static
         EntityKind::Application => Ok(("applications", "name")),
         EntityKind::Unit => Ok(("units", "name")),
         EntityKind::Relation => Ok(("relations", "key")),
+        EntityKind::Settings => Ok(("settings", "id")),
+        EntityKind::Charm => Ok(("charms", "url")),
         _ => Err(StoreError::NotADocument { kind }),
     }
 }
@@ -442,13 +452,16 @@ impl Store for SqliteStore {
         if !lease::fence_holds(current, fence, now) {
             return Ok(TxOutcome::Fenced);
         }
+        let base = meta(&tx, "revision").map_err(|error| self.error(error))?;
         let mut sqlite_tx = SqliteTx {
             tx: &tx,
             path: &self.path,
             now,
             failed: None,
+            logged: 0,
         };
         let result = body(&mut sqlite_tx);
+        let logged = sqlite_tx.logged;
         // A statement that failed inside a body that went on anyway must not commit.
         if let Some(error) = sqlite_tx.failed.take() {
             return Err(error);
@@ -463,7 +476,12 @@ impl Store for SqliteStore {
             return Ok(TxOutcome::Fenced);
         }
         let revision = meta(&tx, "revision").map_err(|error| self.error(error))?;
+        postcondition::assert_commit("sqlite", Revision(base), logged, Revision(revision));
         tx.commit().map_err(|error| self.error(error))?;
+        if logged > 0 {
+            // Still under this handle's connection lock, after the commit succeeded.
+            self.order.assert_after_last("sqlite", Revision(revision));
+        }
         drop(conn);
         self.notifier.announce(Revision(revision));
         Ok(TxOutcome::Committed(Revision(revision)))
@@ -484,6 +502,7 @@ impl Store for SqliteStore {
             path: &self.path,
             now: self.clock.now(),
             failed: None,
+            logged: 0,
         };
         body(&mut sqlite_tx)
     }
@@ -617,6 +636,8 @@ struct SqliteTx<'a> {
     now: Timestamp,
     /// The first engine error: once set, the transaction rolls back whatever the body says.
     failed: Option<StoreError>,
+    /// Events logged by this transaction (each took the next revision).
+    logged: u64,
 }
 
 impl SqliteTx<'_> {
@@ -655,6 +676,9 @@ impl SqliteTx<'_> {
             )?;
             Ok(Revision(revision as u64))
         })();
+        if result.is_ok() {
+            self.logged += 1;
+        }
         self.check(result)
     }
 
@@ -1157,7 +1181,7 @@ mod tests {
             .connection()
             .query_row("SELECT version FROM schema_version", [], |row| row.get(0))
             .unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, i64::from(SCHEMA_VERSION));
         let model = store.load_model().unwrap().unwrap();
         assert_eq!(model.agent_version, v("0.0.9"));
         assert!(model.capabilities.is_empty());
@@ -1247,7 +1271,8 @@ mod tests {
             );
             let text = error.to_string();
             assert!(
-                text.contains("schema version 7") && text.contains("the 2 this"),
+                text.contains("schema version 7")
+                    && text.contains(&format!("the {SCHEMA_VERSION} this")),
                 "{text}"
             );
         }
@@ -1359,7 +1384,7 @@ mod tests {
                 error,
                 StoreError::MigrationNeeded {
                     found: 1,
-                    supported: 2,
+                    supported: SCHEMA_VERSION,
                     ..
                 }
             ),

@@ -1045,6 +1045,64 @@ pub(crate) fn snapshots_discard_writes<H: Harness>() {
     assert!(all_events(store).is_empty());
 }
 
+/// Settings and charm documents are stored, listed by id, logged as their own kinds and
+/// survive a restart, as applications are; another kind's documents are not among them.
+pub(crate) fn settings_and_charm_documents_round_trip<H: Harness>() {
+    let mut h = H::new();
+    let config = serde_json::json!({"logging-config": "<root>=DEBUG"});
+    let charm = serde_json::json!({"url": "local:jammy/web-0", "name": "web"});
+    let after = h.store().revision().unwrap();
+    h.store()
+        .transaction(None, &mut |tx| {
+            tx.put_document(EntityKind::Settings, "model", &config)?;
+            tx.put_document(EntityKind::Charm, "local:jammy/web-0", &charm)?;
+            Ok(())
+        })
+        .unwrap();
+    h.restart();
+    let store = h.store();
+    let (settings, charms) = store
+        .read(|tx| {
+            Ok((
+                tx.documents(EntityKind::Settings)?,
+                tx.documents(EntityKind::Charm)?,
+            ))
+        })
+        .unwrap();
+    assert_eq!(settings, vec![("model".to_owned(), config.clone())]);
+    assert_eq!(charms, vec![("local:jammy/web-0".to_owned(), charm)]);
+    let Changes::Events { events, .. } = store.changes_since(after, 10).unwrap() else {
+        panic!("no resync expected");
+    };
+    let logged: Vec<(EntityKind, &str)> = events
+        .iter()
+        .map(|event| (event.kind, event.id.as_str()))
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            (EntityKind::Settings, "model"),
+            (EntityKind::Charm, "local:jammy/web-0")
+        ]
+    );
+    let removed = store
+        .transaction(None, &mut |tx| {
+            tx.remove_document(EntityKind::Settings, "model")?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        matches!(removed, crate::TxOutcome::Committed(_)),
+        "{removed:?}"
+    );
+    assert!(
+        store
+            .read(|tx| tx.document(EntityKind::Settings, "model"))
+            .unwrap()
+            .is_none()
+    );
+}
+
 /// A tiny deterministic generator (xorshift64*), so the suite needs no dependency.
 struct Rng(u64);
 
@@ -1547,6 +1605,10 @@ macro_rules! suite {
             #[test]
             fn agrees_with_the_core_testkit_store() {
                 super::agrees_with_the_core_testkit_store::<$harness>();
+            }
+            #[test]
+            fn settings_and_charm_documents_round_trip() {
+                super::settings_and_charm_documents_round_trip::<$harness>();
             }
             #[test]
             fn machines_from_older_clients_are_stored_with_roles() {

@@ -1,5 +1,5 @@
-//! What the store keeps: the model, machines, applications, units, relations, step
-//! checkpoints, and the event log's entries.
+//! What the store keeps: the model, machines, applications, units, relations, settings,
+//! charms, step checkpoints, and the event log's entries.
 
 use std::fmt;
 
@@ -190,10 +190,16 @@ pub enum EntityKind {
     UpgradeInfo,
     /// A database step's checkpoint (id `<step>@<version>`).
     Step,
+    /// Settings stored as a document (Juju's settings collection): id `model` holds the
+    /// model config keys that are not the model's own fields (`logging-config`, ...).
+    Settings,
+    /// A charm the controller recorded (an upload of a local charm), id its URL
+    /// (`local:jammy/mycharm-0`): its metadata, never its archive.
+    Charm,
 }
 
 impl EntityKind {
-    pub const ALL: [EntityKind; 7] = [
+    pub const ALL: [EntityKind; 9] = [
         EntityKind::Model,
         EntityKind::Machine,
         EntityKind::Application,
@@ -201,6 +207,8 @@ impl EntityKind {
         EntityKind::Relation,
         EntityKind::UpgradeInfo,
         EntityKind::Step,
+        EntityKind::Settings,
+        EntityKind::Charm,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -212,6 +220,8 @@ impl EntityKind {
             EntityKind::Relation => "relation",
             EntityKind::UpgradeInfo => "upgrade-info",
             EntityKind::Step => "step",
+            EntityKind::Settings => "settings",
+            EntityKind::Charm => "charm",
         }
     }
 

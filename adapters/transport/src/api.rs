@@ -42,6 +42,11 @@ pub struct Api {
     pub(crate) address: Mutex<Option<SocketAddr>>,
     pub(crate) metrics: Mutex<Metrics>,
     pub(crate) tools: ToolsEndpoint,
+    /// The CA certificate (PEM) at the end of the chain the server presents, learnt at the
+    /// first TLS handshake (see `server.rs`).
+    pub(crate) ca: std::sync::OnceLock<String>,
+    /// Charm uploads being read at once (each holds its archive in memory).
+    pub(crate) uploads: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for Api {
@@ -70,7 +75,22 @@ impl Api {
             address: Mutex::new(None),
             metrics: Mutex::new(Metrics::default()),
             tools,
+            ca: std::sync::OnceLock::new(),
+            uploads: tokio::sync::Semaphore::new(crate::charm::UPLOADS_IN_FLIGHT_MAX),
         })
+    }
+
+    /// The model and controller this API serves.
+    pub(crate) fn identity(&self) -> crate::state::Identity {
+        crate::state::Identity {
+            model_uuid: self.config.model_uuid.clone(),
+            controller_uuid: self.config.controller_uuid.clone(),
+        }
+    }
+
+    /// The controller's CA certificate (PEM), once a client completed a TLS handshake.
+    pub fn ca_pem(&self) -> Option<String> {
+        self.ca.get().cloned()
     }
 
     /// Calls the gate has turned away with `upgrade in progress` since start.

@@ -13,6 +13,35 @@ use crate::api::Api;
 /// not exist and a wrong password take the same time).
 pub const LOGIN_FAILURE_DELAY: Duration = Duration::from_millis(250);
 
+/// A user's access to the model, Juju's `permission.Access` for models: `read` may call
+/// reads, `write` may change the model's entities and config, `admin` may also write the
+/// keys with lockstep's semantics (`agent-version`, `agent-stream`, `agent-metadata-url`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ModelAccess {
+    Read,
+    Write,
+    Admin,
+}
+
+impl ModelAccess {
+    /// Juju's name, as Login's `user-info.model-access` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelAccess::Read => "read",
+            ModelAccess::Write => "write",
+            ModelAccess::Admin => "admin",
+        }
+    }
+}
+
+/// The model access of `user`, one of [`crate::api::ApiConfig::users`]: every user there is
+/// the model's admin (lockstep makes one user, `admin`, at bootstrap, as `juju bootstrap`
+/// makes its admin). The rules that read it ([`crate::facade::model_config`]) are written
+/// against the access, so a user with less is refused once there is one.
+pub fn model_access(_user: &str) -> ModelAccess {
+    ModelAccess::Admin
+}
+
 /// Hashes a password for [`crate::api::ApiConfig::users`] (argon2id, random salt, PHC
 /// string).
 pub fn hash_password(password: &str) -> String {

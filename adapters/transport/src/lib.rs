@@ -32,10 +32,12 @@
 //! - [`served`]: the facades served and which a login may call.
 //! - [`auth`]: logins and password hashing.
 //! - [`session`]: one connection's login and its watchers.
-//! - [`facade`]: one module per facade (Admin, AllWatcher, Application, Client,
-//!   ModelConfig, ModelManager, Pinger, Upgrade, Upgrader): parse, call the state or the
-//!   backend, encode.
+//! - [`facade`]: one module per facade (Admin, AllWatcher, Application, Charms, Client,
+//!   Controller, MachineManager, ModelConfig, ModelManager, Pinger, Upgrade, Upgrader):
+//!   parse, call the state or the backend, encode.
 //! - [`probes`]: `/livez`, `/readyz`, `/metrics`.
+//! - [`charm`], [`charms_endpoint`]: a local charm's metadata read from its uploaded zip
+//!   archive, and `POST /model/<uuid>/charms`, which records it.
 //! - [`tools`], [`tools_endpoint`]: the catalogue's search (`Client.FindTools`,
 //!   `Upgrader.Tools`) and the endpoint that serves agent binaries from a cache, fetching
 //!   each once however many agents ask at once.
@@ -43,8 +45,8 @@
 //!
 //! A module uses only modules to its right in this chain (within parentheses, only those
 //! after it), so there is no import circle: `server` → `connection` → `route` → `facade`
-//! → (`auth` → `api` → `session`) → (`tools_endpoint` → `tools`, `probes`, `served`) →
-//! (`state`, `backend`) → `wire`; `client` uses `tls` and `wire` only.
+//! → (`charms_endpoint`, `auth` → `api` → `session`) → (`tools_endpoint` → `tools`,
+//! `probes`, `served`) → (`state` → `charm`, `backend`) → `wire`; `client` uses `tls` and `wire` only.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
@@ -54,6 +56,8 @@
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod charm;
+pub mod charms_endpoint;
 pub mod client;
 pub mod connection;
 pub mod facade;

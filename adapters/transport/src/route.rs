@@ -8,7 +8,8 @@ use serde_json::Value;
 
 use crate::api::Api;
 use crate::facade::{
-    admin, all_watcher, application, client, model_config, model_manager, pinger, upgrade, upgrader,
+    admin, all_watcher, application, charms, client, controller, machine_manager, model_config,
+    model_manager, pinger, upgrade, upgrader,
 };
 use crate::served::{facade_label, not_implemented, permitted, served};
 use crate::session::Session;
@@ -70,17 +71,43 @@ async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<V
         ("Pinger", "Ping") => pinger::ping(),
         ("Client", "FullStatus") => client::full_status(api, view).await,
         ("Client", "AbortCurrentUpgrade") => client::abort_current_upgrade(api),
-        ("Client", "ModelGet") => client::model_get(api).await,
-        ("Client", "AddMachines") => client::add_machines(api, params).await,
+        ("Client" | "ModelConfig", "ModelGet") => model_config::model_get(api).await,
+        ("Client" | "ModelConfig", "ModelSet") => {
+            model_config::model_set(api, session, params).await
+        }
+        ("Client" | "ModelConfig", "ModelUnset") => {
+            model_config::model_unset(api, session, params).await
+        }
+        ("ModelConfig", "GetModelConstraints") => model_config::get_model_constraints(),
+        ("Client" | "MachineManager", "AddMachines") => {
+            machine_manager::add_machines(api, params).await
+        }
+        ("MachineManager", "DestroyMachineWithParams") => {
+            machine_manager::destroy_machines(api, params).await
+        }
         ("Client", "FindTools") => client::find_tools(api, session, params).await,
         ("Client", "WatchAll") => client::watch_all(session, params),
-        ("ModelConfig", "ModelGet") => model_config::model_get(api).await,
-        ("ModelConfig", "ModelSet") => model_config::model_set(api, params).await,
-        ("ModelManager", "ModelInfo") => model_manager::model_info(api, view).await,
+        ("ModelManager", "ModelInfo") => model_manager::model_info(api, view, params).await,
+        ("ModelManager", "ListModelSummaries") => {
+            model_manager::list_model_summaries(api, view).await
+        }
+        ("Controller", "AllModels") => controller::all_models(api).await,
+        ("Controller", "ControllerAPIInfoForModels") => {
+            controller::api_info_for_models(api, session, params).await
+        }
+        ("Charms", "ResolveCharms") => charms::resolve_charms(params),
         ("Application", "Deploy") => application::deploy(api, params).await,
         ("Application", "AddUnits") => application::add_units(api, params).await,
         ("Application", "AddRelation") => application::add_relation(api, params).await,
         ("Application", "Expose") => application::expose(api, params).await,
+        ("Application", "Get") => application::get(api, params).await,
+        ("Application", "Set") => application::set(api, params).await,
+        ("Application", "SetConfigs") => application::set_configs(api, params).await,
+        ("Application", "UnsetApplicationsConfig") => application::unset_config(api, params).await,
+        ("Application", "DestroyApplication") => {
+            application::destroy_application(api, params).await
+        }
+        ("Application", "DestroyUnit") => application::destroy_unit(api, params).await,
         ("Upgrader", "SetTools" | "SetVersion") => upgrader::set_tools(api, session, params).await,
         ("Upgrader", "DesiredVersion") => upgrader::desired_version(api, session, params).await,
         ("Upgrader", "Tools") => upgrader::tools(api, session, params).await,

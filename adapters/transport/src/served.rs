@@ -13,8 +13,20 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
     (
         "Application",
         &[1, 20],
-        &["Deploy", "AddUnits", "AddRelation", "Expose"],
+        &[
+            "Deploy",
+            "AddUnits",
+            "AddRelation",
+            "Expose",
+            "Get",
+            "Set",
+            "SetConfigs",
+            "UnsetApplicationsConfig",
+            "DestroyApplication",
+            "DestroyUnit",
+        ],
     ),
+    ("Charms", &[6], &["ResolveCharms"]),
     (
         "Client",
         &[1, 8],
@@ -23,12 +35,32 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
             "FindTools",
             "AbortCurrentUpgrade",
             "ModelGet",
+            "ModelSet",
+            "ModelUnset",
             "AddMachines",
             "WatchAll",
         ],
     ),
-    ("ModelConfig", &[3], &["ModelGet", "ModelSet"]),
-    ("ModelManager", &[9, 10], &["ModelInfo"]),
+    (
+        "Controller",
+        &[11, 12],
+        &["AllModels", "ControllerAPIInfoForModels"],
+    ),
+    (
+        "MachineManager",
+        &[10],
+        &["AddMachines", "DestroyMachineWithParams"],
+    ),
+    (
+        "ModelConfig",
+        &[3],
+        &["ModelGet", "ModelSet", "ModelUnset", "GetModelConstraints"],
+    ),
+    (
+        "ModelManager",
+        &[9, 10],
+        &["ModelInfo", "ListModelSummaries"],
+    ),
     ("Pinger", &[1], &["Ping"]),
     ("Upgrade", &[1], &["Status", "WatchProgress"]),
     (
@@ -43,12 +75,20 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
 /// `permission denied`, code `unauthorized access` (Juju's `ErrPerm`).
 pub const AGENT_FACADES: &[&str] = &["Admin", "Pinger", "Upgrade", "Upgrader"];
 
-/// `not implemented` unless the facade, version and method are served (Juju's wording).
+/// `not implemented` unless the facade, version and method are served, in Juju's words
+/// (`rpcreflect.CallNotImplementedError`): an unknown facade, or a known one at a version
+/// not served, is `unknown version (V) of interface "F"` (`unknown object type "F"` at
+/// version 0); a method not served is `no such request - method F(V).M is not
+/// implemented`.
 pub fn served(facade: &str, version: u32, method: &str) -> Result<(), WireError> {
     let Some((_, versions, methods)) = FACADES.iter().find(|(name, _, _)| *name == facade) else {
         return Err(WireError::new(
             "not implemented",
-            format!("unknown object type {facade:?}"),
+            if version == 0 {
+                format!("unknown object type {facade:?}")
+            } else {
+                format!("unknown version ({version}) of interface {facade:?}")
+            },
         ));
     };
     if !versions.contains(&version) {

@@ -16,7 +16,7 @@ use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Path, State};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
 pub use crate::api::{Api, ApiConfig};
@@ -28,7 +28,7 @@ pub use crate::session::WATCHERS_PER_CONNECTION_MAX;
 pub use crate::state::SharedState;
 pub use crate::wire::SERVER_VERSION;
 
-use crate::{connection, probes};
+use crate::{charms_endpoint, connection, probes};
 
 /// The address a connection reached this server on: where the URLs of agent binaries
 /// handed to that client point.
@@ -43,6 +43,7 @@ impl Api {
             .route("/api", get(websocket))
             .route("/model/{uuid}/api", get(websocket))
             .route("/model/{uuid}/tools/{binary}", get(tools))
+            .route("/model/{uuid}/charms", post(charms))
             .route("/livez", get(probes::livez))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
@@ -55,7 +56,7 @@ impl Api {
     pub async fn serve(self: Arc<Api>, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
         let local = listener.local_addr().ok();
         *self.address.lock().expect("not poisoned") = local;
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let acceptor = tokio_rustls::TlsAcceptor::from(recording_ca(&self, tls));
         let router = self.router();
         let mut connections = tokio::task::JoinSet::new();
         loop {
@@ -100,6 +101,61 @@ impl Api {
             });
         }
     }
+}
+
+/// `tls` with its certificate resolver wrapped so that the first handshake records the CA
+/// at the end of the chain it presents ([`Api::ca_pem`]): the controller's CA, which
+/// `Controller.ControllerAPIInfoForModels` hands out, is known to the server without
+/// another input.
+fn recording_ca(api: &Arc<Api>, tls: Arc<rustls::ServerConfig>) -> Arc<rustls::ServerConfig> {
+    let mut config = (*tls).clone();
+    config.cert_resolver = Arc::new(RecordingResolver {
+        inner: Arc::clone(&tls.cert_resolver),
+        api: Arc::downgrade(api),
+    });
+    Arc::new(config)
+}
+
+#[derive(Debug)]
+struct RecordingResolver {
+    inner: Arc<dyn rustls::server::ResolvesServerCert>,
+    api: std::sync::Weak<Api>,
+}
+
+impl rustls::server::ResolvesServerCert for RecordingResolver {
+    fn resolve(
+        &self,
+        client_hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let key = self.inner.resolve(client_hello)?;
+        if let (Some(api), [_, .., ca]) = (self.api.upgrade(), key.cert.as_slice()) {
+            api.ca.get_or_init(|| pem("CERTIFICATE", ca.as_ref()));
+        }
+        Some(key)
+    }
+}
+
+/// DER as PEM: base64 in lines of 64 characters between the label's markers.
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let text = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = format!("-----BEGIN {label}-----\n");
+    for line in text.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        pem.push('\n');
+    }
+    pem.push_str(&format!("-----END {label}-----\n"));
+    pem
+}
+
+async fn charms(
+    State(api): State<Arc<Api>>,
+    Path(uuid): Path<String>,
+    query: axum::extract::RawQuery,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    charms_endpoint::post(&api, &uuid, query.0.as_deref(), &headers, body).await
 }
 
 async fn websocket(

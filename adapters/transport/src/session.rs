@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use lockstep_core::gate::Login;
 use lockstep_core::lifecycle::Revision;
 
+use crate::auth::ModelAccess;
 use crate::wire::WireError;
 
 /// AllWatchers one connection may hold at once.
@@ -20,6 +21,8 @@ pub struct Session {
     login: Mutex<Login>,
     /// The agent's tag (`machine-1`) once an agent logged in; empty for users.
     agent: Mutex<String>,
+    /// A logged-in user's access to the model; `read` for everyone else.
+    access: Mutex<ModelAccess>,
     /// The address the client reached this server on.
     pub reached: Option<SocketAddr>,
     watchers: Mutex<BTreeMap<u64, Arc<Watcher>>>,
@@ -41,6 +44,7 @@ impl Session {
         Session {
             login: Mutex::new(Login::Anonymous),
             agent: Mutex::new(String::new()),
+            access: Mutex::new(ModelAccess::Read),
             reached,
             watchers: Mutex::new(BTreeMap::new()),
             next_watcher: AtomicU64::new(1),
@@ -59,6 +63,16 @@ impl Session {
             Login::ControllerAgent | Login::MachineAgent => tag.to_owned(),
             Login::Anonymous | Login::User => String::new(),
         };
+    }
+
+    /// Records a logged-in user's access to the model.
+    pub fn grant(&self, access: ModelAccess) {
+        *self.access.lock().expect("not poisoned") = access;
+    }
+
+    /// The logged-in user's access to the model (`read` for agents and before login).
+    pub fn model_access(&self) -> ModelAccess {
+        *self.access.lock().expect("not poisoned")
     }
 
     /// The logged-in agent's tag; empty for users.

@@ -13,6 +13,7 @@ use lockstep_core::policy::{Catalogue, Stream};
 use lockstep_core::{Binary, Roles, Version};
 use serde_json::{Map, Value};
 
+use crate::charm::Charm;
 use crate::wire::{Delta, WireError};
 
 /// The shared state behind the facades. Object-safe: the server holds an
@@ -42,6 +43,40 @@ pub trait SharedState: Send + Sync + 'static {
     async fn add_relation(&self, params: &Value) -> Result<Value, WireError>;
     /// `Application.Expose {"application"}`.
     async fn expose(&self, params: &Value) -> Result<Value, WireError>;
+    /// `MachineManager.DestroyMachineWithParams {"machine-tags", "force", "keep",
+    /// "dry-run"}` → `{"results": [{"info": {"machine-id", "destroyed-units", ...}} |
+    /// {"error"}]}`.
+    async fn destroy_machines(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.DestroyApplication {"applications": [{"application-tag", "force",
+    /// "dry-run"}]}` → `{"results": [{"info": {"destroyed-units": [{"tag"}], ...}} |
+    /// {"error"}]}`: the application, its units and its relations.
+    async fn destroy_applications(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.DestroyUnit {"units": [{"unit-tag", "force", "dry-run"}]}` →
+    /// `{"results": [{"info": {...}} | {"error"}]}`.
+    async fn destroy_units(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.SetConfigs {"Args": [{"application", "config": {key: value}}]}` (the
+    /// transport puts v1's `Set` in this shape) → `{"results": [{} | {"error"}]}`.
+    async fn set_application_config(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Application.UnsetApplicationsConfig {"Args": [{"application", "options": [key]}]}`
+    /// → `{"results": [{} | {"error"}]}`.
+    async fn unset_application_config(&self, params: &Value) -> Result<Value, WireError>;
+    /// `ModelConfig.ModelSet {"config": {key: value}}` of stored keys only (the transport
+    /// keeps lockstep's own keys apart, [`crate::facade::model_config`]) → `{}`.
+    async fn model_set(&self, params: &Value) -> Result<Value, WireError>;
+    /// `ModelConfig.ModelUnset {"keys": [key]}` of stored keys only → `{}`.
+    async fn model_unset(&self, params: &Value) -> Result<Value, WireError>;
+    /// Records a charm uploaded to the charms endpoint; its URL
+    /// (`local:<series>/<name>-<revision>`, or `local:<name>-<revision>` without a
+    /// series). The same archive uploaded again is the same charm (its URL, nothing
+    /// written); another archive of the same name gets the next revision.
+    async fn add_charm(&self, charm: &Charm, series: Option<&str>) -> Result<String, WireError>;
+
+    // --- Application: reads --------------------------------------------------------------
+
+    /// `Application.Get {"application"}` → Juju's `ApplicationGetResults`: `application`,
+    /// `charm`, `base`, `channel`, `constraints`, `endpoint-bindings`, `config` (each
+    /// option `{value?, default?, source, type, description}`), `application-config`.
+    async fn application_get(&self, application: &str) -> Result<Value, WireError>;
 
     // --- Upgrader ----------------------------------------------------------------------
 
@@ -80,12 +115,12 @@ pub trait SharedState: Send + Sync + 'static {
 
     /// The whole state as `change` deltas, in Juju's order (model, machines, applications,
     /// units, relations), at one revision: a watcher's first answer.
-    async fn snapshot(&self, model_uuid: &str) -> Result<Snapshot, WireError>;
+    async fn snapshot(&self, ids: &Identity) -> Result<Snapshot, WireError>;
     /// The deltas of the events after `after`, at most `limit` events read, each with its
     /// revision; or "resync needed" when events after `after` were compacted away.
     async fn changes_since(
         &self,
-        model_uuid: &str,
+        ids: &Identity,
         after: Revision,
         limit: usize,
     ) -> Result<Changes, WireError>;
@@ -126,6 +161,46 @@ pub struct ModelConfig {
     /// `None`: the default stream (`released`).
     pub agent_stream: Option<Stream>,
     pub agent_metadata_url: Option<String>,
+    /// The keys set with `ModelConfig.ModelSet` that are not the model's own fields
+    /// (`logging-config`, ...), with their values as set.
+    pub settings: Map<String, Value>,
+}
+
+impl ModelConfig {
+    /// The whole config as values: the model's own keys (`name`, `uuid`, `type`,
+    /// `agent-version`, `agent-stream`, `agent-metadata-url` when set) and the stored
+    /// settings. Model deltas carry this as `config`; `ModelGet` adds each key's source.
+    pub fn values(&self) -> Map<String, Value> {
+        let mut config = self.settings.clone();
+        config.insert("name".into(), Value::from(self.name.as_str()));
+        config.insert("uuid".into(), Value::from(self.uuid.as_str()));
+        config.insert("type".into(), Value::from(MODEL_PROVIDER_TYPE));
+        config.insert(
+            "agent-version".into(),
+            Value::from(self.agent_version.to_string()),
+        );
+        config.insert(
+            "agent-stream".into(),
+            Value::from(
+                self.agent_stream
+                    .map_or("released", |stream| stream.as_str()),
+            ),
+        );
+        if let Some(url) = &self.agent_metadata_url {
+            config.insert("agent-metadata-url".into(), Value::from(url.as_str()));
+        }
+        config
+    }
+}
+
+/// The model config's `type` and `ModelInfo`'s `provider-type`: lockstep's own provider.
+pub const MODEL_PROVIDER_TYPE: &str = "lockstep";
+
+/// The model and controller the API serves, as deltas and replies name them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub model_uuid: String,
+    pub controller_uuid: String,
 }
 
 /// One entity of an `Upgrader.DesiredVersion` or `Upgrader.Tools` call.
@@ -178,4 +253,25 @@ pub enum Changes {
         compacted: Revision,
         current: Revision,
     },
+}
+
+/// A status as `Client.FullStatus` shows it, Juju's `DetailedStatus`: `{status, info, data,
+/// since?, kind, version, life}` (`since` left out when not known, as Go's `omitempty` does).
+pub fn detailed_status(status: &str, info: &str, since: Option<&str>, version: &str) -> Value {
+    let mut detail = serde_json::json!({"status": status, "info": info, "data": {},
+                                        "kind": "", "version": version, "life": ""});
+    if let Some(since) = since {
+        detail["since"] = Value::from(since);
+    }
+    detail
+}
+
+/// A status as `AllWatcher.Next`'s deltas show it, Juju's `StatusInfo`: `{current,
+/// message, since?, version}`.
+pub fn status_info(current: &str, message: &str, since: Option<&str>, version: &str) -> Value {
+    let mut info = serde_json::json!({"current": current, "message": message, "version": version});
+    if let Some(since) = since {
+        info["since"] = Value::from(since);
+    }
+    info
 }

@@ -98,15 +98,18 @@ async fn the_gate_is_asked_on_every_call_and_a_limited_connection_becomes_full()
         "{config}"
     );
 
-    // Unknown facade, version or method: `not implemented`, never retried.
+    // Unknown facade, version or method: `not implemented`, never retried; an unknown
+    // facade at a version is named as Juju names it.
     let reply = call(&mut socket, 10, "Bundle", 1, "GetChanges", json!({})).await;
     assert_eq!(
         (reply["error-code"].as_str(), reply["error"].as_str()),
         (
             Some("not implemented"),
-            Some("unknown object type \"Bundle\"")
+            Some("unknown version (1) of interface \"Bundle\"")
         )
     );
+    let reply = call(&mut socket, 13, "Bundle", 0, "GetChanges", json!({})).await;
+    assert_eq!(reply["error"], "unknown object type \"Bundle\"", "{reply}");
     let reply = call(&mut socket, 11, "Client", 2, "FullStatus", json!({})).await;
     assert_eq!(
         reply["error"],

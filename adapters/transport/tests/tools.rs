@@ -306,23 +306,53 @@ async fn the_tools_endpoint_answers_json_errors_for_what_it_cannot_serve() {
 }
 
 /// `ModelSet`'s own checks, made by the transport before and after asking the state: the
-/// keys, the version's form, the catalogue (the state's refusals over the real store are
-/// tested in the agent's `tests/api_tools.rs`).
+/// keys (lockstep's apart from stored ones), the version's form, the catalogue (the state's
+/// refusals over the real store are tested in the agent's `tests/api_tools.rs`).
 #[tokio::test]
 async fn model_set_checks_its_keys_and_the_catalogue_then_tells_the_backend() {
     let fixture = start(Phase::Ready).await;
     let mut socket = logged_in(&fixture).await;
     let set = |version: &str| json!({"config": {"agent-version": version}});
-    let other = call(
+    let mixed = call(
         &mut socket,
         2,
         "ModelConfig",
         3,
         "ModelSet",
-        json!({"config": {"logging-config": "<root>=DEBUG"}}),
+        json!({"config": {"agent-version": "2.9.44", "logging-config": "<root>=DEBUG"}}),
     )
     .await;
-    assert_eq!(other["error-code"], "not supported", "{other}");
+    assert_eq!(mixed["error-code"], "bad request", "{mixed}");
+    let stream = call(
+        &mut socket,
+        20,
+        "ModelConfig",
+        3,
+        "ModelSet",
+        json!({"config": {"agent-stream": "proposed"}}),
+    )
+    .await;
+    assert_eq!(stream["error-code"], "not supported", "{stream}");
+    let name = call(
+        &mut socket,
+        21,
+        "ModelConfig",
+        3,
+        "ModelSet",
+        json!({"config": {"name": "other"}}),
+    )
+    .await;
+    assert_eq!(name["error-code"], "not supported", "{name}");
+    let stored = call(
+        &mut socket,
+        22,
+        "ModelConfig",
+        3,
+        "ModelSet",
+        json!({"config": {"logging-config": "<root>=DEBUG", "agent-stream": "released"}}),
+    )
+    .await;
+    assert_eq!(stored["response"], json!({}), "{stored}");
     let malformed = call(&mut socket, 3, "ModelConfig", 3, "ModelSet", set("2.9")).await;
     assert_eq!(malformed["error-code"], "bad request", "{malformed}");
     let missing = call(&mut socket, 4, "ModelConfig", 3, "ModelSet", set("2.9.45")).await;
@@ -354,7 +384,9 @@ async fn model_set_checks_its_keys_and_the_catalogue_then_tells_the_backend() {
         config["response"]["config"],
         json!({"name": {"value": "controller", "source": "model"},
                "uuid": {"value": MODEL_UUID, "source": "model"},
+               "type": {"value": "lockstep", "source": "model"},
                "agent-version": {"value": "2.9.44", "source": "model"},
-               "agent-stream": {"value": "released", "source": "model"}})
+               "agent-stream": {"value": "released", "source": "default"},
+               "logging-config": {"value": "<root>=DEBUG", "source": "model"}})
     );
 }

@@ -21,7 +21,17 @@
 //! The phases, inputs and outputs are specified in `spec/lifecycle.md` and, as data, in
 //! `spec/transitions.json`.
 
+// The machine, with its decisions one concern a file (see `machine.rs`).
+mod boot;
+mod coordination;
+mod held;
+mod invariants;
+mod io;
 mod machine;
+mod ready;
+mod trial;
+mod version_check;
+
 pub mod record;
 mod types;
 
@@ -29,7 +39,7 @@ use std::sync::Arc;
 
 use statig::blocking::{IntoStateMachineExt, StateMachine};
 
-pub use machine::OUTPUTS_MAX;
+pub use io::OUTPUTS_MAX;
 pub use record::{
     ControllerId, ControllerSet, LeaseToken, RecordView, Revision, UpgradeInfo, UpgradeStatus,
 };
@@ -38,7 +48,8 @@ pub use types::*;
 use crate::phase::Phase;
 use crate::steps::StepRegistry;
 use crate::time::Timestamp;
-use machine::{Event, Io, Machine};
+use io::Io;
+use machine::{Event, Machine};
 
 /// The lifecycle's timers. Timers are data: [`Lifecycle::poll_timeout`] returns the earliest.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -66,7 +77,9 @@ pub enum Timer {
 }
 
 impl Timer {
+    /// How many timers there are.
     pub const COUNT: usize = 9;
+    /// Every timer, in the order `handle_timeout` fires those due.
     pub const ALL: [Timer; Timer::COUNT] = [
         Timer::StepRetry,
         Timer::ControllersWait,
@@ -214,8 +227,7 @@ impl Lifecycle {
         self.set_now(now);
         tracing::trace!(target: "lockstep::lifecycle", ?input, "input");
         let input = self.machine.inner().settle(input);
-        self.machine
-            .handle_with_context(&Event::Input(input), &mut self.io);
+        self.dispatch(&Event::Input(input));
     }
 
     /// Fires every timer whose deadline is at or before `now`.
@@ -242,8 +254,20 @@ impl Lifecycle {
     fn fire(&mut self, timer: Timer) {
         self.io.timers[timer as usize] = None;
         tracing::debug!(target: "lockstep::lifecycle", ?timer, "timer fired");
-        self.machine
-            .handle_with_context(&Event::Timer(timer), &mut self.io);
+        self.dispatch(&Event::Timer(timer));
+    }
+
+    /// One dispatch into the machine, then the read-path checks of what it published
+    /// (`invariants.rs`: I1, I7, I9).
+    fn dispatch(&mut self, event: &Event) {
+        let published = self.machine.inner().gate;
+        let start = self.io.outputs.len();
+        self.machine.handle_with_context(event, &mut self.io);
+        self.machine.inner().assert_after_dispatch(
+            machine::phase_of(self.machine.state()),
+            published,
+            self.io.outputs.range(start..),
+        );
     }
 
     fn set_now(&mut self, now: Timestamp) {

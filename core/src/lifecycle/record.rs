@@ -31,6 +31,7 @@ impl fmt::Display for ControllerId {
 pub struct ControllerSet(u8);
 
 impl ControllerSet {
+    /// No controller.
     pub const EMPTY: ControllerSet = ControllerSet(0);
 
     /// Controllers `0..count`.
@@ -42,11 +43,13 @@ impl ControllerSet {
         ControllerSet(((1u16 << count) - 1) as u8)
     }
 
+    /// This set and `id`.
     pub fn with(self, id: ControllerId) -> ControllerSet {
         assert!(id.0 < ControllerId::COUNT_MAX, "{id} out of range");
         ControllerSet(self.0 | (1 << id.0))
     }
 
+    /// True when `id` is in the set.
     pub fn contains(self, id: ControllerId) -> bool {
         id.0 < ControllerId::COUNT_MAX && self.0 & (1 << id.0) != 0
     }
@@ -56,14 +59,17 @@ impl ControllerSet {
         self.0 & other.0 == other.0
     }
 
+    /// How many controllers are in the set.
     pub fn len(self) -> u32 {
         self.0.count_ones()
     }
 
+    /// True when no controller is in the set.
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
 
+    /// The controllers in the set, in id order.
     pub fn iter(self) -> impl Iterator<Item = ControllerId> {
         (0..ControllerId::COUNT_MAX)
             .map(ControllerId)
@@ -139,6 +145,7 @@ impl UpgradeStatus {
         matches!(self, UpgradeStatus::Complete | UpgradeStatus::Aborted)
     }
 
+    /// The stored name, Juju's: `pending`, `db-complete`, `running`, `complete`, `aborted`.
     pub fn as_str(self) -> &'static str {
         match self {
             UpgradeStatus::Pending => "pending",
@@ -160,10 +167,15 @@ impl fmt::Display for UpgradeStatus {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct UpgradeInfo {
+    /// The version upgraded from: the controllers' `upgradedToVersion`.
     pub previous_version: Version,
+    /// The version upgraded to.
     pub target_version: Version,
+    /// Where the upgrade is.
     pub status: UpgradeStatus,
+    /// Controllers registered for this upgrade (Juju's `controllersReady`).
     pub controllers_ready: ControllerSet,
+    /// Controllers that ran their own steps (Juju's `controllersDone`).
     pub controllers_done: ControllerSet,
 }
 
@@ -206,7 +218,9 @@ pub struct Revision(pub u64);
 /// was completed or aborted without it learns which).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct RecordView {
+    /// The current record and the revision it was last written at, if one is current.
     pub current: Option<(UpgradeInfo, Revision)>,
+    /// The record archived last (complete or aborted), if any.
     pub last_archived: Option<UpgradeInfo>,
     /// The revision of the store when this view was read.
     pub revision: Revision,

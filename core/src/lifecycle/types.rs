@@ -34,11 +34,13 @@ pub struct Limits {
     pub lease_retry_delay: Millis,
     /// Attempts at a catalogue lookup before giving up on this check.
     pub catalogue_attempts_max: u8,
+    /// Delay between catalogue lookups.
     pub catalogue_retry_delay: Millis,
     /// Interval of the background check for newer patches while Ready (Juju: 6 hours).
     pub catalogue_check_interval: Millis,
     /// Attempts at staging (download and verify) a binary before the upgrade fails.
     pub stage_attempts_max: u8,
+    /// Delay between stagings.
     pub stage_retry_delay: Millis,
     /// Boots a new binary may take without reaching Ready before the agent falls back.
     pub trial_boots_max: u8,
@@ -125,6 +127,7 @@ pub struct Config {
     pub roles: Roles,
     /// The binary this process runs.
     pub running: Binary,
+    /// Every bound the lifecycle keeps.
     pub limits: Limits,
 }
 
@@ -173,6 +176,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The format this binary writes, and the newest it reads.
     pub const FORMAT: u32 = 1;
 
     /// The snapshot of a freshly bootstrapped agent: it records the *binary's* version as
@@ -207,6 +211,7 @@ impl Snapshot {
 pub struct ModelView {
     /// The model's `agent-version`: the version its agents should run.
     pub agent_version: Version,
+    /// The model's upgrade policy.
     pub policy: UpgradePolicy,
     /// The model's `agent-stream`, when set explicitly.
     pub stream: Option<Stream>,
@@ -218,17 +223,24 @@ pub struct ModelView {
 /// unpack, ready to switch to.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct StagePlan {
+    /// The binary to stage.
     pub binary: Binary,
+    /// Its tarball's size, verified while it is read.
     pub size_bytes: u64,
+    /// Its tarball's digest, verified before it is unpacked.
     pub sha256: Sha256,
+    /// Where it comes from.
     pub source: StageSource,
 }
 
 /// Where a staged binary comes from.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub enum StageSource {
-    /// A catalogue item's path, relative to the metadata source.
-    Catalogue { path: String },
+    /// A catalogue item, at `path`.
+    Catalogue {
+        /// The item's path, relative to the metadata source.
+        path: String,
+    },
     /// The operator's own file (`--build-agent`).
     Local,
     /// The controller's tools endpoint (agents other than controllers).
@@ -275,39 +287,59 @@ pub enum Input {
     Start,
     /// A request without a result completed (persist, refresh capabilities, report, ...).
     Done {
+        /// The request's id.
         id: RequestId,
     },
+    /// `LoadModel` answered.
     ModelLoaded {
+        /// The request's id.
         id: RequestId,
+        /// The model as read.
         model: ModelView,
     },
     /// The upgrade-info record as it now is: the first delivery of a watch (read after
     /// subscribing, so nothing is missed), then one per change.
     RecordChanged(RecordView),
+    /// `CreateRecord` or `UpdateRecord` answered.
     RecordWritten {
+        /// The request's id.
         id: RequestId,
+        /// How the write ended.
         write: RecordWrite,
     },
     /// A lease request answered: `Some` while held, `None` when busy or lost.
     LeaseAnswered {
+        /// The request's id (`AcquireLease` or `KeepAliveLease`).
         id: RequestId,
+        /// The lease's fencing token while this controller holds it.
         lease: Option<LeaseToken>,
     },
+    /// `RunStep` answered.
     StepFinished {
+        /// The request's id.
         id: RequestId,
+        /// How the step attempt ended.
         outcome: StepOutcome,
     },
+    /// `LookupCatalogue` answered.
     CatalogueFound {
+        /// The request's id.
         id: RequestId,
+        /// The agent binaries found, or why the lookup failed.
         result: Result<Catalogue, String>,
     },
     /// An agent other than a controller learnt its desired binary from the controller.
     DesiredBinary {
+        /// The request's id.
         id: RequestId,
+        /// The binary its controller wants it to run, and where to fetch it.
         plan: StagePlan,
     },
+    /// `StageBinary` answered.
     Staged {
+        /// The request's id.
         id: RequestId,
+        /// Staged and verified, or why not.
         result: Result<(), String>,
     },
     /// The store refused `SetAgentVersion` (Juju's rule: no `agent-version` change while an
@@ -318,6 +350,7 @@ pub enum Input {
     /// decides what to do about the record (archive it as aborted when no controller can
     /// ever proceed with it, or wait). A driver must not retry the write by itself.
     AgentVersionRefused {
+        /// The request's id.
         id: RequestId,
         /// The model's `agent-version` when the store refused.
         agent_version: Version,
@@ -335,32 +368,50 @@ pub enum Input {
     AgentVersionChanged(Version),
     /// The operator asked for an upgrade now, to a version or to the newest patch.
     UpgradeRequested {
+        /// The version asked for; `None` for the newest patch.
         version: Option<Version>,
     },
+    /// An operator's action on a held or running upgrade.
     Operator(OperatorAction),
 }
 
 /// Discriminant of [`Input`], as named in `spec/transitions.json`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum InputKind {
+    /// [`Input::Start`].
     Start,
+    /// [`Input::Done`].
     Done,
+    /// [`Input::ModelLoaded`].
     ModelLoaded,
+    /// [`Input::RecordChanged`].
     RecordChanged,
+    /// [`Input::RecordWritten`].
     RecordWritten,
+    /// [`Input::LeaseAnswered`].
     LeaseAnswered,
+    /// [`Input::StepFinished`].
     StepFinished,
+    /// [`Input::CatalogueFound`].
     CatalogueFound,
+    /// [`Input::DesiredBinary`].
     DesiredBinary,
+    /// [`Input::Staged`].
     Staged,
+    /// [`Input::AgentVersionRefused`].
     AgentVersionRefused,
+    /// [`Input::AgentVersionChanged`].
     AgentVersionChanged,
+    /// [`Input::UpgradeRequested`].
     UpgradeRequested,
+    /// [`Input::Operator`].
     Operator,
+    /// A timer fired ([`crate::lifecycle::Lifecycle::handle_timeout`]); not an [`Input`].
     Timer,
 }
 
 impl Input {
+    /// This input's kind, as `spec/transitions.json` names it.
     pub fn kind(&self) -> InputKind {
         match self {
             Input::Start => InputKind::Start,
@@ -394,6 +445,7 @@ pub enum Request {
     /// Subscribe to the upgrade-info record from the revision given; deliver the current
     /// view first. → `RecordChanged`, repeatedly
     WatchRecord {
+        /// Changes after this revision; `Revision(0)` for all.
         after: crate::lifecycle::record::Revision,
     },
     /// Create the record if none is current. The core creates it with no controller ready
@@ -403,8 +455,11 @@ pub enum Request {
     /// Compare-and-set on the record's revision, fenced on a lease when given. A final
     /// status archives the record. → `RecordWritten`
     UpdateRecord {
+        /// The revision the record must still be at.
         expected: crate::lifecycle::record::Revision,
+        /// The record to write.
         record: crate::lifecycle::record::UpgradeInfo,
+        /// The lease the write is fenced on: it succeeds only while that grant is current.
         fence: Option<LeaseToken>,
     },
     /// Take the upgrade lease if it is free, for [`Limits::lease_ttl`]. → `LeaseAnswered`
@@ -419,12 +474,18 @@ pub enum Request {
     /// commit in one transaction, fenced on the lease; a host step is run by the agent
     /// itself. → `StepFinished`
     RunStep {
+        /// The step, in the embedder's registry.
         step: StepIndex,
+        /// Its checkpoint's key: (step id, target version).
         key: StepKey,
+        /// For a database step, the coordinator's lease.
         fence: Option<LeaseToken>,
     },
     /// Look the agent binaries up in these streams. → `CatalogueFound`
-    LookupCatalogue { streams: &'static [Stream] },
+    LookupCatalogue {
+        /// The streams, preferred first.
+        streams: &'static [Stream],
+    },
     /// Ask the controller for this agent's desired binary. → `DesiredBinary`
     DesiredBinary,
     /// Set the model's `agent-version`, checked in the store's write transaction by
@@ -447,7 +508,9 @@ pub use crate::gate::GateView;
 /// Status for operators and clients (`Upgrade.Status`, `FullStatus`, logs).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct StatusReport {
+    /// The phase the gate last published.
     pub phase: Phase,
+    /// How far it has got.
     pub progress: crate::phase::Progress,
     /// Human text, Juju's wording where it has one, e.g.
     /// `upgrade to 2.9.43 failed (will retry): <reason>`.
@@ -458,8 +521,11 @@ pub struct StatusReport {
 /// every input.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub enum Output {
+    /// Do this, and answer with the input the request names, echoing `id`.
     Request {
+        /// The request's id.
         id: RequestId,
+        /// What to do.
         request: Request,
     },
     /// The gate changed: serve calls by this view from now on.

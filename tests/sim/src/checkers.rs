@@ -51,6 +51,8 @@ pub enum Observation<'a> {
         /// Versions the stream has listed so far.
         listed: &'a BTreeSet<Version>,
     },
+    /// The store recorded the binary a host's agent reported running (`Upgrader.SetTools`).
+    BinaryReported { host: usize, binary: &'a Binary },
     /// A process ended to restart into another binary.
     Restart {
         host: usize,
@@ -150,6 +152,7 @@ pub fn all(setup: &Setup) -> Vec<Box<dyn Checker>> {
         Box::new(ReadyChecker::default()),
         Box::new(VersionPolicyChecker::new(setup)),
         Box::new(NoDowngradeChecker::new(setup)),
+        Box::new(ControllersFirstChecker::new(setup)),
         Box::new(RecordChecker::default()),
         Box::new(OperationChecker::default()),
         Box::new(WatcherChecker::default()),
@@ -613,6 +616,63 @@ impl Checker for NoDowngradeChecker {
         Err(format!(
             "{what} host {host} restarted from {from} into older {to} without a pin or a safe fall back (snapshot {durable:?})"
         ))
+    }
+}
+
+/// Juju's controllers-first rule, as it shows: an agent other than a controller restarts
+/// into a newer version only after every controller has reported running that version (or
+/// a newer one) through `Upgrader.SetTools`. What a controller is configured with, or is
+/// about to boot, does not count: only what it reported.
+#[derive(Debug)]
+pub struct ControllersFirstChecker {
+    hosts: Vec<(Roles, bool)>,
+    /// The newest version each host has reported running so far.
+    highest_reported: Vec<Option<Version>>,
+}
+
+impl ControllersFirstChecker {
+    fn new(setup: &Setup) -> ControllersFirstChecker {
+        ControllersFirstChecker {
+            hosts: setup.hosts.clone(),
+            highest_reported: vec![None; setup.hosts.len()],
+        }
+    }
+}
+
+impl Checker for ControllersFirstChecker {
+    fn name(&self) -> &'static str {
+        "controllers-first"
+    }
+    fn invariant(&self) -> &'static str {
+        "controllers first: no other agent upgrades to a version before every controller reported running it"
+    }
+    fn observe(&mut self, observation: &Observation<'_>) -> Result<(), String> {
+        match *observation {
+            Observation::BinaryReported { host, binary } => {
+                let highest = &mut self.highest_reported[host];
+                *highest = (*highest).max(Some(binary.number));
+                Ok(())
+            }
+            Observation::Restart { host, from, to, .. }
+                if !self.hosts[host].1 && to.number > from.number =>
+            {
+                let behind = self
+                    .hosts
+                    .iter()
+                    .zip(&self.highest_reported)
+                    .enumerate()
+                    .find(|(_, ((_, controller), highest))| {
+                        *controller && highest.is_none_or(|highest| highest < to.number)
+                    });
+                match behind {
+                    Some((controller, (_, highest))) => Err(format!(
+                        "machine agent host {host} restarted from {from} into {to} while controller host {controller} had reported running at most {highest:?}"
+                    )),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
     }
 }
 

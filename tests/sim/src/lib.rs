@@ -11,7 +11,22 @@
 //! - [`rng`]: the seeded generator (xoshiro256**), the run's only randomness.
 //! - [`scenario`]: seed → [`Scenario`] (swarm testing), and the [`Overrides`] that narrow
 //!   it for shrinking and reproduce commands.
-//! - [`sim`]: the event loop and every simulated party ([`run`]).
+//! - [`sim`]: one run ([`run`]): the [`sim::Sim`] that ties the parties together, each
+//!   party a module of its own:
+//!   - `sim::queue`: the event queue and virtual time (host clocks, the store's clock);
+//!   - `sim::network`: parties, messages, latency, loss, duplication, delay, partitions;
+//!   - `sim::host`: controllers and machine agents, each a real `Lifecycle` in a process
+//!     that boots, crashes and restarts into another binary, with its disk and timers;
+//!   - `sim::driver`: what a process's driver does with its core's requests (store,
+//!     stream, a controller's API), retried with `lockstep_core::client::Call`;
+//!   - `sim::store`: the store executor, requests run against a real
+//!     `lockstep_store::MemoryStore`, and its log read back for the checkers;
+//!   - `sim::stream`: the agent-binary stream and the streams adapter's guard;
+//!   - `sim::api`: each controller's API server, agent and client calls through the
+//!     core's gate, answered with the core's decisions;
+//!   - `sim::client`: deployers, watchers and pollers driven by `lockstep_core::client`;
+//!   - `sim::operator`: `upgrade-controller`, abort, and the healing rounds;
+//!   - `sim::outcome`: checkers fed, the first failure, the liveness goal.
 //! - [`checkers`]: one object per invariant, fed every observation.
 //! - [`trace`]: the trace hash, the readable trace, the SVG swimlane.
 //! - [`sweep`]: many seeds, the determinism self-check, shrinking, failure reports.

@@ -82,10 +82,14 @@ pub enum FaultKind {
     /// The coordinator lease expires soon after it was granted or kept alive (lost
     /// keep-alives, a paused holder).
     LeaseExpiry,
+    /// A controller's report of the binary it runs (`Upgrader.SetTools`, once its own API
+    /// server admits its agent) lands late: until then the store holds what it reported
+    /// before, while it already runs, and is configured with, the new binary.
+    ReportLag,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::Crash,
         FaultKind::PersistCrash,
         FaultKind::Drop,
@@ -99,6 +103,7 @@ impl FaultKind {
         FaultKind::Abort,
         FaultKind::Rerequest,
         FaultKind::LeaseExpiry,
+        FaultKind::ReportLag,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -116,6 +121,7 @@ impl FaultKind {
             FaultKind::Abort => "abort",
             FaultKind::Rerequest => "rerequest",
             FaultKind::LeaseExpiry => "lease-expiry",
+            FaultKind::ReportLag => "report-lag",
         }
     }
 
@@ -147,6 +153,8 @@ pub struct Faults {
     pub rerequest_at_ms: Option<u64>,
     /// Chance that a lease just granted or kept alive expires within 50ms.
     pub lease_expiry_per_million: u32,
+    /// A controller's binary report lands up to this long after it was made.
+    pub report_lag_max_ms: Option<u64>,
 }
 
 impl Faults {
@@ -165,6 +173,7 @@ impl Faults {
             FaultKind::Abort => self.abort_at_ms.is_some(),
             FaultKind::Rerequest => self.rerequest_at_ms.is_some(),
             FaultKind::LeaseExpiry => self.lease_expiry_per_million > 0,
+            FaultKind::ReportLag => self.report_lag_max_ms.is_some(),
         }
     }
 
@@ -183,6 +192,7 @@ impl Faults {
             FaultKind::Abort => self.abort_at_ms = None,
             FaultKind::Rerequest => self.rerequest_at_ms = None,
             FaultKind::LeaseExpiry => self.lease_expiry_per_million = 0,
+            FaultKind::ReportLag => self.report_lag_max_ms = None,
         }
     }
 
@@ -399,6 +409,9 @@ impl Scenario {
         }
         if on(&mut rng) {
             faults.lease_expiry_per_million = rng.range(50_000, 500_000) as u32;
+        }
+        if on(&mut rng) {
+            faults.report_lag_max_ms = Some(rng.range(1_000, 10 * 60 * 1000));
         }
 
         Scenario {

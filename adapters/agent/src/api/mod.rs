@@ -10,9 +10,13 @@
 //! - [`calls`]: what every call shares: the store's errors as the wire's, the model, and
 //!   one mutating call under its `operation-id`.
 //! - [`status`]: `Client.FullStatus`'s view of the state.
-//! - [`model_config`]: the model's config, `agent-stream`, and the agent-version change.
-//! - [`machines`]: `Client.AddMachines`, and the machines agents log in for.
-//! - [`applications`]: `Application.Deploy`, `AddUnits`, `AddRelation`, `Expose`.
+//! - [`model_config`]: the model's config (its fields and the stored keys), `ModelSet` and
+//!   `ModelUnset` of stored keys, `agent-stream`, and the agent-version change.
+//! - [`machines`]: `AddMachines` (Client's, MachineManager's and `lockstep add-machine`'s),
+//!   `DestroyMachineWithParams`, and the machines agents log in for.
+//! - [`applications`]: `Application.Deploy`, `AddUnits`, `AddRelation`, `Expose`, `Get`,
+//!   `SetConfigs`, `UnsetApplicationsConfig`, `DestroyApplication`, `DestroyUnit`, and the
+//!   charms endpoint's record of an uploaded charm.
 //! - [`upgrader`]: the Upgrader facade's views (controllers first) and `SetTools`.
 //! - [`deltas`]: the AllWatcher's deltas, from the store's event log.
 
@@ -34,8 +38,9 @@ use lockstep_core::lifecycle::Revision;
 use lockstep_core::policy::{Catalogue, Stream};
 use lockstep_core::{Roles, Version};
 use lockstep_store::Store;
+use lockstep_transport::charm::Charm;
 use lockstep_transport::state::{
-    AgentVersionChange, AgentViews, Changes, ModelConfig, SharedState, Snapshot, Status,
+    AgentVersionChange, AgentViews, Changes, Identity, ModelConfig, SharedState, Snapshot, Status,
 };
 use lockstep_transport::wire::WireError;
 use serde_json::Value;
@@ -148,6 +153,47 @@ impl SharedState for StoreState {
         self.mutation(params, applications::expose).await
     }
 
+    async fn destroy_machines(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, machines::destroy_machines).await
+    }
+
+    async fn destroy_applications(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::destroy_applications)
+            .await
+    }
+
+    async fn destroy_units(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::destroy_units).await
+    }
+
+    async fn set_application_config(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::set_config).await
+    }
+
+    async fn unset_application_config(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, applications::unset_config).await
+    }
+
+    async fn model_set(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, model_config::model_set).await
+    }
+
+    async fn model_unset(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, model_config::model_unset).await
+    }
+
+    async fn add_charm(&self, charm: &Charm, series: Option<&str>) -> Result<String, WireError> {
+        let (charm, series) = (charm.clone(), series.map(str::to_owned));
+        self.write(move |store| applications::add_charm(store, &charm, series.as_deref()))
+            .await
+    }
+
+    async fn application_get(&self, application: &str) -> Result<Value, WireError> {
+        let application = application.to_owned();
+        self.read(move |store, _| applications::get(store, &application))
+            .await
+    }
+
     async fn agent_views(
         &self,
         owner: &str,
@@ -183,20 +229,20 @@ impl SharedState for StoreState {
             .await
     }
 
-    async fn snapshot(&self, model_uuid: &str) -> Result<Snapshot, WireError> {
-        let model_uuid = model_uuid.to_owned();
-        self.read(move |store, jobs| deltas::snapshot(store, jobs, &model_uuid))
+    async fn snapshot(&self, ids: &Identity) -> Result<Snapshot, WireError> {
+        let ids = ids.clone();
+        self.read(move |store, jobs| deltas::snapshot(store, jobs, &ids))
             .await
     }
 
     async fn changes_since(
         &self,
-        model_uuid: &str,
+        ids: &Identity,
         after: Revision,
         limit: usize,
     ) -> Result<Changes, WireError> {
-        let model_uuid = model_uuid.to_owned();
-        self.read(move |store, jobs| deltas::changes_since(store, jobs, &model_uuid, after, limit))
+        let ids = ids.clone();
+        self.read(move |store, jobs| deltas::changes_since(store, jobs, &ids, after, limit))
             .await
     }
 

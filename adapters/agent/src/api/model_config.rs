@@ -7,22 +7,128 @@ use lockstep_core::upgrader as core;
 use lockstep_core::upgrader::{
     self, AgentVersionCheck, AgentVersionRefusal, AgentVersionRequester,
 };
-use lockstep_store::{AgentVersionSet, Store};
+use lockstep_store::{AgentVersionSet, EntityKind, Model, Store, Tx};
+use lockstep_transport::facade::model_config::{
+    IDENTITY_KEYS, LOCKSTEP_KEYS, STORED_KEYS_MAX, check_stored,
+};
 use lockstep_transport::state::{AgentVersionChange, ModelConfig};
 use lockstep_transport::wire::WireError;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
-use super::calls::{model, store_error};
+use super::calls::{MODEL_SETTINGS, failed, list, mutate, object, store_error};
 
-/// The model's config.
+/// The model's config: its own fields and the stored keys, read in one snapshot.
 pub fn model_config(store: &dyn Store) -> Result<ModelConfig, WireError> {
-    let model = model(store)?;
-    Ok(ModelConfig {
+    let mut read = None;
+    store
+        .snapshot(&mut |tx| {
+            read = Some((tx.model()?, settings(tx)?));
+            Ok(())
+        })
+        .map_err(store_error)?;
+    let (model, settings) = read.expect("the snapshot body ran");
+    let model =
+        model.ok_or_else(|| WireError::new("not found", "the controller has no model yet"))?;
+    Ok(config_of(model, settings))
+}
+
+/// The config of `model` with its stored keys `settings`.
+pub fn config_of(model: Model, settings: Map<String, Value>) -> ModelConfig {
+    ModelConfig {
         name: model.name,
         uuid: model.uuid,
         agent_version: model.agent_version,
         agent_stream: model.agent_stream,
         agent_metadata_url: model.agent_metadata_url,
+        settings,
+    }
+}
+
+/// The model config's stored keys as `tx` sees them.
+pub fn settings(tx: &mut dyn Tx) -> Result<Map<String, Value>, lockstep_store::StoreError> {
+    Ok(tx
+        .document(EntityKind::Settings, MODEL_SETTINGS)?
+        .and_then(|document| match document {
+            Value::Object(map) => Some(map),
+            _ => None,
+        })
+        .unwrap_or_default())
+}
+
+/// A stored key, never one of lockstep's or the model's identity (the transport keeps
+/// those apart; this is the store side's own check).
+fn stored_key(key: &str) -> Result<(), WireError> {
+    if LOCKSTEP_KEYS.contains(&key) || IDENTITY_KEYS.contains(&key) {
+        return Err(WireError::new(
+            "not supported",
+            format!("model config key {key:?} is not a stored key"),
+        ));
+    }
+    Ok(())
+}
+
+/// `ModelConfig.ModelSet {"config": {key: value}}` of stored keys: written together in one
+/// transaction (one `settings` event, so watchers get one `model` delta); at most
+/// [`STORED_KEYS_MAX`] keys in all. Honours `operation-id`.
+pub fn model_set(store: &dyn Store, params: &Value) -> Result<Value, WireError> {
+    let config = params
+        .get("config")
+        .and_then(Value::as_object)
+        .ok_or_else(|| WireError::new("bad request", "params.config must be an object"))?
+        .clone();
+    for (key, value) in &config {
+        stored_key(key)?;
+        check_stored(key, value)?;
+    }
+    mutate(store, params, &mut |tx| {
+        let mut document = tx
+            .document(EntityKind::Settings, MODEL_SETTINGS)?
+            .unwrap_or_else(|| json!({}));
+        let fields = object(&mut document, "model settings")?;
+        let before = fields.clone();
+        for (key, value) in &config {
+            fields.insert(key.clone(), value.clone());
+        }
+        if fields.len() > STORED_KEYS_MAX {
+            return Err(failed(WireError::new(
+                "bad request",
+                format!(
+                    "the model would hold {} config keys; at most {STORED_KEYS_MAX}",
+                    fields.len()
+                ),
+            )));
+        }
+        if *fields != before {
+            tx.put_document(EntityKind::Settings, MODEL_SETTINGS, &document)?;
+        }
+        Ok(json!({}))
+    })
+}
+
+/// `ModelConfig.ModelUnset {"keys": [key]}` of stored keys (a key not set is no error).
+/// Honours `operation-id`.
+pub fn model_unset(store: &dyn Store, params: &Value) -> Result<Value, WireError> {
+    let keys: Vec<String> = list(params, "keys")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    for key in &keys {
+        stored_key(key)?;
+    }
+    mutate(store, params, &mut |tx| {
+        let Some(mut document) = tx.document(EntityKind::Settings, MODEL_SETTINGS)? else {
+            return Ok(json!({}));
+        };
+        let fields = object(&mut document, "model settings")?;
+        let before = fields.len();
+        for key in &keys {
+            fields.remove(key);
+        }
+        if fields.len() != before {
+            tx.put_document(EntityKind::Settings, MODEL_SETTINGS, &document)?;
+        }
+        Ok(json!({}))
     })
 }
 

@@ -1,6 +1,6 @@
 //! Real etcd for tests: a single member or a cluster on 127.0.0.1, on ports chosen free at
 //! run time, with a temporary data dir; every process started here is killed by its pid
-//! (SIGKILL, as `STORES.md` advises) when the cluster is dropped, a panicking test
+//! (SIGKILL: a SIGTERM of a 3-member cluster takes seconds) when the cluster is dropped, a panicking test
 //! included. Shared by the engine suite (`src/suite.rs`, through `#[path]`) and
 //! `tests/etcd.rs`.
 //!

@@ -59,5 +59,6 @@ pub fn state() -> Arc<FakeState> {
         agent_version: Version::new(0, 1, 0),
         agent_stream: None,
         agent_metadata_url: None,
+        settings: serde_json::Map::new(),
     }))
 }

@@ -73,11 +73,13 @@ pub async fn login(
     });
     if who == Login::User {
         let user = tag.strip_prefix("user-").unwrap_or_default();
+        let access = auth::model_access(user);
+        session.grant(access);
         reply["user-info"] = json!({
             "display-name": user,
             "identity": tag,
             "controller-access": "superuser",
-            "model-access": "admin",
+            "model-access": access.as_str(),
         });
     }
     Ok(reply)

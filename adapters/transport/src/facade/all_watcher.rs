@@ -26,7 +26,7 @@ pub async fn next(api: &Api, session: &Session, id: &str) -> Result<Value, WireE
             return Err(WireError::new("stopped", "watcher was stopped"));
         }
         let Some(after) = *position else {
-            let snapshot = api.state.snapshot(&api.config.model_uuid).await?;
+            let snapshot = api.state.snapshot(&api.identity()).await?;
             *position = Some(snapshot.revision);
             let revisions = vec![snapshot.revision.0; snapshot.deltas.len()];
             return Ok(json!({"deltas": snapshot.deltas, "revisions": revisions,
@@ -50,7 +50,7 @@ pub async fn next(api: &Api, session: &Session, id: &str) -> Result<Value, WireE
 async fn next_deltas(api: &Api, after: Revision) -> Result<(Vec<Delta>, Revision), WireError> {
     let changes = api
         .state
-        .changes_since(&api.config.model_uuid, after, DELTAS_PER_NEXT_MAX)
+        .changes_since(&api.identity(), after, DELTAS_PER_NEXT_MAX)
         .await?;
     match changes {
         Changes::Deltas { deltas, reached } => Ok((deltas, reached.max(after))),

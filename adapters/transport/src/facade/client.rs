@@ -1,5 +1,6 @@
-//! `Client`: `FullStatus`, `FindTools`, `AbortCurrentUpgrade`, `ModelGet` (Juju 2.0's, for
-//! python-jujuclient), `AddMachines` and `WatchAll`.
+//! `Client`: `FullStatus`, `FindTools`, `AbortCurrentUpgrade`, `ModelGet`, `ModelSet` and
+//! `ModelUnset` (Juju 2.0's, for python-jujuclient; the same as `ModelConfig`'s),
+//! `AddMachines` and `WatchAll`.
 
 use lockstep_core::gate::GateView;
 use lockstep_core::lifecycle::Revision;
@@ -7,9 +8,8 @@ use serde_json::{Value, json};
 
 use crate::api::Api;
 use crate::backend::LifecycleStatus;
-use crate::facade::model_config;
 use crate::session::Session;
-use crate::state::Status;
+use crate::state::{Status, detailed_status};
 use crate::tools::{self, FindTools};
 use crate::wire::WireError;
 
@@ -34,15 +34,27 @@ pub fn full_status_reply(
 ) -> Value {
     let view = lifecycle.gate;
     let ready = view.phase.is_ready();
+    let model_status = if ready {
+        detailed_status("available", "", None, "")
+    } else {
+        detailed_status(
+            "busy",
+            &format!("upgrade in progress: {}", view.phase),
+            None,
+            "",
+        )
+    };
     json!({
         "model": {
             "name": status.model_name,
             "type": "iaas",
             "cloud-tag": "cloud-localhost",
+            "region": "localhost",
             "version": lifecycle.agent_version,
             "available-version": lifecycle.upgrade_available.clone().unwrap_or_default(),
-            "model-status": {"status": if ready { "available" } else { "busy" },
-                             "info": if ready { String::new() } else { format!("upgrade in progress: {}", view.phase) }},
+            "model-status": model_status,
+            "meter-status": {"color": "", "message": ""},
+            "sla": "unsupported",
             "lockstep": {
                 "phase": view.phase.as_str(),
                 "step": view.progress.done,
@@ -54,8 +66,11 @@ pub fn full_status_reply(
         },
         "machines": status.machines,
         "applications": status.applications,
+        "remote-applications": {},
+        "offers": {},
         "relations": status.relations,
         "controller-timestamp": rfc3339(now_unix_seconds),
+        "branches": {},
     })
 }
 
@@ -118,18 +133,6 @@ pub fn abort_current_upgrade(api: &Api) -> Result<Value, WireError> {
         .abort_current_upgrade()
         .map(|()| json!({}))
         .map_err(|message| WireError::new("", message))
-}
-
-/// `Client.ModelGet` (Juju 2.0's Client v1 still had it; python-jujuclient's
-/// `get_env_config` uses it): the same as `ModelConfig.ModelGet`.
-pub async fn model_get(api: &Api) -> Result<Value, WireError> {
-    model_config::model_get(api).await
-}
-
-/// `Client.AddMachines {"params": [{"jobs": [...]}, ...]}`: machines added by an older
-/// client with jobs are stored with the equivalent roles (seed 004).
-pub async fn add_machines(api: &Api, params: &Value) -> Result<Value, WireError> {
-    api.state.add_machines(params).await
 }
 
 /// `Client.WatchAll {"after-revision"?: R}`: a new watcher on this connection. Without

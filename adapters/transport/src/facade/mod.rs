@@ -6,7 +6,10 @@
 pub mod admin;
 pub mod all_watcher;
 pub mod application;
+pub mod charms;
 pub mod client;
+pub mod controller;
+pub mod machine_manager;
 pub mod model_config;
 pub mod model_manager;
 pub mod pinger;

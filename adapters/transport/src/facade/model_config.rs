@@ -1,51 +1,122 @@
-//! `ModelConfig`: `ModelGet`, and `ModelSet` of `agent-version` with Juju's refusals.
+//! `ModelConfig`: `ModelGet`, `ModelSet`, `ModelUnset` and `GetModelConstraints`.
+//!
+//! The model's config is two kinds of key:
+//! - **lockstep's own** ([`LOCKSTEP_KEYS`]): `agent-version`, `agent-stream`,
+//!   `agent-metadata-url`, fields of the model with their own rules, written only by a
+//!   user with `admin` access to the model. `agent-version` moves through the core's
+//!   `AgentVersionCheck` inside the store's write; `agent-stream` and `agent-metadata-url`
+//!   are chosen at bootstrap (the catalogue and its pinned key follow them), so `ModelSet`
+//!   accepts their current value back and refuses a change; none can be unset.
+//! - **stored keys**: any other key (`logging-config`, `default-series`, ...), stored as
+//!   given and returned by `ModelGet` with source `model`; written by `write` access.
+//!   `name`, `uuid` and `type` are the model's identity and cannot be set or unset.
 
 use lockstep_core::Version;
 use serde_json::{Map, Value, json};
 
 use crate::api::Api;
+use crate::auth::ModelAccess;
+use crate::session::Session;
 use crate::state::{AgentVersionChange, ModelConfig};
 use crate::tools;
 use crate::wire::WireError;
+
+/// The keys with lockstep's semantics, written by an admin only.
+pub const LOCKSTEP_KEYS: &[&str] = &["agent-version", "agent-stream", "agent-metadata-url"];
+
+/// The model's identity: shown by `ModelGet`, never set or unset.
+pub const IDENTITY_KEYS: &[&str] = &["name", "uuid", "type"];
+
+/// Stored keys one model may hold, one `ModelSet` may name, and the size of one value.
+pub const STORED_KEYS_MAX: usize = 256;
+pub const KEY_SIZE_BYTES_MAX: usize = 128;
+pub const VALUE_SIZE_BYTES_MAX: usize = 16 * 1024;
 
 /// `ModelConfig.ModelGet` (and Juju 2.0's `Client.ModelGet`).
 pub async fn model_get(api: &Api) -> Result<Value, WireError> {
     Ok(model_get_reply(&api.state.model_config().await?))
 }
 
-/// `ModelGet`'s reply: each key as `{"value", "source": "model"}`.
+/// `ModelGet`'s reply, Juju's `ModelConfigResults`: each key as `{"value", "source"}`,
+/// source `default` for `agent-stream` when it was never chosen, else `model`.
 pub fn model_get_reply(model: &ModelConfig) -> Value {
-    let entry = |value: Value| json!({"value": value, "source": "model"});
-    let mut config = Map::new();
-    config.insert("name".into(), entry(json!(model.name)));
-    config.insert("uuid".into(), entry(json!(model.uuid)));
-    config.insert(
-        "agent-version".into(),
-        entry(json!(model.agent_version.to_string())),
-    );
-    config.insert(
-        "agent-stream".into(),
-        entry(json!(
-            model
-                .agent_stream
-                .map(|stream| stream.as_str())
-                .unwrap_or("released")
-        )),
-    );
-    if let Some(url) = &model.agent_metadata_url {
-        config.insert("agent-metadata-url".into(), entry(json!(url)));
-    }
+    let config: Map<String, Value> = model
+        .values()
+        .into_iter()
+        .map(|(key, value)| {
+            let source = if key == "agent-stream" && model.agent_stream.is_none() {
+                "default"
+            } else {
+                "model"
+            };
+            (key, json!({"value": value, "source": source}))
+        })
+        .collect();
     json!({"config": config})
 }
 
-/// `ModelConfig.ModelSet {"config": {"agent-version": "2.9.44"}}`: the only key lockstep
-/// sets this way. Refused for any other key (naming it), while an upgrade-info record is
-/// current (Juju's message), for a lower version, and for a version the catalogue has no
-/// binary of in the model's streams (Juju's `no agent binaries found for version`). The
-/// current version back is accepted and changes nothing. On success the shared state
-/// holds the new version and the backend is told
-/// ([`crate::backend::Backend::agent_version_changed`]).
-pub async fn model_set(api: &Api, params: &Value) -> Result<Value, WireError> {
+/// `ModelConfig.GetModelConstraints`: lockstep stores no model constraints (none can be
+/// set: `SetModelConstraints` is not served), so `{"constraints": {}}`.
+pub fn get_model_constraints() -> Result<Value, WireError> {
+    Ok(json!({"constraints": {}}))
+}
+
+/// Who may write `key`: lockstep's keys need `admin` access, stored keys `write`; the
+/// identity keys nobody.
+pub fn check_writer(access: ModelAccess, key: &str) -> Result<(), WireError> {
+    if IDENTITY_KEYS.contains(&key) {
+        return Err(WireError::new(
+            "not supported",
+            format!("model config key {key:?} is the model's identity and cannot be changed"),
+        ));
+    }
+    let needed = if LOCKSTEP_KEYS.contains(&key) {
+        ModelAccess::Admin
+    } else {
+        ModelAccess::Write
+    };
+    if access < needed {
+        return Err(WireError {
+            message: format!(
+                "permission denied: model config key {key:?} needs {} access to the model, \
+                 the user has {}",
+                needed.as_str(),
+                access.as_str()
+            ),
+            code: "unauthorized access".to_owned(),
+            info: None,
+        });
+    }
+    Ok(())
+}
+
+/// A stored key's name and value within bounds.
+pub fn check_stored(key: &str, value: &Value) -> Result<(), WireError> {
+    if key.is_empty() || key.len() > KEY_SIZE_BYTES_MAX {
+        return Err(WireError::new(
+            "bad request",
+            format!("model config key {key:?} must have 1 to {KEY_SIZE_BYTES_MAX} bytes"),
+        ));
+    }
+    let size_bytes = value.to_string().len();
+    if size_bytes > VALUE_SIZE_BYTES_MAX {
+        return Err(WireError::new(
+            "bad request",
+            format!(
+                "model config key {key:?}: a value of {size_bytes} bytes is over the limit of \
+                 {VALUE_SIZE_BYTES_MAX}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `ModelConfig.ModelSet {"config": {key: value}}` (and Juju 2.0's `Client.ModelSet`).
+/// Every key is checked before anything is written ([`check_writer`]); then lockstep's
+/// keys follow their rules and the stored keys are written in one store transaction.
+/// `agent-version` is set alone (its write is the lifecycle's, with its own check):
+/// together with another key it is refused.
+pub async fn model_set(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
     let config = params
         .get("config")
         .and_then(Value::as_object)
@@ -55,31 +126,109 @@ pub async fn model_set(api: &Api, params: &Value) -> Result<Value, WireError> {
                 "params.config must be an object of model config keys",
             )
         })?;
-    let mut version = None;
+    let access = session.model_access();
     for (key, value) in config {
-        if key != "agent-version" {
+        check_writer(access, key)?;
+        if !LOCKSTEP_KEYS.contains(&key.as_str()) {
+            check_stored(key, value)?;
+        }
+    }
+    if config.len() > STORED_KEYS_MAX {
+        return Err(WireError::new(
+            "bad request",
+            format!(
+                "{} keys in one ModelSet; at most {STORED_KEYS_MAX}",
+                config.len()
+            ),
+        ));
+    }
+    if let Some(version) = config.get("agent-version") {
+        if config.len() > 1 {
             return Err(WireError::new(
-                "not supported",
-                format!(
-                    "model config key {key:?} cannot be set: lockstep's ModelConfig.ModelSet \
-                     sets agent-version only"
-                ),
+                "bad request",
+                "agent-version is set alone: set the other keys in another ModelSet",
             ));
         }
-        let text = value.as_str().ok_or_else(|| {
-            WireError::new(
-                "bad request",
-                format!("agent-version must be a string, got {value}"),
-            )
-        })?;
-        version = Some(
-            Version::parse(text)
-                .map_err(|error| WireError::new("bad request", error.to_string()))?,
-        );
+        return set_agent_version(api, version).await;
     }
-    let Some(version) = version else {
+    let current = api.state.model_config().await?;
+    let mut stored = Map::new();
+    for (key, value) in config {
+        match key.as_str() {
+            "agent-stream" | "agent-metadata-url" => {
+                let now = current.values().get(key).cloned().unwrap_or(Value::Null);
+                if *value != now {
+                    return Err(WireError::new(
+                        "not supported",
+                        format!(
+                            "model config key {key:?} is chosen at bootstrap (lockstep \
+                             bootstrap --{key}) and cannot be changed to {value}: it is {now}"
+                        ),
+                    ));
+                }
+            }
+            _ => {
+                stored.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    if stored.is_empty() {
         return Ok(json!({}));
-    };
+    }
+    let mut request = json!({"config": stored});
+    if let Some(operation) = params.get("operation-id") {
+        request["operation-id"] = operation.clone();
+    }
+    api.state.model_set(&request).await
+}
+
+/// `ModelConfig.ModelUnset {"keys": [key]}` (and Juju 2.0's `Client.ModelUnset`): stored
+/// keys go back to unset (a key never set is no error, as in Juju); lockstep's keys cannot
+/// be unset.
+pub async fn model_unset(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
+    let keys = params
+        .get("keys")
+        .and_then(Value::as_array)
+        .ok_or_else(|| WireError::new("bad request", "params.keys must be a list"))?;
+    if keys.len() > STORED_KEYS_MAX {
+        return Err(WireError::new(
+            "bad request",
+            format!(
+                "{} keys in one ModelUnset; at most {STORED_KEYS_MAX}",
+                keys.len()
+            ),
+        ));
+    }
+    let access = session.model_access();
+    for key in keys {
+        let key = key.as_str().ok_or_else(|| {
+            WireError::new("bad request", format!("a key must be a string, got {key}"))
+        })?;
+        check_writer(access, key)?;
+        if LOCKSTEP_KEYS.contains(&key) {
+            return Err(WireError::new(
+                "not supported",
+                format!("model config key {key:?} has lockstep's semantics and cannot be unset"),
+            ));
+        }
+    }
+    api.state.model_unset(params).await
+}
+
+/// `ModelSet` of `agent-version`. Refused while an upgrade-info record is current (Juju's
+/// message), for a lower version, and for a version the catalogue has no binary of in the
+/// model's streams (Juju's `no agent binaries found for version`). The current version
+/// back is accepted and changes nothing. On success the shared state holds the new
+/// version and the backend is told ([`crate::backend::Backend::agent_version_changed`]).
+async fn set_agent_version(api: &Api, value: &Value) -> Result<Value, WireError> {
+    let text = value.as_str().ok_or_else(|| {
+        WireError::new(
+            "bad request",
+            format!("agent-version must be a string, got {value}"),
+        )
+    })?;
+    let version =
+        Version::parse(text).map_err(|error| WireError::new("bad request", error.to_string()))?;
     match api.state.agent_version_change(version).await? {
         AgentVersionChange::Unchanged => return Ok(json!({})),
         AgentVersionChange::Allowed => {}
@@ -97,4 +246,57 @@ pub async fn model_set(api: &Api, params: &Value) -> Result<Value, WireError> {
     tracing::info!(target: "lockstep::api", %version, "agent-version changed by ModelConfig.ModelSet");
     api.backend.agent_version_changed(version);
     Ok(json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// lockstep's keys need an admin, stored keys write access, the identity nobody: a user
+    /// with less is refused even though every user is an admin today.
+    #[test]
+    fn writers_need_the_access_each_key_asks_for() {
+        for key in LOCKSTEP_KEYS {
+            assert!(check_writer(ModelAccess::Admin, key).is_ok(), "{key}");
+            let refused = check_writer(ModelAccess::Write, key).unwrap_err();
+            assert_eq!(refused.code, "unauthorized access", "{key}");
+            assert!(
+                refused.message.contains("needs admin access"),
+                "{refused:?}"
+            );
+        }
+        assert!(check_writer(ModelAccess::Write, "logging-config").is_ok());
+        let refused = check_writer(ModelAccess::Read, "logging-config").unwrap_err();
+        assert!(
+            refused.message.contains("needs write access"),
+            "{refused:?}"
+        );
+        for key in IDENTITY_KEYS {
+            assert_eq!(
+                check_writer(ModelAccess::Admin, key).unwrap_err().code,
+                "not supported"
+            );
+        }
+    }
+
+    #[test]
+    fn stored_keys_and_values_are_bounded() {
+        assert!(check_stored("logging-config", &json!("<root>=INFO")).is_ok());
+        assert_eq!(
+            check_stored("", &json!("x")).unwrap_err().code,
+            "bad request"
+        );
+        let long = "k".repeat(KEY_SIZE_BYTES_MAX + 1);
+        assert_eq!(
+            check_stored(&long, &json!("x")).unwrap_err().code,
+            "bad request"
+        );
+        let large = json!("v".repeat(VALUE_SIZE_BYTES_MAX));
+        assert!(
+            check_stored("key", &large)
+                .unwrap_err()
+                .message
+                .contains("over the limit")
+        );
+    }
 }

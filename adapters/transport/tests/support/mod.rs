@@ -187,6 +187,7 @@ pub fn model() -> ModelConfig {
         agent_version: Version::new(2, 9, 43),
         agent_stream: None,
         agent_metadata_url: None,
+        settings: serde_json::Map::new(),
     }
 }
 

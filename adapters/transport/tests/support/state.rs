@@ -12,8 +12,10 @@ use lockstep_core::lifecycle::Revision;
 use lockstep_core::policy::{Catalogue, Stream};
 use lockstep_core::upgrader;
 use lockstep_core::{Binary, Role, Roles, Version};
+use lockstep_transport::charm::Charm;
 use lockstep_transport::state::{
-    AgentVersionChange, AgentView, AgentViews, Changes, ModelConfig, SharedState, Snapshot, Status,
+    AgentVersionChange, AgentView, AgentViews, Changes, Identity, ModelConfig, SharedState,
+    Snapshot, Status,
 };
 use lockstep_transport::wire::{Delta, WireError};
 use serde_json::{Map, Value, json};
@@ -22,6 +24,7 @@ use serde_json::{Map, Value, json};
 struct Application {
     charm: String,
     exposed: bool,
+    config: Map<String, Value>,
     /// Unit name and the machine it is on.
     units: Vec<(String, String)>,
 }
@@ -38,6 +41,8 @@ struct Inner {
     /// Deltas at or below this revision were compacted away.
     compacted: u64,
     operations: HashMap<String, Value>,
+    /// Charms recorded from uploads, by URL.
+    charms: BTreeMap<String, Charm>,
 }
 
 impl Inner {
@@ -55,8 +60,17 @@ impl Inner {
 
     fn model_delta(&mut self) {
         let model = json!({"model-uuid": self.model.uuid, "name": self.model.name,
-                           "life": "alive", "agent-version": self.model.agent_version.to_string()});
+                           "life": "alive", "config": self.model.values(),
+                           "agent-version": self.model.agent_version.to_string()});
         self.record("model", model);
+    }
+
+    fn remove(&mut self, kind: &str, entity: Value) {
+        let revision = Revision(self.revision() + 1);
+        self.log.push(Delta {
+            revision,
+            delta: json!([kind, "remove", entity]),
+        });
     }
 
     fn add_machine(&mut self, roles: Roles) -> String {
@@ -89,7 +103,7 @@ impl Inner {
     fn application_delta(&mut self, name: &str) {
         let application = &self.applications[name];
         let entity = json!({"name": name, "charm-url": application.charm, "life": "alive",
-                            "exposed": application.exposed});
+                            "exposed": application.exposed, "config": application.config});
         self.record("application", entity);
     }
 }
@@ -103,6 +117,14 @@ pub struct FakeState {
 
 fn bad(message: String) -> WireError {
     WireError::new("bad request", message)
+}
+
+fn list(params: &Value, key: &str) -> Result<Vec<Value>, WireError> {
+    params
+        .get(key)
+        .and_then(Value::as_array)
+        .cloned()
+        .ok_or_else(|| bad(format!("params.{key} must be a list")))
 }
 
 fn text<'a>(value: &'a Value, key: &str) -> Result<&'a str, WireError> {
@@ -124,6 +146,7 @@ impl FakeState {
             log: Vec::new(),
             compacted: 0,
             operations: HashMap::new(),
+            charms: BTreeMap::new(),
         };
         inner.model_delta();
         FakeState {
@@ -324,6 +347,182 @@ impl SharedState for FakeState {
         })
     }
 
+    async fn destroy_machines(&self, params: &Value) -> Result<Value, WireError> {
+        let tags = list(params, "machine-tags")?;
+        self.mutate(params, |inner| {
+            let results = tags
+                .iter()
+                .map(|tag| {
+                    let id = tag.as_str().and_then(|tag| tag.strip_prefix("machine-"));
+                    match id.filter(|id| inner.machines.contains_key(*id)) {
+                        Some(id) => {
+                            inner.machines.remove(id);
+                            inner.remove("machine", json!({"id": id}));
+                            json!({"info": {"machine-id": id, "destroyed-units": []}})
+                        }
+                        None => json!({"error": {"message": format!("{tag} not found"), "code": "not found"}}),
+                    }
+                })
+                .collect::<Vec<_>>();
+            Ok(json!({"results": results}))
+        })
+    }
+
+    async fn destroy_applications(&self, params: &Value) -> Result<Value, WireError> {
+        let entries = list(params, "applications")?;
+        self.mutate(params, |inner| {
+            let mut results = Vec::new();
+            for entry in entries {
+                let tag = entry["application-tag"].as_str().unwrap_or_default();
+                let name = tag.trim_start_matches("application-");
+                let Some(application) = inner.applications.remove(name) else {
+                    results.push(json!({"error": {"message": format!("application {name:?} not found"), "code": "not found"}}));
+                    continue;
+                };
+                let mut destroyed = Vec::new();
+                for (unit, _) in &application.units {
+                    inner.remove("unit", json!({"name": unit}));
+                    destroyed.push(json!({"tag": format!("unit-{}", unit.replace('/', "-"))}));
+                }
+                inner.remove("application", json!({"name": name}));
+                results.push(json!({"info": {"destroyed-units": destroyed}}));
+            }
+            Ok(json!({"results": results}))
+        })
+    }
+
+    async fn destroy_units(&self, params: &Value) -> Result<Value, WireError> {
+        let entries = list(params, "units")?;
+        self.mutate(params, |inner| {
+            let mut results = Vec::new();
+            for entry in entries {
+                let tag = entry["unit-tag"].as_str().unwrap_or_default();
+                let name = tag
+                    .trim_start_matches("unit-")
+                    .rsplit_once('-')
+                    .map(|(application, number)| format!("{application}/{number}"))
+                    .unwrap_or_default();
+                let found = inner.applications.values_mut().any(|application| {
+                    let before = application.units.len();
+                    application.units.retain(|(unit, _)| *unit != name);
+                    application.units.len() != before
+                });
+                if found {
+                    inner.remove("unit", json!({"name": name}));
+                    results.push(json!({"info": {}}));
+                } else {
+                    results.push(json!({"error": {"message": format!("unit {name:?} not found"), "code": "not found"}}));
+                }
+            }
+            Ok(json!({"results": results}))
+        })
+    }
+
+    async fn set_application_config(&self, params: &Value) -> Result<Value, WireError> {
+        let args = list(params, "Args")?;
+        self.mutate(params, |inner| {
+            let mut results = Vec::new();
+            for arg in args {
+                let name = arg["application"].as_str().unwrap_or_default();
+                let Some(application) = inner.applications.get_mut(name) else {
+                    results.push(json!({"error": {"message": format!("application {name:?} not found"), "code": "not found"}}));
+                    continue;
+                };
+                if let Some(config) = arg["config"].as_object() {
+                    application.config.extend(config.clone());
+                }
+                inner.application_delta(name);
+                results.push(json!({}));
+            }
+            Ok(json!({"results": results}))
+        })
+    }
+
+    async fn unset_application_config(&self, params: &Value) -> Result<Value, WireError> {
+        let args = list(params, "Args")?;
+        self.mutate(params, |inner| {
+            let mut results = Vec::new();
+            for arg in args {
+                let name = arg["application"].as_str().unwrap_or_default();
+                let Some(application) = inner.applications.get_mut(name) else {
+                    results.push(json!({"error": {"message": format!("application {name:?} not found"), "code": "not found"}}));
+                    continue;
+                };
+                for key in arg["options"].as_array().into_iter().flatten() {
+                    application.config.remove(key.as_str().unwrap_or_default());
+                }
+                inner.application_delta(name);
+                results.push(json!({}));
+            }
+            Ok(json!({"results": results}))
+        })
+    }
+
+    async fn model_set(&self, params: &Value) -> Result<Value, WireError> {
+        let config = params
+            .get("config")
+            .and_then(Value::as_object)
+            .cloned()
+            .ok_or_else(|| bad("params.config must be an object".into()))?;
+        self.mutate(params, |inner| {
+            inner.model.settings.extend(config);
+            inner.model_delta();
+            Ok(json!({}))
+        })
+    }
+
+    async fn model_unset(&self, params: &Value) -> Result<Value, WireError> {
+        let keys = list(params, "keys")?;
+        self.mutate(params, |inner| {
+            for key in keys {
+                inner
+                    .model
+                    .settings
+                    .remove(key.as_str().unwrap_or_default());
+            }
+            inner.model_delta();
+            Ok(json!({}))
+        })
+    }
+
+    async fn add_charm(&self, charm: &Charm, series: Option<&str>) -> Result<String, WireError> {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some((url, _)) = inner
+            .charms
+            .iter()
+            .find(|(_, known)| known.name == charm.name && known.sha256 == charm.sha256)
+        {
+            return Ok(url.clone());
+        }
+        let revision = inner
+            .charms
+            .values()
+            .filter(|known| known.name == charm.name)
+            .count();
+        let url = match series {
+            Some(series) => format!("local:{series}/{}-{revision}", charm.name),
+            None => format!("local:{}-{revision}", charm.name),
+        };
+        inner.charms.insert(url.clone(), charm.clone());
+        Ok(url)
+    }
+
+    async fn application_get(&self, application: &str) -> Result<Value, WireError> {
+        let inner = self.inner.lock().unwrap();
+        let found = inner.applications.get(application).ok_or_else(|| {
+            WireError::new(
+                "not found",
+                format!("application {application:?} not found"),
+            )
+        })?;
+        let config: Map<String, Value> = found
+            .config
+            .iter()
+            .map(|(key, value)| (key.clone(), json!({"value": value, "source": "user"})))
+            .collect();
+        Ok(json!({"application": application, "charm": found.charm, "config": config}))
+    }
+
     async fn agent_views(
         &self,
         owner: &str,
@@ -418,7 +617,7 @@ impl SharedState for FakeState {
         .map(|_| ())
     }
 
-    async fn snapshot(&self, _model_uuid: &str) -> Result<Snapshot, WireError> {
+    async fn snapshot(&self, _ids: &Identity) -> Result<Snapshot, WireError> {
         let inner = self.inner.lock().unwrap();
         // The latest delta of each entity, in the order entities first appeared.
         let mut latest: Vec<(String, Value)> = Vec::new();
@@ -446,7 +645,7 @@ impl SharedState for FakeState {
 
     async fn changes_since(
         &self,
-        _model_uuid: &str,
+        _ids: &Identity,
         after: Revision,
         limit: usize,
     ) -> Result<Changes, WireError> {

@@ -23,7 +23,7 @@ const USAGE: &str =
        [--deployers N] [--watchers N] [--pollers N] [--without fault,fault] [--safety-ms MS]
        [--mutation NAME] [--trace] [--timeline out.svg] [--no-shrink] [--no-determinism-check]
 faults: crash persist-crash drop duplicate delay partition stream-stall stream-corrupt
-        stream-rollback clock-skew abort rerequest
+        stream-rollback clock-skew abort rerequest lease-expiry report-lag
 mutations: gate-before-version-check checkpoint-before-effects unfenced-coordinator
            upgraded-to-with-step-missing";
 

@@ -1,0 +1,289 @@
+//! What the machine shares with its driver, and the only ways it asks for anything: the
+//! main request in flight, requests beside it, the one snapshot write, and the gate and
+//! status it publishes.
+//!
+//! spec/lifecycle.md, "Rules the machine keeps": "At most one main request is in flight;
+//! the lease keep-alive, the record watch and lease release run beside it. A completion
+//! whose id is not awaited is stale and ignored."
+
+use std::collections::VecDeque;
+
+use crate::gate::GateView;
+use crate::lifecycle::Timer;
+use crate::lifecycle::record::Revision;
+use crate::lifecycle::types::{
+    Input, Output, Request, RequestId, StatusReport, StepIndex, request_name,
+};
+use crate::phase::Phase;
+use crate::time::{Millis, Timestamp};
+use crate::version::{Binary, Version};
+
+use super::machine::Machine;
+
+/// Outputs held at most between two drains; the driver drains after every input.
+pub const OUTPUTS_MAX: usize = 32;
+
+/// What the main in-flight request is for.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum Pending {
+    Persist(PersistFor),
+    LoadModel,
+    Capabilities,
+    RecordWrite,
+    DatabaseStep(StepIndex),
+    HostStep(StepIndex),
+    Catalogue,
+    DesiredBinary,
+    /// The model's `agent-version` asked to become this version.
+    SetAgentVersion(Version),
+    Report,
+    Stage,
+}
+
+impl Pending {
+    /// Requests whose effect outlives this process if they complete after it gave up on
+    /// them: store writes and steps. Reads and local persists are safe to abandon.
+    pub(super) fn writes_shared_state(self) -> bool {
+        matches!(
+            self,
+            Pending::RecordWrite
+                | Pending::DatabaseStep(_)
+                | Pending::HostStep(_)
+                | Pending::SetAgentVersion(_)
+                | Pending::Report
+        )
+    }
+}
+
+/// Why a snapshot is being persisted: what to do once it is durable.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum PersistFor {
+    /// Bootstrapping: a trial boot counted (or a switch resumed) before anything else.
+    Boot,
+    /// A host step ran: its checkpoint.
+    HostCheckpoint(StepIndex),
+    /// Database steps of the trial version may have run: no fall back from here on.
+    PastDatabaseSteps,
+    /// Every planned step took effect: `upgradedToVersion` advances.
+    UpgradedTo,
+    /// Upgrading: `previous` and the trial, before restarting into the new binary.
+    Switch,
+    /// The trial is given up: restart into the previous binary once durable.
+    FallBack,
+    /// Ready (or on the way there): the trial proved or cleared, bootstrap complete.
+    ClearTrial,
+}
+
+/// What the machine shares with its driver between dispatches: the clock reading, the
+/// output queue, the timer table and the request counter. Passed to statig as context, so
+/// the wrapper can drain outputs without reaching into the machine.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Io {
+    pub(crate) now: Timestamp,
+    pub(crate) outputs: VecDeque<Output>,
+    pub(crate) timers: [Option<Timestamp>; Timer::COUNT],
+    next_request: u64,
+    /// Set once the process asked to restart into another binary: it makes no further
+    /// request, whatever it is told, so nothing of it runs beside its successor.
+    exiting: bool,
+}
+
+impl Io {
+    pub(crate) fn new() -> Io {
+        Io {
+            now: Timestamp::ZERO,
+            outputs: VecDeque::with_capacity(OUTPUTS_MAX),
+            timers: [None; Timer::COUNT],
+            next_request: 1,
+            exiting: false,
+        }
+    }
+
+    /// Asks the driver to switch to `binary` and restart; the last request this process
+    /// makes.
+    ///
+    /// spec/lifecycle.md: "A process that asked to restart into another binary makes no
+    /// further request, whatever it is told afterwards: nothing of it runs beside its
+    /// successor."
+    pub(super) fn exit_into(&mut self, binary: Binary) {
+        if !self.exiting {
+            let id = self.next_id();
+            self.emit_request(id, Request::RestartInto(binary));
+            self.exiting = true;
+        }
+    }
+
+    fn next_id(&mut self) -> RequestId {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        id
+    }
+
+    /// Issues a request that runs beside the main one (lease keep-alive, watch, release).
+    pub(super) fn request_aside(&mut self, request: Request) -> RequestId {
+        let id = self.next_id();
+        self.emit_request(id, request);
+        id
+    }
+
+    fn emit_request(&mut self, id: RequestId, request: Request) {
+        if self.exiting {
+            tracing::debug!(target: "lockstep::lifecycle", request = request_name(&request), "not sent: restarting");
+            return;
+        }
+        tracing::debug!(target: "lockstep::lifecycle", id = id.0, request = request_name(&request), "request");
+        self.push(Output::Request { id, request });
+    }
+
+    pub(crate) fn push(&mut self, output: Output) {
+        assert!(
+            self.outputs.len() < OUTPUTS_MAX,
+            "more than {OUTPUTS_MAX} outputs undrained: the driver must drain after every input"
+        );
+        self.outputs.push_back(output);
+    }
+
+    pub(super) fn set_timer(&mut self, timer: Timer, after: Millis) {
+        self.timers[timer as usize] = Some(self.now + after);
+    }
+
+    pub(super) fn cancel_timer(&mut self, timer: Timer) {
+        self.timers[timer as usize] = None;
+    }
+
+    pub(super) fn timer_armed(&self, timer: Timer) -> bool {
+        self.timers[timer as usize].is_some()
+    }
+}
+
+impl Machine {
+    /// Issues the main request; asserts none is in flight.
+    pub(super) fn request(&mut self, io: &mut Io, pending: Pending, request: Request) -> RequestId {
+        assert!(
+            self.pending.is_none(),
+            "request {pending:?} while {:?} is in flight",
+            self.pending
+        );
+        let id = io.next_id();
+        if !io.exiting {
+            self.pending = Some((id, pending));
+        }
+        io.emit_request(id, request);
+        id
+    }
+
+    /// The one write of the snapshot: the snapshot as it now is, durable before `reason`'s
+    /// continuation runs (the completion is `Done` with this request's id).
+    ///
+    /// CONTRACT.md, "Where state lives": the snapshot "lives in the agent's data dir
+    /// (`agent.conf`), written atomically"; the driver writes it whole, so every write
+    /// carries everything decided so far.
+    pub(super) fn persist(&mut self, io: &mut Io, reason: PersistFor) {
+        let snapshot = self.snapshot.clone();
+        self.request(
+            io,
+            Pending::Persist(reason),
+            Request::PersistSnapshot(snapshot),
+        );
+    }
+
+    /// True (and clears it) when `id` completes the main request of this kind.
+    pub(super) fn completes(&mut self, id: RequestId, kind: Pending) -> bool {
+        if self.pending == Some((id, kind)) {
+            self.pending = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// True (and clears it) when `id` completes the `agent-version` write in flight.
+    pub(super) fn completes_agent_version_write(&mut self, id: RequestId) -> bool {
+        match self.pending {
+            Some((pending_id, Pending::SetAgentVersion(_))) if pending_id == id => {
+                self.pending = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Reads an input as what it means before any phase sees it: a refused `agent-version`
+    /// write whose refusal found the model already holding the value asked for is a write
+    /// done (Juju accepts the current value back; a store that refused it anyway, or a
+    /// write another controller made first, leaves nothing to do). Every other input is
+    /// itself.
+    ///
+    /// spec/lifecycle.md: "The core decides: a refusal that found the model holding the
+    /// value asked for is a write done; any other is a refusal".
+    pub(crate) fn settle(&self, input: Input) -> Input {
+        match input {
+            Input::AgentVersionRefused {
+                id, agent_version, ..
+            } if self.pending == Some((id, Pending::SetAgentVersion(agent_version))) => {
+                tracing::debug!(target: "lockstep::lifecycle", id = id.0, version = %agent_version, "agent-version write refused, but the model holds the value: done");
+                Input::Done { id }
+            }
+            input => input,
+        }
+    }
+
+    /// Subscribes to the upgrade-info record (the current view first, then every change).
+    ///
+    /// spec/lifecycle.md: "The record watch delivers the current view first, so a
+    /// controller that subscribes after the coordinator finished does not wait forever
+    /// (Juju's bug)."
+    pub(super) fn watch_record(&mut self, io: &mut Io) {
+        self.watching = true;
+        io.request_aside(Request::WatchRecord { after: Revision(0) });
+    }
+
+    // ---------------------------------------------------------------- publishing
+
+    /// The gate for `phase`, with the progress published last.
+    pub(super) fn view(&self, phase: Phase) -> GateView {
+        GateView {
+            phase,
+            progress: self.gate.progress,
+            retry_after: self.config.limits.retry_after,
+        }
+    }
+
+    /// Publishes a new phase's gate and its first status, before the phase's entry runs.
+    pub(super) fn publish_phase(&mut self, io: &mut Io, gate: GateView, message: String) {
+        self.gate = gate;
+        io.push(Output::Gate(self.gate));
+        io.push(Output::Status(StatusReport {
+            phase: gate.phase,
+            progress: gate.progress,
+            message,
+        }));
+    }
+
+    /// A status line, marked with the phase the gate last published.
+    pub(super) fn status_message(&mut self, io: &mut Io, message: String) {
+        tracing::info!(target: "lockstep::lifecycle", phase = %self.gate.phase, message = %message, "status");
+        io.push(Output::Status(StatusReport {
+            phase: self.gate.phase,
+            progress: self.gate.progress,
+            message,
+        }));
+    }
+
+    /// Publishes progress within the phase, when it moved forward.
+    ///
+    /// spec/invariants.md, I9: "Published progress never runs backwards within a phase".
+    /// What this agent knows can: a controller that takes the lease over counts database
+    /// steps from its own `database_next` (the store answers `AlreadyApplied` for those
+    /// already run), also after its host steps ran when the record of its upgrade was
+    /// archived and created again (a straggler whose record Ready controllers joined). The
+    /// gate keeps the furthest point reached.
+    pub(super) fn set_progress(&mut self, io: &mut Io, done: u32) {
+        let done = done.max(self.gate.progress.done);
+        self.assert_progress_forward(done);
+        if self.gate.progress.done != done {
+            self.gate.progress.done = done;
+            io.push(Output::Gate(self.gate));
+        }
+    }
+}
