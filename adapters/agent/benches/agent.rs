@@ -3,8 +3,9 @@
 //! - `lockstepd` start to Ready without an upgrade: `lockstepd` started on a bootstrapped
 //!   data dir until a client (connecting, completing TLS and logging in meanwhile: one
 //!   argon2 verification) is answered `ready` by `Upgrade.Status`; and, in the same runs,
-//!   until the launcher sends `READY=1` to `NOTIFY_SOCKET`, as systemd sees it (Juju took
-//!   17 s in seed 000, a cloud bootstrap);
+//!   until the launcher sends `READY=1` to `NOTIFY_SOCKET`, as systemd sees it. No Juju
+//!   figure is compared: seed 000's 17 s was a whole cloud bootstrap (a machine
+//!   provisioned), not an agent starting on loopback;
 //! - bootstrap to Ready without an upgrade: `lockstep bootstrap` from start to exit, with
 //!   this build's own binary (copied and hashed, no mirror);
 //! - bootstrap from the mirror to Ready without an upgrade: the same against a mirror
@@ -30,9 +31,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lockstep_agent::bootstrap::ControllerFile;
+use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::{self, DataDir, DownloadedTools};
-use lockstep_agent::driver::MetadataSource;
+use lockstep_agent::metadata::MetadataSource;
 use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
 use lockstep_core::policy::CatalogueEntry;
@@ -101,7 +102,7 @@ async fn check_and_stop(data: &DataDir, version: Version, what: &str) {
 }
 
 fn launcher_pid(data: &DataDir) -> Option<u32> {
-    std::fs::read_to_string(lockstep_agent::paths::pid_path(data))
+    std::fs::read_to_string(data.pid_path())
         .ok()?
         .trim()
         .parse()
@@ -110,7 +111,7 @@ fn launcher_pid(data: &DataDir) -> Option<u32> {
 
 fn stop(data: &DataDir) {
     if let Some(pid) = launcher_pid(data) {
-        lockstep_agent::demo::stop_daemon(pid);
+        lockstep_agent::cli::demo::stop_daemon(pid);
     }
 }
 
@@ -141,7 +142,7 @@ async fn start_to_ready(data: &DataDir, version: Version) -> Started {
         let mut buffer = [0u8; 4096];
         loop {
             let length = notify.recv(&mut buffer).await.unwrap();
-            if lockstep_agent::notify::Notification::parse(&buffer[..length]).ready {
+            if lockstep_agent::daemon::notify::Notification::parse(&buffer[..length]).ready {
                 return started.elapsed();
             }
         }
@@ -158,7 +159,7 @@ async fn start_to_ready(data: &DataDir, version: Version) -> Started {
     };
     let answered = started.elapsed();
     let notified = tokio::time::timeout(Duration::from_secs(30), notified).await;
-    lockstep_agent::demo::stop_daemon(child.id());
+    lockstep_agent::cli::demo::stop_daemon(child.id());
     let _ = child.wait();
     let notified = notified
         .expect("the launcher sends READY=1 once the worker is Ready")
@@ -185,8 +186,8 @@ async fn download_verify_unpack(
     let tools = DownloadedTools {
         version: entry.binary.clone(),
         url: format!("{url}/{}", entry.path),
-        sha256: entry.sha256.to_string(),
-        size: entry.size_bytes,
+        sha256: entry.sha256,
+        size_bytes: entry.size_bytes,
     };
     let started = Instant::now();
     source
@@ -233,13 +234,15 @@ async fn main() {
     let next = lockstep_agent::steps::next_patch();
     // Two mirrors: N alone (bootstrap from the mirror, no upgrade), and N with N+1.
     let own_mirror = tempfile::tempdir().unwrap();
-    lockstep_agent::demo::publish(own_mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
-    lockstep_agent::demo::generate(own_mirror.path()).unwrap();
+    lockstep_agent::cli::demo::publish(own_mirror.path(), own, Path::new(LOCKSTEPD), false)
+        .unwrap();
+    lockstep_agent::cli::demo::generate(own_mirror.path()).unwrap();
     let mirror = tempfile::tempdir().unwrap();
-    lockstep_agent::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
+    lockstep_agent::cli::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
     let next_tarball =
-        lockstep_agent::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
-    lockstep_agent::demo::generate(mirror.path()).unwrap();
+        lockstep_agent::cli::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true)
+            .unwrap();
+    lockstep_agent::cli::demo::generate(mirror.path()).unwrap();
     let own_source = own_mirror.path().to_str().unwrap().to_owned();
     let source = mirror.path().to_str().unwrap().to_owned();
 
@@ -252,7 +255,7 @@ async fn main() {
         .look_up(
             &mark,
             &lockstep_streams::LookupConfig::allowing_unsigned(),
-            lockstep_agent::driver::unix_now(),
+            lockstep_agent::metadata::unix_now(),
         )
         .await
         .unwrap();

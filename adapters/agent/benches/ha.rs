@@ -39,7 +39,7 @@ async fn upgrade_time(count: u8) -> Duration {
 
 async fn takeover_time() -> Duration {
     let ha = Ha::start(&[(
-        lockstep_agent::steps::PAUSE_DATABASE_STEP_MS,
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
         DB_STEP_PAUSE_MS,
     )]);
     let (_, _, takeover) = ha.kill_coordinator_in_database_step().await;

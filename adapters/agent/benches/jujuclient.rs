@@ -23,7 +23,9 @@
 //! ratios (jujuclient / lockstep) last.
 //!
 //! Run: `cargo bench -p lockstep-agent --bench jujuclient` (`RUNS=N` rounds, default 11;
-//! needs `python3` with `venv` and PyPI the first time).
+//! needs `python3` with `venv` and PyPI the first time). `LOCKSTEP_BENCH_QUICK=1` takes one
+//! round (same code paths, same checks), so that `LOCKSTEP_BENCH_QUICK=1 cargo test -p
+//! lockstep-agent --bench jujuclient` runs it briefly and fails if it is broken.
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -31,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use lockstep_agent::bootstrap::ControllerFile;
+use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::DataDir;
 use lockstep_core::client::RetryPolicy;
 use serde_json::{Value, json};
@@ -42,7 +44,8 @@ const JUJUCLIENT: &str = "jujuclient==0.54.0";
 const ROUND_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The virtualenv with jujuclient, made once (its dependencies pinned by the interop
-/// test's constraints) and reused while its marker names the same version.
+/// tests' constraints, `tests/interop/constraints.txt`) and reused while its marker names
+/// the same version.
 fn python() -> PathBuf {
     let directory = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jujuclient-bench-venv");
     let python = directory.join("bin/python");
@@ -50,8 +53,8 @@ fn python() -> PathBuf {
     if std::fs::read_to_string(&marker).ok().as_deref() != Some(JUJUCLIENT) {
         let _ = std::fs::remove_dir_all(&directory);
         run(Command::new("python3").args(["-m", "venv"]).arg(&directory));
-        let constraints = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../transport/tests/interop/constraints.txt");
+        let constraints =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/constraints.txt");
         run(Command::new(&python)
             .args([
                 "-m",
@@ -94,7 +97,7 @@ fn logged_unix_micros(log: &str, words: &[&str]) -> Option<i64> {
             return None;
         }
         let stamp = plain.split_whitespace().next()?;
-        lockstep_agent::demo::parse_rfc3339_micros(stamp).map(|micros| micros as i64)
+        lockstep_agent::cli::demo::parse_rfc3339_micros(stamp).map(|micros| micros as i64)
     })
 }
 
@@ -227,8 +230,8 @@ async fn round(source: &str, python: &Path, script: &Path) -> Round {
     .expect("joined");
 
     let log = std::fs::read_to_string(data.logs_dir().join("lockstepd.log")).unwrap_or_default();
-    if let Ok(pid) = std::fs::read_to_string(lockstep_agent::paths::pid_path(&data)) {
-        lockstep_agent::demo::stop_daemon(pid.trim().parse().expect("a pid"));
+    if let Ok(pid) = std::fs::read_to_string(data.pid_path()) {
+        lockstep_agent::cli::demo::stop_daemon(pid.trim().parse().expect("a pid"));
     }
     assert!(
         bootstrap.status.success() && log.contains("re-executing"),
@@ -268,18 +271,19 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|text| text.parse().ok())
-        .unwrap_or(11);
+        .unwrap_or(if quick { 1 } else { 11 });
     let python = tokio::task::spawn_blocking(python).await.expect("venv");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/jujuclient_first_call.py");
     let own = lockstep_agent::steps::build_version();
     let next = lockstep_agent::steps::next_patch();
     let mirror = tempfile::tempdir().expect("a temporary directory");
-    lockstep_agent::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
-    lockstep_agent::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
-    lockstep_agent::demo::generate(mirror.path()).unwrap();
+    lockstep_agent::cli::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
+    lockstep_agent::cli::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
+    lockstep_agent::cli::demo::generate(mirror.path()).unwrap();
     let source = mirror.path().to_str().expect("UTF-8").to_owned();
 
     let mut rounds = Vec::new();
@@ -303,8 +307,9 @@ async fn main() {
     let retrying = median(rounds.iter().map(|r| r.retrying_ms).collect());
     let re_exec = median(rounds.iter().map(|r| -r.re_exec_ms).collect());
     println!(
-        "median of {runs} rounds (the re-exec into N+1, which closes every connection, \
-         {re_exec:.1} ms before Ready), from Ready to the first successful ModelGet:"
+        "median of {runs} rounds{} (the re-exec into N+1, which closes every connection, \
+         {re_exec:.1} ms before Ready), from Ready to the first successful ModelGet:",
+        if quick { ", quick" } else { "" }
     );
     println!("  python-jujuclient 0.54.0 (resends every 1 s)     {jujuclient:>8.1} ms");
     println!("  lockstep client, wait_ready (WatchProgress)      {subscribed:>8.1} ms");

@@ -1,32 +1,35 @@
-//! lockstep's agent: the `lockstepd` daemon and the `lockstep` CLI.
+//! lockstep's agent: the `lockstepd` daemon and the `lockstep` CLI, two parts of one crate
+//! that share what describes a controller on disk.
 //!
+//! - [`daemon`]: `lockstepd` (launcher, worker, driver, step runner, sd_notify).
+//! - [`cli`]: `lockstep` (bootstrap, the commands, enable-ha, bundles, status, demo).
 //! - [`api`]: the API's shared state over the store (the transport's `SharedState`), one
-//!   module per facade's share of it.
-//! - [`driver`]: one task owns the lifecycle core and runs its requests with the store,
-//!   streams and data-dir adapters.
-//! - [`worker`]: the process that serves the API and runs the driver; restarts into a new
-//!   binary by re-executing itself with the listening socket handed over.
-//! - [`launcher`]: `lockstepd`'s long-lived supervisor: owns the socket, runs the worker,
-//!   watches it (systemd's notification protocol), hands a failed trial back.
-//! - [`store`]: which engine holds the shared state (SQLite, or etcd with feature `etcd`).
-//! - [`datadir`], [`unpack`]: the data directory laid out as Juju's, and safe unpacking.
-//! - [`ha`]: `enable-ha`, more controllers on one machine sharing an etcd store.
-//! - [`bootstrap`], [`cli`], [`demo`], [`bundle`], [`status`]: the `lockstep` commands.
+//!   module per facade's share of it; the daemon serves it.
+//!
+//! Shared by both:
+//!
+//! - [`datadir`]: the data directory laid out as Juju's, `agent.conf` and the other files,
+//!   installed binaries; every file replaced atomically ([`lockstep_fs`]).
+//! - [`store`]: which engine holds the shared state (SQLite, or etcd with feature `etcd`),
+//!   from `agent.conf` and the flags; `open`.
+//! - [`metadata`]: the model's agent-binary metadata source (directory or HTTP mirror).
+//! - [`steps`]: the steps this build carries and the versions it plays (N, N+1).
+//! - [`unpack`]: flat, regular-file-only agent tarballs, packed and unpacked.
+//! - [`paths`], [`logging`], [`process`], [`quote`]: default locations, log formats and
+//!   output lines, processes and signals, quoting offending values.
+//!
+//! **Architecture Invariant:** no import circles: no module `use`s one that `use`s it
+//! back, and neither `daemon` nor `cli` imports the other (`tests/architecture.rs`).
 
 pub mod api;
-pub mod bootstrap;
-pub mod bundle;
 pub mod cli;
+pub mod daemon;
 pub mod datadir;
-pub mod demo;
-pub mod driver;
-pub mod ha;
-pub mod launcher;
 pub mod logging;
-pub mod notify;
+pub mod metadata;
 pub mod paths;
-pub mod status;
+pub mod process;
+pub mod quote;
 pub mod steps;
 pub mod store;
 pub mod unpack;
-pub mod worker;

@@ -2,8 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::datadir::DataDir;
-
 /// `--data-dir`'s default: `/var/lib/lockstep` for root (Juju's `/var/lib/juju`), else
 /// `$XDG_DATA_HOME/lockstep` (`~/.local/share/lockstep`).
 pub fn default_data_dir() -> PathBuf {
@@ -17,30 +15,45 @@ pub fn default_data_dir() -> PathBuf {
     Path::new(&home).join(".local/share/lockstep")
 }
 
-/// An executable installed beside this one (`lockstep` finds `lockstepd` so).
-pub fn sibling_executable(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    let path = exe
-        .parent()
-        .map(|dir| dir.join(name))
-        .ok_or_else(|| format!("{} has no directory", exe.display()))?;
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "{} not found beside {}: build both binaries (cargo build -p lockstep-agent)",
-            path.display(),
-            exe.display()
-        ))
+/// Why an executable beside this one cannot be found.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutableError {
+    #[error("cannot find this executable: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("{} has no directory", path.display())]
+    NoDirectory { path: PathBuf },
+    #[error(
+        "{} not found beside {}: build both binaries (cargo build -p lockstep-agent)",
+        path.display(),
+        beside.display()
+    )]
+    NotBeside { path: PathBuf, beside: PathBuf },
+}
+
+/// This executable and the directory it is in.
+fn executable_and_dir() -> Result<(PathBuf, PathBuf), ExecutableError> {
+    let exe = std::env::current_exe().map_err(ExecutableError::CurrentExe)?;
+    match exe.parent() {
+        Some(dir) => {
+            let dir = dir.to_path_buf();
+            Ok((exe, dir))
+        }
+        None => Err(ExecutableError::NoDirectory { path: exe }),
     }
 }
 
-/// The API's users (`[{name, password-hash}]`, mode 0600).
-pub fn users_path(data: &DataDir) -> PathBuf {
-    data.root().join("users.json")
+/// The directory this executable is in (where Juju's `FORCE-VERSION` is looked for).
+pub fn executable_dir() -> Result<PathBuf, ExecutableError> {
+    executable_and_dir().map(|(_, dir)| dir)
 }
 
-/// The launcher's pid, locked while it runs.
-pub fn pid_path(data: &DataDir) -> PathBuf {
-    data.root().join("lockstepd.pid")
+/// An executable installed beside this one (`lockstep` finds `lockstepd` so).
+pub fn sibling_executable(name: &str) -> Result<PathBuf, ExecutableError> {
+    let (exe, dir) = executable_and_dir()?;
+    let path = dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ExecutableError::NotBeside { path, beside: exe })
+    }
 }

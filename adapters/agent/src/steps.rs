@@ -1,4 +1,5 @@
-//! lockstep's upgrade steps, as the agent runs them.
+//! lockstep's upgrade steps: the registry this build carries and the versions it plays.
+//! How the daemon runs them is `daemon::step_runner`.
 //!
 //! The registry holds the store's own step for its schema
 //! ([`lockstep_store::seed004::STEPS`]) and the agent's steps for the *next patch* of this
@@ -14,12 +15,8 @@
 
 use std::sync::Arc;
 
-use lockstep_core::lifecycle::{LeaseToken, StepOutcome};
-use lockstep_core::steps::{Step, StepKey, StepRegistry, Target};
-use lockstep_core::{Binary, Role, Version};
-use lockstep_store::{Abort, Store, StoreError};
-
-use crate::datadir::DataDir;
+use lockstep_core::Version;
+use lockstep_core::steps::{Step, StepRegistry, Target};
 
 pub const RECORD_AGENT_BINARIES: &str = "record-agent-binaries";
 pub const PRUNE_AGENT_BINARIES: &str = "prune-agent-binaries";
@@ -55,114 +52,6 @@ pub fn steps() -> Vec<Step> {
 
 pub fn registry() -> Arc<StepRegistry> {
     Arc::new(StepRegistry::new(&steps()).expect("lockstep's steps form a valid registry"))
-}
-
-/// Runs a database step through the store: its changes and its checkpoint in one
-/// transaction, fenced on `fence`.
-pub fn run_database_step(
-    store: &dyn Store,
-    key: &StepKey,
-    fence: Option<LeaseToken>,
-    running: &Binary,
-) -> Result<StepOutcome, StoreError> {
-    if let Some(outcome) = lockstep_store::seed004::run_step(store, *key, fence)? {
-        return Ok(outcome);
-    }
-    if key.id.as_str() == RECORD_AGENT_BINARIES {
-        let pause = database_step_pause();
-        tracing::info!(target: "lockstep::agent", step = %key, fenced = fence.is_some(), "running database step");
-        return store.run_database_step(*key, fence, &mut |tx| {
-            if let Some(pause) = pause {
-                tracing::warn!(target: "lockstep::agent", step = %key, pause_ms = pause.as_millis() as u64, "failpoint: pausing inside the step's transaction");
-                std::thread::sleep(pause);
-            }
-            for mut machine in tx.machines()? {
-                if machine.roles.contains(Role::Controller)
-                    && machine.agent_binary.as_ref() != Some(running)
-                {
-                    machine.agent_binary = Some(running.clone());
-                    tx.put_machine(&machine)?;
-                }
-            }
-            Ok::<(), Abort>(())
-        });
-    }
-    Ok(StepOutcome::Failed(format!(
-        "database step {key} is not one this binary knows"
-    )))
-}
-
-/// What a host step may touch.
-#[derive(Clone, Debug)]
-pub struct HostContext {
-    pub data: DataDir,
-    pub tag: String,
-    pub running: Binary,
-}
-
-/// A failpoint for tests (as FoundationDB's buggify or TiKV's fail-rs): when this variable
-/// is set, every host step fails. It lets the end-to-end tests make a new binary that has
-/// run its database steps fail before Ready, which no honest input can do on demand.
-pub const FAIL_HOST_STEPS: &str = "LOCKSTEPD_FAILPOINT_HOST_STEPS";
-
-/// A failpoint for tests: when this variable holds a number of milliseconds, the
-/// `record-agent-binaries` database step pauses that long inside its transaction, before
-/// its changes and checkpoint commit, so that a test can kill or cut off the coordinator
-/// while a database step is under way.
-pub const PAUSE_DATABASE_STEP_MS: &str = "LOCKSTEPD_FAILPOINT_DB_STEP_PAUSE_MS";
-
-fn database_step_pause() -> Option<std::time::Duration> {
-    std::env::var(PAUSE_DATABASE_STEP_MS)
-        .ok()
-        .and_then(|text| text.parse::<u64>().ok())
-        .map(std::time::Duration::from_millis)
-}
-
-/// Runs a host step; `Err` names why it failed (the core retries, bounded).
-pub fn run_host_step(context: &HostContext, key: &StepKey) -> Result<(), String> {
-    if std::env::var_os(FAIL_HOST_STEPS).is_some() {
-        return Err(format!(
-            "host step {key} failed: failpoint {FAIL_HOST_STEPS} is set"
-        ));
-    }
-    match key.id.as_str() {
-        PRUNE_AGENT_BINARIES => prune_agent_binaries(context),
-        other => Err(format!("host step {other} is not one this binary knows")),
-    }
-}
-
-fn prune_agent_binaries(context: &HostContext) -> Result<(), String> {
-    let conf = context
-        .data
-        .read_agent_conf()
-        .map_err(|e| e.to_string())?
-        .ok_or("agent.conf is missing")?;
-    let mut keep = vec![context.running.to_string()];
-    if let Some(previous) = conf.snapshot().previous {
-        keep.push(previous.to_string());
-    }
-    if let Some(trial) = conf.snapshot().trial {
-        keep.push(trial.binary.to_string());
-    }
-    if let Ok(Some(current)) = context.data.current_binary(&context.tag) {
-        keep.push(current.to_string());
-    }
-    let tools = context.data.tools_dir();
-    let entries =
-        std::fs::read_dir(&tools).map_err(|e| format!("cannot list {}: {e}", tools.display()))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot list {}: {e}", tools.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        // Only unpacked binaries: `<version>-<os>-<arch>` directories.
-        if !is_dir || Binary::parse(&name).is_err() || keep.contains(&name) {
-            continue;
-        }
-        std::fs::remove_dir_all(entry.path())
-            .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
-        tracing::info!(target: "lockstep::agent", binary = %name, "removed an old agent binary");
-    }
-    Ok(())
 }
 
 #[cfg(test)]

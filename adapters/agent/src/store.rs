@@ -8,26 +8,82 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use lockstep_store::StoreError;
+
 use lockstep_store::Store;
-use serde::{Deserialize, Serialize};
 
+pub use crate::datadir::StoreEngine;
 use crate::datadir::{AgentConf, DataDir};
+use crate::quote::quote;
 
-/// The store engine.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreEngine {
-    /// `<data>/store.db`, embedded SQLite: one controller.
-    #[default]
-    Sqlite,
-    /// An etcd cluster shared by every controller of the model.
-    Etcd,
-}
-
-impl StoreEngine {
-    pub fn is_sqlite(&self) -> bool {
-        *self == StoreEngine::Sqlite
-    }
+/// Why the store's settings are refused or the store cannot be opened. Each names the flag
+/// (or `agent.conf` key), the value, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreSetupError {
+    #[error("--etcd-cert and --etcd-key need --etcd-cacert (the CA of etcd's members)")]
+    CertificateWithoutCa,
+    #[error("--etcd-cert needs --etcd-key (its private key)")]
+    CertificateWithoutKey,
+    #[error("--etcd-key needs --etcd-cert (its certificate)")]
+    KeyWithoutCertificate,
+    #[error("{}: {error}", path.display())]
+    Absolute {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error(
+        "etcd endpoint {}: with --etcd-cacert the endpoints are https:// (TLS), not plain",
+        quote(endpoint)
+    )]
+    PlainEndpointWithTls { endpoint: String },
+    #[error(
+        "etcd endpoint {} is https://: give --etcd-cacert (the CA of etcd's members), and \
+         --etcd-cert/--etcd-key if it asks for a client certificate",
+        quote(endpoint)
+    )]
+    TlsEndpointWithoutCa { endpoint: String },
+    #[error(
+        "etcd endpoint {}: only http:// and https:// are supported",
+        quote(endpoint)
+    )]
+    UnsupportedScheme { endpoint: String },
+    #[error(
+        "etcd endpoint {} is not host:port (e.g. 127.0.0.1:2379)",
+        quote(endpoint)
+    )]
+    NotHostPort { endpoint: String },
+    #[error("--store etcd needs --etcd-endpoints (e.g. 127.0.0.1:2379)")]
+    NoEndpoints,
+    #[error(
+        "agent.conf names store etcd but no etcd-prefix; set etcd-prefix: lockstep/<controller-uuid>/"
+    )]
+    NoPrefix,
+    #[error("cannot open the SQLite store {}: {error}", path.display())]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        error: StoreError,
+    },
+    #[error("cannot reach etcd at {endpoints}: {error}")]
+    EtcdUnreachable {
+        endpoints: String,
+        #[source]
+        error: StoreError,
+    },
+    #[error("cannot read etcd's {what} {}: {error}", path.display())]
+    EtcdTlsFile {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error(
+        "the store is etcd ({endpoints}), but this lockstep was built without etcd support: \
+         build it with `cargo build --release -p lockstep-agent --features etcd` (after \
+         .ci/install-etcd, for protoc)"
+    )]
+    EtcdNotBuilt { endpoints: String },
 }
 
 /// Where the shared state lives, as `agent.conf` holds it.
@@ -56,26 +112,18 @@ pub struct EtcdTlsFiles {
 impl EtcdTlsFiles {
     /// Checks the combination and makes the paths absolute (the daemon runs elsewhere):
     /// a client certificate needs its key and the CA; the key needs the certificate.
-    pub fn checked(self) -> Result<EtcdTlsFiles, String> {
+    pub fn checked(self) -> Result<EtcdTlsFiles, StoreSetupError> {
         match (&self.cacert, &self.cert, &self.key) {
             (None, None, None) => return Ok(self),
-            (None, _, _) => {
-                return Err(
-                    "--etcd-cert and --etcd-key need --etcd-cacert (the CA of etcd's members)"
-                        .to_owned(),
-                );
-            }
-            (Some(_), Some(_), None) => {
-                return Err("--etcd-cert needs --etcd-key (its private key)".to_owned());
-            }
-            (Some(_), None, Some(_)) => {
-                return Err("--etcd-key needs --etcd-cert (its certificate)".to_owned());
-            }
+            (None, _, _) => return Err(StoreSetupError::CertificateWithoutCa),
+            (Some(_), Some(_), None) => return Err(StoreSetupError::CertificateWithoutKey),
+            (Some(_), None, Some(_)) => return Err(StoreSetupError::KeyWithoutCertificate),
             _ => {}
         }
-        let absolute = |path: Option<PathBuf>| -> Result<Option<PathBuf>, String> {
+        let absolute = |path: Option<PathBuf>| -> Result<Option<PathBuf>, StoreSetupError> {
             path.map(|path| {
-                std::path::absolute(&path).map_err(|e| format!("{}: {e}", path.display()))
+                std::path::absolute(&path)
+                    .map_err(|error| StoreSetupError::Absolute { path, error })
             })
             .transpose()
         };
@@ -112,7 +160,7 @@ impl StoreSettings {
         endpoints: &[String],
         tls: EtcdTlsFiles,
         controller_uuid: &str,
-    ) -> Result<StoreSettings, String> {
+    ) -> Result<StoreSettings, StoreSetupError> {
         let tls = tls.checked()?;
         Ok(StoreSettings {
             engine: StoreEngine::Etcd,
@@ -153,7 +201,7 @@ pub fn etcd_prefix(controller_uuid: &str) -> String {
 /// Splits comma-separated endpoints, adds the scheme where none is given (`https://` with
 /// TLS, else `http://`), and refuses an empty list, an endpoint that is not `host:port`, and
 /// a scheme that does not match (`http://` with TLS files, `https://` without a CA).
-pub fn parse_endpoints(given: &[String], tls: bool) -> Result<Vec<String>, String> {
+pub fn parse_endpoints(given: &[String], tls: bool) -> Result<Vec<String>, StoreSetupError> {
     let scheme = if tls { "https://" } else { "http://" };
     let mut endpoints = Vec::new();
     for part in given.iter().flat_map(|text| text.split(',')) {
@@ -167,19 +215,13 @@ pub fn parse_endpoints(given: &[String], tls: bool) -> Result<Vec<String>, Strin
             format!("{scheme}{part}")
         };
         let rest = url.strip_prefix(scheme).ok_or_else(|| {
+            let endpoint = part.to_owned();
             if tls {
-                format!(
-                    "etcd endpoint {part:?}: with --etcd-cacert the endpoints are https:// \
-                     (TLS), not plain"
-                )
+                StoreSetupError::PlainEndpointWithTls { endpoint }
             } else if url.starts_with("https://") {
-                format!(
-                    "etcd endpoint {part:?} is https://: give --etcd-cacert (the CA of \
-                     etcd's members), and --etcd-cert/--etcd-key if it asks for a client \
-                     certificate"
-                )
+                StoreSetupError::TlsEndpointWithoutCa { endpoint }
             } else {
-                format!("etcd endpoint {part:?}: only http:// and https:// are supported")
+                StoreSetupError::UnsupportedScheme { endpoint }
             }
         })?;
         let port = rest
@@ -187,58 +229,61 @@ pub fn parse_endpoints(given: &[String], tls: bool) -> Result<Vec<String>, Strin
             .rsplit_once(':')
             .map(|(_, port)| port);
         if port.and_then(|port| port.parse::<u16>().ok()).is_none() {
-            return Err(format!(
-                "etcd endpoint {part:?} is not host:port (e.g. 127.0.0.1:2379)"
-            ));
+            return Err(StoreSetupError::NotHostPort {
+                endpoint: part.to_owned(),
+            });
         }
         endpoints.push(url.trim_end_matches('/').to_owned());
     }
     if endpoints.is_empty() {
-        return Err("--store etcd needs --etcd-endpoints (e.g. 127.0.0.1:2379)".to_owned());
+        return Err(StoreSetupError::NoEndpoints);
     }
     Ok(endpoints)
 }
 
 /// Opens the store the settings name.
-pub fn open(data: &DataDir, settings: &StoreSettings) -> Result<Arc<dyn Store>, String> {
+pub fn open(data: &DataDir, settings: &StoreSettings) -> Result<Arc<dyn Store>, StoreSetupError> {
     match settings.engine {
-        StoreEngine::Sqlite => Ok(Arc::new(
-            lockstep_store::SqliteStore::open(
-                data.store_path(),
-                lockstep_store::OpenMode::ReadWrite,
-            )
-            .map_err(|e| e.to_string())?,
-        )),
+        StoreEngine::Sqlite => {
+            let path = data.store_path();
+            let store =
+                lockstep_store::SqliteStore::open(&path, lockstep_store::OpenMode::ReadWrite)
+                    .map_err(|error| StoreSetupError::Sqlite { path, error })?;
+            Ok(Arc::new(store))
+        }
         StoreEngine::Etcd => open_etcd(settings),
     }
 }
 
 #[cfg(feature = "etcd")]
-fn open_etcd(settings: &StoreSettings) -> Result<Arc<dyn Store>, String> {
+fn open_etcd(settings: &StoreSettings) -> Result<Arc<dyn Store>, StoreSetupError> {
     if settings.etcd_prefix.is_empty() {
-        return Err("agent.conf names store etcd but no etcd-prefix".to_owned());
+        return Err(StoreSetupError::NoPrefix);
     }
     let mut config = lockstep_store::EtcdConfig::new(settings.etcd_endpoints.iter().cloned())
         .with_prefix(settings.etcd_prefix.clone());
     config.tls = etcd_tls(&settings.etcd_tls)?;
-    let store = lockstep_store::EtcdStore::connect(config).map_err(|e| {
-        format!(
-            "cannot reach etcd at {}: {e}",
-            settings.etcd_endpoints.join(",")
-        )
+    let store = lockstep_store::EtcdStore::connect(config).map_err(|error| {
+        StoreSetupError::EtcdUnreachable {
+            endpoints: settings.etcd_endpoints.join(","),
+            error,
+        }
     })?;
     Ok(Arc::new(store))
 }
 
 /// Reads the PEM files of TLS to etcd; an error names the file.
 #[cfg(feature = "etcd")]
-fn etcd_tls(files: &EtcdTlsFiles) -> Result<Option<lockstep_store::EtcdTls>, String> {
+fn etcd_tls(files: &EtcdTlsFiles) -> Result<Option<lockstep_store::EtcdTls>, StoreSetupError> {
     let Some(cacert) = &files.cacert else {
         return Ok(None);
     };
-    let read = |path: &std::path::Path, what: &str| {
-        std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read etcd's {what} {}: {e}", path.display()))
+    let read = |path: &std::path::Path, what: &'static str| {
+        std::fs::read_to_string(path).map_err(|error| StoreSetupError::EtcdTlsFile {
+            what,
+            path: path.to_path_buf(),
+            error,
+        })
     };
     let identity = match (&files.cert, &files.key) {
         (Some(cert), Some(key)) => Some(lockstep_store::EtcdIdentity {
@@ -254,18 +299,22 @@ fn etcd_tls(files: &EtcdTlsFiles) -> Result<Option<lockstep_store::EtcdTls>, Str
 }
 
 #[cfg(not(feature = "etcd"))]
-fn open_etcd(settings: &StoreSettings) -> Result<Arc<dyn Store>, String> {
-    Err(format!(
-        "the store is etcd ({}), but this lockstep was built without etcd support: \
-         build it with `cargo build --release -p lockstep-agent --features etcd` \
-         (after .ci/install-etcd, for protoc)",
-        settings.etcd_endpoints.join(",")
-    ))
+fn open_etcd(settings: &StoreSettings) -> Result<Arc<dyn Store>, StoreSetupError> {
+    Err(StoreSetupError::EtcdNotBuilt {
+        endpoints: settings.etcd_endpoints.join(","),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error `parse_endpoints` gives for one endpoint, and its message.
+    fn refused(endpoint: &str, tls: bool) -> (StoreSetupError, String) {
+        let error = parse_endpoints(&[endpoint.to_owned()], tls).unwrap_err();
+        let message = error.to_string();
+        (error, message)
+    }
 
     #[test]
     fn endpoints_get_a_scheme_and_are_checked() {
@@ -274,14 +323,30 @@ mod tests {
             parse_endpoints(&given, false).unwrap(),
             ["http://127.0.0.1:2379", "http://127.0.0.1:2380"]
         );
-        let error = parse_endpoints(&["127.0.0.1".to_owned()], false).unwrap_err();
-        assert!(error.contains("\"127.0.0.1\" is not host:port"), "{error}");
-        let error = parse_endpoints(&["https://e:2379".to_owned()], false).unwrap_err();
-        assert!(error.contains("give --etcd-cacert"), "{error}");
-        let error = parse_endpoints(&["ftp://e:2379".to_owned()], false).unwrap_err();
-        assert!(error.contains("only http:// and https://"), "{error}");
-        let error = parse_endpoints(&[" , ".to_owned()], false).unwrap_err();
-        assert!(error.contains("needs --etcd-endpoints"), "{error}");
+        let (error, message) = refused("127.0.0.1", false);
+        assert!(
+            matches!(&error, StoreSetupError::NotHostPort { endpoint } if endpoint == "127.0.0.1"),
+            "{error:?}"
+        );
+        assert!(
+            message.contains("\"127.0.0.1\" is not host:port"),
+            "{message}"
+        );
+        let (error, message) = refused("https://e:2379", false);
+        assert!(
+            matches!(&error, StoreSetupError::TlsEndpointWithoutCa { endpoint } if endpoint == "https://e:2379"),
+            "{error:?}"
+        );
+        assert!(message.contains("give --etcd-cacert"), "{message}");
+        let (error, message) = refused("ftp://e:2379", false);
+        assert!(
+            matches!(&error, StoreSetupError::UnsupportedScheme { endpoint } if endpoint == "ftp://e:2379"),
+            "{error:?}"
+        );
+        assert!(message.contains("only http:// and https://"), "{message}");
+        let (error, message) = refused(" , ", false);
+        assert!(matches!(error, StoreSetupError::NoEndpoints), "{error:?}");
+        assert!(message.contains("needs --etcd-endpoints"), "{message}");
     }
 
     #[test]
@@ -291,10 +356,14 @@ mod tests {
             parse_endpoints(&given, true).unwrap(),
             ["https://127.0.0.1:2379", "https://127.0.0.1:2380"]
         );
-        let error = parse_endpoints(&["http://e:2379".to_owned()], true).unwrap_err();
+        let (error, message) = refused("http://e:2379", true);
         assert!(
-            error.contains("\"http://e:2379\"") && error.contains("https://"),
-            "{error}"
+            matches!(&error, StoreSetupError::PlainEndpointWithTls { endpoint } if endpoint == "http://e:2379"),
+            "{error:?}"
+        );
+        assert!(
+            message.contains("\"http://e:2379\"") && message.contains("https://"),
+            "{message}"
         );
 
         let file = |name: &str| Some(PathBuf::from(name));
@@ -305,7 +374,11 @@ mod tests {
         }
         .checked()
         .unwrap_err();
-        assert!(error.contains("need --etcd-cacert"), "{error}");
+        assert!(
+            matches!(error, StoreSetupError::CertificateWithoutCa),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("need --etcd-cacert"), "{error}");
         let error = EtcdTlsFiles {
             cacert: file("ca.pem"),
             cert: file("c.pem"),
@@ -313,7 +386,14 @@ mod tests {
         }
         .checked()
         .unwrap_err();
-        assert!(error.contains("--etcd-cert needs --etcd-key"), "{error}");
+        assert!(
+            matches!(error, StoreSetupError::CertificateWithoutKey),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("--etcd-cert needs --etcd-key"),
+            "{error}"
+        );
         let error = EtcdTlsFiles {
             cacert: file("ca.pem"),
             cert: None,
@@ -321,7 +401,14 @@ mod tests {
         }
         .checked()
         .unwrap_err();
-        assert!(error.contains("--etcd-key needs --etcd-cert"), "{error}");
+        assert!(
+            matches!(error, StoreSetupError::KeyWithoutCertificate),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("--etcd-key needs --etcd-cert"),
+            "{error}"
+        );
         let checked = EtcdTlsFiles {
             cacert: file("ca.pem"),
             cert: None,

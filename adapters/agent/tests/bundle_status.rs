@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use lockstep_agent::api::{applications, status as state_status};
-use lockstep_agent::bundle::{Bundle, BundleChange, BundleError, NUM_UNITS_MAX};
-use lockstep_agent::status::{self, Format};
+use lockstep_agent::cli::bundle::{Bundle, BundleChange, BundleError, NUM_UNITS_MAX};
+use lockstep_agent::cli::status::{self, Format};
 use lockstep_core::gate::GateView;
 use lockstep_core::jobs::JobTable;
 use lockstep_core::{Millis, Phase, Progress, Version};

@@ -142,7 +142,10 @@ async fn a_client_waiting_for_ready_proceeds_when_ready() {
     // waiting: its first call goes to a listening controller and is answered at once,
     // within the pause, with a limited phase.
     let client = controller.client();
-    controller.start(&[(lockstep_agent::steps::PAUSE_DATABASE_STEP_MS, "3000")]);
+    controller.start(&[(
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
+        "3000",
+    )]);
     controller
         .wait_phase("running-steps", Duration::from_secs(60))
         .await;
@@ -200,7 +203,7 @@ async fn cli_commands_wait_through_an_upgrade_with_a_note_and_name_the_phase() {
     let (_mirror, controller) = stuck_upgrading().await;
 
     let bundle = controller.dir.path().join("bundle.yaml");
-    std::fs::write(&bundle, lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    std::fs::write(&bundle, lockstep_agent::cli::demo::DEMO_BUNDLE).unwrap();
     let deploy = controller.run(&["deploy", bundle.to_str().unwrap(), "--timeout", "3"]);
     let said = common::text(&deploy);
     assert!(!deploy.status.success(), "{said}");

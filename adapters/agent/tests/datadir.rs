@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 
 use lockstep_agent::datadir::{
     self, AgentConf, DataDir, DataDirError, DownloadedTools, read_force_version,
-    write_file_atomically,
 };
 use lockstep_agent::unpack::{
-    NameProblem, UnpackError, UnpackLimits, UnpackProblem, pack_tgz, unpack_tgz,
+    DestinationProblem, NameProblem, UnpackError, UnpackLimits, UnpackProblem, pack_tgz, unpack_tgz,
 };
 use lockstep_core::lifecycle::{Snapshot, Trial};
+use lockstep_core::policy::Sha256;
 use lockstep_core::steps::StepKey;
 use lockstep_core::{Binary, Version};
 use sha2::Digest;
@@ -454,6 +454,16 @@ fn the_destination_must_be_an_existing_empty_directory() {
     fs::write(fixture.destination.join("old"), b"").unwrap();
     let error = unpack_tgz(&tarball, &fixture.destination, &UnpackLimits::default()).unwrap_err();
     assert!(
+        matches!(
+            error.problem,
+            UnpackProblem::Destination {
+                problem: DestinationProblem::NotEmpty,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
         error.to_string().contains("the directory is not empty"),
         "{error}"
     );
@@ -465,7 +475,13 @@ fn the_destination_must_be_an_existing_empty_directory() {
     )
     .unwrap_err();
     assert!(
-        matches!(error.problem, UnpackProblem::Destination { .. }),
+        matches!(
+            error.problem,
+            UnpackProblem::Destination {
+                problem: DestinationProblem::Unreadable(_),
+                ..
+            }
+        ),
         "{error}"
     );
 }
@@ -550,11 +566,8 @@ fn binary(text: &str) -> Binary {
     Binary::parse(text).unwrap()
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+fn sha256_of(bytes: &[u8]) -> Sha256 {
+    Sha256(sha2::Sha256::digest(bytes).into())
 }
 
 /// Packs a tarball holding `lockstepd` with `script`; returns it with its metadata.
@@ -567,8 +580,8 @@ fn tarball(dir: &Path, binary: &Binary, script: &[u8], mode: u32) -> (PathBuf, D
     let tools = DownloadedTools {
         version: binary.clone(),
         url: format!("https://streams.example/agents/juju-{binary}.tgz"),
-        sha256: sha256_hex(&bytes),
-        size: bytes.len() as u64,
+        sha256: sha256_of(&bytes),
+        size_bytes: bytes.len() as u64,
     };
     (path, tools)
 }
@@ -775,23 +788,6 @@ fn agent_conf_refuses_newer_formats_and_malformed_yaml_naming_the_file() {
 }
 
 #[test]
-fn write_file_atomically_sets_the_mode_exactly_and_leaves_no_temporary() {
-    let temporary = tempfile::tempdir().unwrap();
-    let path = temporary.path().join("server-key.pem");
-    write_file_atomically(&path, b"one", 0o600).unwrap();
-    write_file_atomically(&path, b"two", 0o644).unwrap();
-    assert_eq!(fs::read(&path).unwrap(), b"two");
-    assert_eq!(
-        fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-        0o644
-    );
-    assert_eq!(listing(temporary.path()), ["server-key.pem"]);
-    let error =
-        write_file_atomically(&temporary.path().join("no/such/dir"), b"x", 0o600).unwrap_err();
-    assert!(error.to_string().contains("no/such"), "{error}");
-}
-
-#[test]
 fn a_tarball_installs_once_and_a_different_one_replaces_it() {
     let (temporary, data) = data_dir();
     let b = binary("2.9.44-ubuntu-amd64");
@@ -807,7 +803,7 @@ fn a_tarball_installs_once_and_a_different_one_replaces_it() {
     assert_eq!(
         json,
         serde_json::json!({"version": "2.9.44-ubuntu-amd64", "url": tools.url,
-                           "sha256": tools.sha256, "size": tools.size})
+                           "sha256": tools.sha256.to_string(), "size": tools.size_bytes})
     );
 
     // The same tarball again: the directory is kept (the marker survives).
@@ -835,7 +831,7 @@ fn a_tarball_that_does_not_match_its_metadata_or_holds_no_executable_is_refused(
     let (path, tools) = tarball(temporary.path(), &b, b"#!/bin/sh\n", 0o755);
 
     let wrong_sha = DownloadedTools {
-        sha256: "0".repeat(64),
+        sha256: Sha256([0; 32]),
         ..tools.clone()
     };
     let error = data.install_tarball(&b, &path, &wrong_sha).unwrap_err();
@@ -849,9 +845,12 @@ fn a_tarball_that_does_not_match_its_metadata_or_holds_no_executable_is_refused(
         ),
         "{error}"
     );
-    assert!(error.to_string().contains(&tools.sha256), "{error}");
+    assert!(
+        error.to_string().contains(&tools.sha256.to_string()),
+        "{error}"
+    );
     let wrong_size = DownloadedTools {
-        size: tools.size - 1,
+        size_bytes: tools.size_bytes - 1,
         ..tools.clone()
     };
     let error = data.install_tarball(&b, &path, &wrong_size).unwrap_err();
@@ -860,12 +859,6 @@ fn a_tarball_that_does_not_match_its_metadata_or_holds_no_executable_is_refused(
         .install_tarball(&binary("2.9.45-ubuntu-amd64"), &path, &tools)
         .unwrap_err();
     assert!(error.to_string().contains("2.9.45-ubuntu-amd64"), "{error}");
-    let bad_digest = DownloadedTools {
-        sha256: "not hex".into(),
-        ..tools.clone()
-    };
-    let error = data.install_tarball(&b, &path, &bad_digest).unwrap_err();
-    assert!(error.to_string().contains("not hex"), "{error}");
 
     // A tarball whose lockstepd is not executable, or which has none.
     let (path, tools) = tarball(temporary.path(), &b, b"#!/bin/sh\n", 0o644);
@@ -877,8 +870,8 @@ fn a_tarball_that_does_not_match_its_metadata_or_holds_no_executable_is_refused(
     pack_tgz(&[("jujud", exe.as_path(), 0o755)], &other).unwrap();
     let bytes = fs::read(&other).unwrap();
     let tools = DownloadedTools {
-        sha256: sha256_hex(&bytes),
-        size: bytes.len() as u64,
+        sha256: sha256_of(&bytes),
+        size_bytes: bytes.len() as u64,
         ..tools
     };
     let error = data.install_tarball(&b, &other, &tools).unwrap_err();
@@ -893,8 +886,8 @@ fn a_tarball_that_does_not_match_its_metadata_or_holds_no_executable_is_refused(
     gzip_tar(&raw_tar(&[file("../lockstepd", b"evil")]), &evil);
     let bytes = fs::read(&evil).unwrap();
     let tools = DownloadedTools {
-        sha256: sha256_hex(&bytes),
-        size: bytes.len() as u64,
+        sha256: sha256_of(&bytes),
+        size_bytes: bytes.len() as u64,
         ..tools
     };
     let error = data.install_tarball(&b, &evil, &tools).unwrap_err();
@@ -989,8 +982,8 @@ fn a_local_binary_installs_with_its_digest_and_force_version() {
     );
     let tools = data.read_downloaded_tools(&b).unwrap().unwrap();
     assert_eq!(tools.version, b);
-    assert_eq!(tools.sha256, sha256_hex(script));
-    assert_eq!(tools.size, script.len() as u64);
+    assert_eq!(tools.sha256, sha256_of(script));
+    assert_eq!(tools.size_bytes, script.len() as u64);
     assert_eq!(
         tools.url,
         format!("file://{}", fs::canonicalize(&exe).unwrap().display())
@@ -1079,4 +1072,37 @@ fn the_host_binary_is_named_as_juju_names_it() {
             other => datadir::juju_arch(other),
         }
     );
+}
+
+#[test]
+fn downloaded_tools_keep_jujus_format_and_a_malformed_digest_names_the_file_and_value() {
+    let (temporary, data) = data_dir();
+    let b = binary("2.9.44-ubuntu-amd64");
+    let (path, tools) = tarball(temporary.path(), &b, b"#!/bin/sh\n", 0o755);
+    data.install_tarball(&b, &path, &tools).unwrap();
+    let file = data.binary_dir(&b).join("downloaded-tools.txt");
+
+    // Juju's keys, the digest as 64 lowercase hex digits; an uppercase one reads the same.
+    let text = fs::read_to_string(&file).unwrap();
+    let digest = tools.sha256.to_string();
+    assert_eq!(
+        text,
+        format!(
+            "{{\"version\":\"2.9.44-ubuntu-amd64\",\"url\":{:?},\"sha256\":\"{digest}\",\"size\":{}}}",
+            tools.url, tools.size_bytes
+        )
+    );
+    fs::write(&file, text.replace(&digest, &digest.to_uppercase())).unwrap();
+    assert_eq!(data.read_downloaded_tools(&b).unwrap(), Some(tools.clone()));
+
+    // A digest that is not 64 hex digits is refused, naming the file and the value.
+    fs::write(&file, text.replace(&digest, "not hex")).unwrap();
+    let error = data.read_downloaded_tools(&b).unwrap_err();
+    assert!(matches!(error, DataDirError::Malformed { .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains(&file.display().to_string()), "{message}");
+    assert!(message.contains("\"not hex\""), "{message}");
+    // Such a directory counts as broken: installing the tarball again replaces it.
+    data.install_tarball(&b, &path, &tools).unwrap();
+    assert_eq!(data.read_downloaded_tools(&b).unwrap(), Some(tools));
 }

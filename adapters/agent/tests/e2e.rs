@@ -169,7 +169,8 @@ async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_befor
         Some([revision]) => *revision,
         other => panic!("{step} checkpointed at {other:?}"),
     };
-    let bundle = lockstep_agent::bundle::Bundle::parse(lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    let bundle =
+        lockstep_agent::cli::bundle::Bundle::parse(lockstep_agent::cli::demo::DEMO_BUNDLE).unwrap();
     for application in &bundle.applications {
         let first = log.applications[&application.name];
         assert!(
@@ -416,7 +417,10 @@ async fn kill_9_while_checking_upgrading_and_running_steps_converges_ready_with_
             "--metadata-source",
             &source,
         ])
-        .env(lockstep_agent::steps::PAUSE_DATABASE_STEP_MS, "1500")
+        .env(
+            lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
+            "1500",
+        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -554,12 +558,12 @@ async fn sd_notify_ready_and_status_then_a_clean_sigterm_stop() {
     let stop = controller.run(&["kill-controller"]);
     assert!(stop.status.success(), "{}", text(&stop));
     assert!(
-        !lockstep_agent::bootstrap::alive(launcher),
+        !lockstep_agent::process::alive(launcher),
         "launcher {launcher} stopped"
     );
     if let Some(worker) = worker {
         assert!(
-            !lockstep_agent::bootstrap::alive(worker),
+            !lockstep_agent::process::alive(worker),
             "worker {worker} stopped"
         );
     }
@@ -602,7 +606,7 @@ async fn a_new_binary_failing_after_its_database_steps_is_held_not_rolled_back()
             "20",
         ],
         &[
-            (lockstep_agent::steps::FAIL_HOST_STEPS, "1"),
+            (lockstep_agent::daemon::failpoints::FAIL_HOST_STEPS, "1"),
             ("LOCKSTEPD_TRIAL_READY_TIMEOUT_SEC", "3"),
         ],
     );

@@ -30,15 +30,16 @@ use serde_json::json;
 /// The turn of one scenario: held from before its etcd cluster starts until its controllers
 /// and cluster are stopped (declared first in each test, so dropped last). Two scenarios at
 /// once would share two cores among six etcd members and six controllers.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    // A scenario that failed poisoned the lock; the next one still runs.
-    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// An async lock: each `#[tokio::test]` has its own runtime, and the turn is held across
+/// the scenario's awaits (a scenario that fails releases it as it unwinds).
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_controllers_upgrade_together_while_a_client_deploys_through_them() {
-    let _turn = one_at_a_time();
+    let _turn = one_at_a_time().await;
     let ha = Ha::start(&[]);
     let model = ha.store.load_model().unwrap().unwrap();
     assert_eq!(model.agent_version, own());
@@ -62,7 +63,7 @@ async fn three_controllers_upgrade_together_while_a_client_deploys_through_them(
 /// one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_controllers_on_etcd_over_tls_upgrade_together() {
-    let _turn = one_at_a_time();
+    let _turn = one_at_a_time().await;
     let ha = Ha::start_on(etcd_cluster::EtcdCluster::start_tls(3, &[]), 3, &[]);
     let conf = ha.controllers[2].data().read_agent_conf().unwrap().unwrap();
     assert!(
@@ -83,7 +84,7 @@ async fn three_controllers_on_etcd_over_tls_upgrade_together() {
 /// CLI carries on through another (they serve one model), and what it did is there once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_carries_on_through_another_controller_when_the_first_is_down() {
-    let _turn = one_at_a_time();
+    let _turn = one_at_a_time().await;
     let ha = Ha::start(&[]);
     let endpoints = ha.controllers[0].controller_file().api_endpoints;
     assert_eq!(endpoints.len(), 3, "{endpoints:?}");
@@ -104,9 +105,9 @@ async fn the_cli_carries_on_through_another_controller_when_the_first_is_down() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_coordinator_in_a_database_step_hands_over_within_the_lease_bound() {
-    let _turn = one_at_a_time();
+    let _turn = one_at_a_time().await;
     let ha = Ha::start(&[(
-        lockstep_agent::steps::PAUSE_DATABASE_STEP_MS,
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
         DB_STEP_PAUSE_MS,
     )]);
     let before = ha.db_step_lines();
@@ -131,7 +132,7 @@ async fn kill_9_of_the_coordinator_in_a_database_step_hands_over_within_the_leas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upgrade_waits_for_a_killed_controller_then_completes_when_it_returns() {
-    let _turn = one_at_a_time();
+    let _turn = one_at_a_time().await;
     let ha = Ha::start(&[]);
     ha.controllers[2].kill_9();
     ha.upgrade();
@@ -171,7 +172,7 @@ async fn the_upgrade_waits_for_a_killed_controller_then_completes_when_it_return
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upgrade_aborts_saying_why_when_a_killed_controller_does_not_return() {
-    let _turn = one_at_a_time();
+    let _turn = one_at_a_time().await;
     let ha = Ha::start(&[
         ("LOCKSTEPD_CONTROLLERS_WAIT_SEC", "20"),
         ("LOCKSTEPD_TRIAL_READY_TIMEOUT_SEC", "40"),
@@ -222,8 +223,11 @@ async fn the_upgrade_aborts_saying_why_when_a_killed_controller_does_not_return(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_etcd_leader_mid_upgrade_is_ridden_through() {
-    let _turn = one_at_a_time();
-    let mut ha = Ha::start(&[(lockstep_agent::steps::PAUSE_DATABASE_STEP_MS, "3000")]);
+    let _turn = one_at_a_time().await;
+    let mut ha = Ha::start(&[(
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
+        "3000",
+    )]);
     let before = ha.db_step_lines();
     ha.upgrade();
     let deploy = ha.deploy_in_background(0);
@@ -239,9 +243,9 @@ const REFUSED_APPLICATION: &str = "refused-while-cut-off";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
-    let _turn = one_at_a_time();
+    let _turn = one_at_a_time().await;
     let ha = Ha::start(&[(
-        lockstep_agent::steps::PAUSE_DATABASE_STEP_MS,
+        lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
         DB_STEP_PAUSE_MS,
     )]);
     // Each controller reaches etcd through its own proxies, one per member.
@@ -292,7 +296,7 @@ async fn a_coordinator_cut_off_from_etcd_gives_its_lease_up_and_recovers() {
     let refused = client
         .mutate(
             "Application",
-            lockstep_agent::cli::APPLICATION_VERSION,
+            lockstep_agent::cli::commands::APPLICATION_VERSION,
             "Deploy",
             json!({"applications": [{
                 "application": REFUSED_APPLICATION,

@@ -9,7 +9,9 @@ use sha2::Digest;
 
 use crate::error::{DownloadError, quote};
 use crate::source::{Source, io_error, is_too_large};
-use crate::state::{parent_directory, sync_directory};
+
+/// A downloaded tarball's mode: served to agents, not a secret.
+const DOWNLOAD_MODE: u32 = 0o644;
 
 /// Bytes read per step: large enough for throughput, small enough to never matter in
 /// memory. The whole binary is never held in memory.
@@ -87,8 +89,8 @@ pub fn download(
 pub(crate) struct Staged<'a> {
     entry: &'a CatalogueEntry,
     destination: &'a Path,
-    /// Deleted when dropped, on every early return.
-    temporary: tempfile::NamedTempFile,
+    /// Deleted when dropped, on every early return; committed only after the checks.
+    temporary: lockstep_fs::AtomicFile,
     hasher: sha2::Sha256,
     received_bytes: u64,
 }
@@ -99,10 +101,7 @@ impl<'a> Staged<'a> {
         entry: &'a CatalogueEntry,
         destination: &'a Path,
     ) -> Result<Staged<'a>, DownloadError> {
-        let temporary = tempfile::Builder::new()
-            .prefix(".download-")
-            .suffix(".partial")
-            .tempfile_in(parent_directory(destination))
+        let temporary = lockstep_fs::AtomicFile::create(destination, DOWNLOAD_MODE)
             .map_err(|error| destination_error(destination, &error))?;
         Ok(Staged {
             entry,
@@ -131,7 +130,7 @@ impl<'a> Staged<'a> {
     pub(crate) fn write(&mut self, bytes: &[u8]) -> Result<(), DownloadError> {
         assert!(self.received_bytes + bytes.len() as u64 <= self.entry.size_bytes);
         self.temporary
-            .as_file_mut()
+            .file_mut()
             .write_all(bytes)
             .map_err(|error| destination_error(self.destination, &error))?;
         self.hasher.update(bytes);
@@ -141,7 +140,7 @@ impl<'a> Staged<'a> {
 
     /// Forgets everything written: the source cannot resume (it ignored a `Range`).
     pub(crate) fn restart(&mut self) -> Result<(), DownloadError> {
-        let file = self.temporary.as_file_mut();
+        let file = self.temporary.file_mut();
         file.set_len(0)
             .and_then(|()| file.seek(SeekFrom::Start(0)).map(drop))
             .map_err(|error| destination_error(self.destination, &error))?;
@@ -178,12 +177,9 @@ impl<'a> Staged<'a> {
             });
         }
         assert_eq!(received_bytes, expected_size_bytes);
-        let failed = |error: std::io::Error| destination_error(destination, &error);
-        temporary.as_file().sync_all().map_err(failed)?;
         temporary
-            .persist(destination)
-            .map_err(|error| failed(error.error))?;
-        sync_directory(parent_directory(destination)).map_err(failed)?;
+            .commit()
+            .map_err(|error| destination_error(destination, &error))?;
         tracing::info!(
             binary = %entry.binary,
             stream = %entry.stream,
@@ -196,7 +192,7 @@ impl<'a> Staged<'a> {
     }
 }
 
-fn destination_error(destination: &Path, error: &std::io::Error) -> DownloadError {
+fn destination_error(destination: &Path, error: &dyn std::fmt::Display) -> DownloadError {
     DownloadError::Destination {
         path: destination.display().to_string(),
         problem: error.to_string(),

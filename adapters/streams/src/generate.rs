@@ -32,8 +32,10 @@ use crate::metadata::{
     agents_content_id, agents_products_path,
 };
 use crate::signature::{SigningKey, signed_path};
-use crate::state::write_atomically;
 use crate::time::{format_rfc1123, format_yyyymmdd};
+
+/// The mode of every metadata file written: a mirror is served to everyone.
+const METADATA_MODE: u32 = 0o644;
 
 /// Juju's `toolsReleaseAltMapping`: a `linux` binary also serves these releases.
 const LINUX_RELEASES: [&str; 3] = ["ubuntu", "centos", "genericlinux"];
@@ -245,7 +247,8 @@ pub fn generate_agent_binaries(
         .map_err(|e| error(&streams_dir, format!("cannot create: {e}")))?;
     for (relative, bytes) in files {
         let path = tools.join(&relative);
-        write_atomically(&path, &bytes).map_err(|e| error(&path, format!("cannot write: {e}")))?;
+        lockstep_fs::write_file_atomically(&path, &bytes, METADATA_MODE)
+            .map_err(|e| error(&path, e.to_string()))?;
         generated.files_written.push(relative);
     }
     tracing::info!(
@@ -296,8 +299,8 @@ pub fn sign_generated_metadata(
             .clear_sign(&text)
             .map_err(|e| error(&path, format!("cannot sign: {e}")))?;
         let signed_file = tools.join(&signed_relative);
-        write_atomically(&signed_file, signed.as_bytes())
-            .map_err(|e| error(&signed_file, format!("cannot write: {e}")))?;
+        lockstep_fs::write_file_atomically(&signed_file, signed.as_bytes(), METADATA_MODE)
+            .map_err(|e| error(&signed_file, e.to_string()))?;
         written.push(signed_relative);
     }
     Ok(written)

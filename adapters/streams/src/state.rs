@@ -1,8 +1,8 @@
 //! The persisted [`HighWaterMark`]: the newest metadata `updated` time and the highest
 //! version accepted, remembered across restarts so that a mirror cannot roll them back.
 
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use lockstep_core::policy::HighWaterMark;
@@ -11,6 +11,8 @@ use crate::error::StateError;
 
 /// The most bytes a mark file may have; a real one is under 100 bytes.
 const MARK_SIZE_BYTES_MAX: u64 = 4096;
+/// The mark file's mode: not a secret, written by the agent only.
+const MARK_MODE: u32 = 0o644;
 
 /// A high-water mark kept in one JSON file (`{"updated_unix_seconds":…,"version":"…"}`),
 /// replaced atomically.
@@ -60,42 +62,17 @@ impl HighWaterMarkFile {
         })
     }
 
-    /// Replaces the mark atomically: temporary file, fsync, rename, fsync of the directory.
+    /// Replaces the mark atomically (`lockstep_fs`: temporary file, fsync, rename, fsync of
+    /// the directory), mode 0644.
     pub fn store(&self, mark: &HighWaterMark) -> Result<(), StateError> {
         let bytes = serde_json::to_vec(mark).expect("a high-water mark always serialises");
-        write_atomically(&self.path, &bytes).map_err(|error| StateError {
-            path: self.path.display().to_string(),
-            problem: format!("cannot write: {error}"),
+        lockstep_fs::write_file_atomically(&self.path, &bytes, MARK_MODE).map_err(|error| {
+            StateError {
+                path: self.path.display().to_string(),
+                problem: error.to_string(),
+            }
         })
     }
-}
-
-/// Writes `bytes` to `path` so that a crash leaves either the old or the new content:
-/// a temporary file in the same directory, fsync, rename over `path`, fsync of the
-/// directory (CONTRACT.md, "Where state lives").
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let directory = parent_directory(path);
-    let mut temporary = tempfile::Builder::new()
-        .prefix(".lockstep-")
-        .suffix(".tmp")
-        .tempfile_in(directory)?;
-    temporary.write_all(bytes)?;
-    temporary.as_file().sync_all()?;
-    temporary.persist(path).map_err(|error| error.error)?;
-    sync_directory(directory)
-}
-
-/// The directory holding `path` (`.` for a bare file name).
-pub(crate) fn parent_directory(path: &Path) -> &Path {
-    match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    }
-}
-
-/// Makes a rename in `directory` durable.
-pub(crate) fn sync_directory(directory: &Path) -> io::Result<()> {
-    File::open(directory)?.sync_all()
 }
 
 #[cfg(test)]

@@ -248,12 +248,13 @@ async fn fetch_into(
             entry.size_bytes
         ));
     }
-    tokio::fs::rename(partial, path).await.map_err(|error| {
-        format!(
-            "cannot move the fetched file into {}: {error}",
-            path.display()
-        )
-    })
+    // Durably, as every file lockstep replaces: the fetched file fsynced, renamed into
+    // place, the cache directory fsynced.
+    let (partial, path) = (partial.to_owned(), path.to_owned());
+    tokio::task::spawn_blocking(move || lockstep_fs::rename_durably(&partial, &path))
+        .await
+        .map_err(|error| format!("the rename into the tools cache panicked: {error}"))?
+        .map_err(|error| format!("cannot put the fetched file into the tools cache: {error}"))
 }
 
 /// The tarball at `path` as a streamed `application/x-tar-gz` body.

@@ -5,10 +5,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use lockstep_agent::bootstrap::BootstrapOptions;
-use lockstep_agent::cli::{self, Session};
+use lockstep_agent::cli::bootstrap::BootstrapOptions;
+use lockstep_agent::cli::commands::{self, Session};
+use lockstep_agent::cli::error::CliError;
+use lockstep_agent::cli::status::Format;
 use lockstep_agent::logging::{self, LogFormat, complain, say};
-use lockstep_agent::status::Format;
 use lockstep_agent::store::StoreEngine;
 use lockstep_core::Version;
 use lockstep_core::policy::Stream;
@@ -41,10 +42,10 @@ enum Command {
         #[arg(long)]
         auto_upgrade: bool,
         /// Run exactly this agent version.
-        #[arg(long, value_parser = parse_version)]
+        #[arg(long, value_parser = Version::parse)]
         agent_version: Option<Version>,
         /// The stream to take agent binaries from (released, proposed, devel, testing).
-        #[arg(long, value_parser = parse_stream)]
+        #[arg(long, value_parser = Stream::parse)]
         agent_stream: Option<Stream>,
         /// Use the local lockstepd binary and nothing else.
         #[arg(long)]
@@ -95,7 +96,7 @@ enum Command {
     },
     /// Upgrade the controller to a version, or to the newest published patch.
     UpgradeController {
-        #[arg(long, value_parser = parse_version)]
+        #[arg(long, value_parser = Version::parse)]
         agent_version: Option<Version>,
         #[arg(long)]
         dry_run: bool,
@@ -137,14 +138,6 @@ enum MetadataCommand {
     },
 }
 
-fn parse_version(text: &str) -> Result<Version, String> {
-    Version::parse(text).map_err(|e| e.to_string())
-}
-
-fn parse_stream(text: &str) -> Result<Stream, String> {
-    Stream::parse(text).map_err(|e| e.to_string())
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     logging::init(args.log_format);
@@ -156,6 +149,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(run(args, timeout));
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The edge: the typed error becomes the text the operator reads.
         Err(error) => {
             complain(&format!("ERROR {error}"));
             ExitCode::from(1)
@@ -163,7 +157,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args, timeout: Duration) -> Result<(), String> {
+async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
     let session = || Session::open(&args.data_dir, timeout);
     match args.command {
         Command::Bootstrap {
@@ -200,22 +194,28 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
             };
             bootstrap_command(&options, timeout).await
         }
-        Command::Status { format } => cli::status(&session()?, format).await,
-        Command::Deploy { bundle } => cli::deploy(&session()?, &bundle).await,
-        Command::AddMachine { count } => cli::add_machine(&session()?, count).await,
-        Command::Watch { limit } => cli::watch(&session()?, limit).await,
+        Command::Status { format } => Ok(commands::status(&session()?, format).await?),
+        Command::Deploy { bundle } => Ok(commands::deploy(&session()?, &bundle).await?),
+        Command::AddMachine { count } => Ok(commands::add_machine(&session()?, count).await?),
+        Command::Watch { limit } => Ok(commands::watch(&session()?, limit).await?),
         Command::UpgradeController {
             agent_version,
             dry_run,
             reset_previous_upgrade,
         } => {
-            cli::upgrade_controller(&session()?, agent_version, dry_run, reset_previous_upgrade)
-                .await
+            commands::upgrade_controller(
+                &session()?,
+                agent_version,
+                dry_run,
+                reset_previous_upgrade,
+            )
+            .await?;
+            Ok(())
         }
-        Command::AbortUpgrade => cli::abort_upgrade(&session()?).await,
+        Command::AbortUpgrade => Ok(commands::abort_upgrade(&session()?).await?),
         Command::EnableHa { count } => {
             let primary = lockstep_agent::datadir::DataDir::new(&args.data_dir);
-            let added = lockstep_agent::ha::enable_ha(&primary, count, timeout, say).await?;
+            let added = lockstep_agent::cli::ha::enable_ha(&primary, count, timeout, say).await?;
             say(&format!(
                 "enable-ha complete: {} controllers ({} added)",
                 count,
@@ -223,17 +223,20 @@ async fn run(args: Args, timeout: Duration) -> Result<(), String> {
             ));
             Ok(())
         }
-        Command::KillController => cli::kill_controller(&args.data_dir, Duration::from_secs(60)),
+        Command::KillController => Ok(commands::kill_controller(
+            &args.data_dir,
+            Duration::from_secs(60),
+        )?),
         Command::Metadata {
             command: MetadataCommand::GenerateAgentBinaries { dir },
-        } => cli::generate_agent_binaries(&dir),
-        Command::Demo { keep } => lockstep_agent::demo::run(keep, timeout).await,
+        } => Ok(commands::generate_agent_binaries(&dir)?),
+        Command::Demo { keep } => Ok(lockstep_agent::cli::demo::run(keep, timeout).await?),
     }
 }
 
-async fn bootstrap_command(options: &BootstrapOptions, timeout: Duration) -> Result<(), String> {
+async fn bootstrap_command(options: &BootstrapOptions, timeout: Duration) -> Result<(), CliError> {
     let started = Instant::now();
-    let outcome = lockstep_agent::bootstrap::bootstrap(options, timeout, say).await?;
+    let outcome = lockstep_agent::cli::bootstrap::bootstrap(options, timeout, say).await?;
     say(&format!(
         "Bootstrap complete, controller {:?} is now available ({:.1}s{})",
         options.name,

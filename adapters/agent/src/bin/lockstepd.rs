@@ -1,6 +1,6 @@
 //! `lockstepd`: the controller agent.
 //!
-//! `lockstepd --data-dir D` is the launcher (see `lockstep_agent::launcher`): it owns the
+//! `lockstepd --data-dir D` is the launcher (see `lockstep_agent::daemon::launcher`): it owns the
 //! API's socket and runs the worker, `lockstepd worker`, from `D/tools/machine-0/`. Run it
 //! under systemd with `Type=notify` (see `adapters/agent/lockstepd.service`), or let
 //! `lockstep bootstrap` start it.
@@ -10,11 +10,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockstep_agent::launcher::{self, LauncherOptions};
+use lockstep_agent::daemon::launcher::{self, LauncherOptions};
+use lockstep_agent::daemon::notify::Notifier;
+use lockstep_agent::daemon::worker::{self, RestartMode, WorkerOptions};
 use lockstep_agent::logging::{self, LogFormat};
-use lockstep_agent::notify::Notifier;
 use lockstep_agent::store::StoreEngine;
-use lockstep_agent::worker::{self, RestartMode, WorkerOptions};
 use lockstep_core::Millis;
 use lockstep_core::lifecycle::Limits;
 

@@ -118,7 +118,7 @@ impl Ha {
         let store = lockstep_agent::store::open(&primary.data(), &StoreSettings::of(&conf))
             .expect("the test reaches the controllers' store");
         let members: Vec<Controller> = (1..count)
-            .map(|id| Controller::attach(lockstep_agent::ha::member_dir(&primary.data(), id)))
+            .map(|id| Controller::attach(primary.data().ha_member_dir(id)))
             .collect();
         let controllers: Vec<Controller> = std::iter::once(primary).chain(members).collect();
         for (id, controller) in controllers.iter().enumerate() {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use lockstep_agent::bootstrap::ControllerFile;
+use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::{self, DataDir};
 use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
@@ -51,7 +51,7 @@ impl Mirror {
         for (version, published) in versions {
             match published {
                 Published::Lockstepd | Published::Tampered => {
-                    let tarball = lockstep_agent::demo::publish(
+                    let tarball = lockstep_agent::cli::demo::publish(
                         dir.path(),
                         *version,
                         Path::new(LOCKSTEPD),
@@ -77,7 +77,7 @@ impl Mirror {
                 }
             }
         }
-        lockstep_agent::demo::generate(dir.path()).expect("generate metadata");
+        lockstep_agent::cli::demo::generate(dir.path()).expect("generate metadata");
         for tarball in tamper {
             let mut bytes = std::fs::read(&tarball).unwrap();
             let middle = bytes.len() / 2;
@@ -251,7 +251,7 @@ impl Controller {
     }
 
     pub fn launcher_pid(&self) -> Option<u32> {
-        std::fs::read_to_string(lockstep_agent::paths::pid_path(&self.data()))
+        std::fs::read_to_string(self.data().pid_path())
             .ok()?
             .trim()
             .parse()
@@ -259,12 +259,12 @@ impl Controller {
     }
 
     pub fn worker_pid(&self) -> Option<u32> {
-        lockstep_agent::demo::worker_pid(self.launcher_pid()?)
+        lockstep_agent::cli::demo::worker_pid(self.launcher_pid()?)
     }
 
     /// `/proc/<worker>/exe`.
     pub fn serving_exe(&self) -> Option<PathBuf> {
-        lockstep_agent::demo::exe_of(self.worker_pid()?)
+        lockstep_agent::cli::demo::exe_of(self.worker_pid()?)
     }
 
     pub fn binary_dir(&self, version: Version) -> PathBuf {
@@ -387,8 +387,7 @@ impl Controller {
         }
         for pid in self.launcher_pid().into_iter().chain(worker) {
             let started = Instant::now();
-            while lockstep_agent::bootstrap::alive(pid)
-                && started.elapsed() < Duration::from_secs(10)
+            while lockstep_agent::process::alive(pid) && started.elapsed() < Duration::from_secs(10)
             {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -452,10 +451,10 @@ impl Controller {
     pub fn stop(&self) {
         let worker = self.worker_pid();
         if let Some(pid) = self.launcher_pid() {
-            lockstep_agent::demo::stop_daemon(pid);
+            lockstep_agent::cli::demo::stop_daemon(pid);
         }
         if let Some(worker) = worker {
-            lockstep_agent::demo::stop_daemon(worker);
+            lockstep_agent::cli::demo::stop_daemon(worker);
         }
         self.reap();
     }
@@ -501,7 +500,7 @@ pub fn checkpoint_events_in(
 /// The demo bundle written to `dir/bundle.yaml`.
 pub fn bundle_file(dir: &Path) -> PathBuf {
     let path = dir.join("bundle.yaml");
-    std::fs::write(&path, lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+    std::fs::write(&path, lockstep_agent::cli::demo::DEMO_BUNDLE).unwrap();
     path
 }
 
@@ -509,9 +508,9 @@ pub fn bundle_file(dir: &Path) -> PathBuf {
 /// `lockstep status --format json`): a deploy applied twice, or half, shows here.
 pub fn assert_bundle_deployed_once(status: &Value) {
     let expected =
-        lockstep_agent::bundle::Bundle::parse(lockstep_agent::demo::DEMO_BUNDLE).unwrap();
+        lockstep_agent::cli::bundle::Bundle::parse(lockstep_agent::cli::demo::DEMO_BUNDLE).unwrap();
     for change in expected.plan() {
-        if let lockstep_agent::bundle::BundleChange::Deploy {
+        if let lockstep_agent::cli::bundle::BundleChange::Deploy {
             application,
             num_units,
             ..
@@ -528,11 +527,11 @@ pub fn assert_bundle_deployed_once(status: &Value) {
 
 /// The store's event log (SQLite, read-only): each database step's checkpoints, each
 /// application's and unit's first revision.
-pub fn store_log(data: &DataDir) -> lockstep_agent::demo::StoreLog {
+pub fn store_log(data: &DataDir) -> lockstep_agent::cli::demo::StoreLog {
     let store =
         lockstep_store::SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadOnly)
             .expect("open the store read-only");
-    lockstep_agent::demo::StoreLog::read(&store).expect("the event log")
+    lockstep_agent::cli::demo::StoreLog::read(&store).expect("the event log")
 }
 
 /// When the controller first opened its full API, from its text log (`gate phase="ready"
@@ -543,7 +542,7 @@ pub fn ready_unix_micros(log: &str) -> Option<u64> {
             .then(|| {
                 line.split_whitespace()
                     .next()
-                    .and_then(lockstep_agent::demo::parse_rfc3339_micros)
+                    .and_then(lockstep_agent::cli::demo::parse_rfc3339_micros)
             })
             .flatten()
     })

@@ -64,7 +64,7 @@ impl fmt::Display for ParseFormatError {
         write!(
             f,
             "unknown status format {}: expected one of tabular, json, yaml",
-            crate::datadir::quote(&self.text)
+            crate::quote::quote(&self.text)
         )
     }
 }
@@ -354,10 +354,10 @@ fn object(status: &Value) -> Result<&Map<String, Value>, StatusError> {
             Value::Object(_) => "an object",
         };
         let mut text = status.to_string();
-        if text.chars().count() > crate::datadir::QUOTE_LENGTH_MAX {
+        if text.chars().count() > crate::quote::QUOTE_LENGTH_MAX {
             text = text
                 .chars()
-                .take(crate::datadir::QUOTE_LENGTH_MAX)
+                .take(crate::quote::QUOTE_LENGTH_MAX)
                 .collect::<String>()
                 + "...";
         }

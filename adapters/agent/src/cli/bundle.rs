@@ -32,7 +32,7 @@ use std::path::Path;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::datadir::quote;
+use crate::quote::quote;
 
 /// The largest bundle accepted, in bytes.
 pub const BUNDLE_BYTES_MAX: u64 = 1024 * 1024;

@@ -30,9 +30,10 @@ use tokio::net::UnixDatagram;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::datadir::DataDir;
-use crate::notify::{NOTIFY_SOCKET, Notification, Notifier};
-use crate::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD};
+use crate::daemon::error::DaemonError;
+use crate::daemon::notify::{NOTIFY_SOCKET, Notification, Notifier};
+use crate::daemon::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD};
+use crate::datadir::{DataDir, DataDirError};
 
 /// The launcher's settings.
 #[derive(Clone, Debug)]
@@ -67,27 +68,27 @@ impl Drop for DirLock {
 }
 
 /// Locks `<data>/lockstepd.pid` and writes this process's id into it.
-pub fn lock_data_dir(data: &DataDir) -> Result<DirLock, String> {
+pub fn lock_data_dir(data: &DataDir) -> Result<DirLock, DaemonError> {
     use std::io::Write;
-    let path = crate::paths::pid_path(data);
+    let path = data.pid_path();
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        .map_err(DataDirError::io(&path, "open"))?;
     if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
         let holder = std::fs::read_to_string(&path).unwrap_or_default();
-        return Err(format!(
-            "another lockstepd (pid {}) runs on {}",
-            holder.trim(),
-            data.root().display()
-        ));
+        return Err(DaemonError::Locked {
+            pid: holder.trim().to_owned(),
+            data_dir: data.root().to_path_buf(),
+        });
     }
-    file.set_len(0).map_err(|e| e.to_string())?;
-    writeln!(file, "{}", std::process::id()).map_err(|e| e.to_string())?;
-    file.sync_all().map_err(|e| e.to_string())?;
+    file.set_len(0)
+        .and_then(|()| writeln!(file, "{}", std::process::id()))
+        .and_then(|()| file.sync_all())
+        .map_err(DataDirError::io(&path, "write"))?;
     Ok(DirLock {
         _file: file,
         pid_path: path,
@@ -95,30 +96,32 @@ pub fn lock_data_dir(data: &DataDir) -> Result<DirLock, String> {
 }
 
 /// Runs the launcher until SIGTERM or SIGINT. Returns the exit status.
-pub async fn run(options: LauncherOptions) -> Result<i32, String> {
+pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
     let data = DataDir::new(&options.data_dir);
     let conf = data
-        .read_agent_conf()
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| {
-            format!(
-                "{} does not exist: bootstrap a controller first",
-                data.agent_conf_path().display()
-            )
+        .read_agent_conf()?
+        .ok_or_else(|| DaemonError::NotBootstrapped {
+            agent_conf: data.agent_conf_path(),
+            data_dir: options.data_dir.clone(),
         })?;
     let _lock = lock_data_dir(&data)?;
     let listener = bind(&conf.api_listen).await?;
     // Inherited by every worker.
-    rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty()).map_err(|e| e.to_string())?;
+    rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty())
+        .map_err(|e| DaemonError::system("let workers inherit the listening socket")(e.into()))?;
     let notify_name = format!("lockstepd-{}-{}", std::process::id(), random_suffix());
     let notify_address = std::os::unix::net::SocketAddr::from_abstract_name(notify_name.as_bytes())
-        .map_err(|e| e.to_string())?;
+        .map_err(DaemonError::system("name the notification socket"))?;
     let notify_std = std::os::unix::net::UnixDatagram::bind_addr(&notify_address)
-        .map_err(|e| format!("cannot open the notification socket: {e}"))?;
+        .map_err(DaemonError::system("open the notification socket"))?;
     notify_std
         .set_nonblocking(true)
-        .map_err(|e| e.to_string())?;
-    let notify = UnixDatagram::from_std(notify_std).map_err(|e| e.to_string())?;
+        .map_err(DaemonError::system(
+            "make the notification socket non-blocking",
+        ))?;
+    let notify = UnixDatagram::from_std(notify_std).map_err(DaemonError::system(
+        "register the notification socket with tokio",
+    ))?;
     let systemd = Notifier::from_env();
     tracing::info!(
         target: "lockstep::launcher",
@@ -128,7 +131,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
         "launcher started"
     );
 
-    let mut terminate = Box::pin(crate::worker::wait_for_termination());
+    let mut terminate = Box::pin(crate::process::wait_for_termination());
     let mut failures = 0u32;
     loop {
         let exe = data.agent_link(&conf.tag).join("lockstepd");
@@ -140,7 +143,10 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
             .env(LAUNCHER_PID, std::process::id().to_string())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+            .map_err(|error| DaemonError::Execute {
+                path: exe.clone(),
+                error,
+            })?;
         let pid = child.id().unwrap_or(0);
         tracing::info!(target: "lockstep::launcher", pid, exe = %exe.display(), "worker started");
         let started = Instant::now();
@@ -150,7 +156,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
         let ended = loop {
             let hung_at = last_ping + options.watchdog;
             tokio::select! {
-                status = child.wait() => break Ended::Exited(status.map_err(|e| e.to_string())?),
+                status = child.wait() => break Ended::Exited(status.map_err(DaemonError::system("wait for the worker"))?),
                 received = notify.recv(&mut buffer) => {
                     let Ok(length) = received else { continue };
                     let notification = Notification::parse(&buffer[..length]);
@@ -214,7 +220,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, String> {
 /// Binds the API's address. A previous launcher or worker that was just killed may still
 /// be exiting with the socket open: an address in use is tried again for up to
 /// [`BIND_WAIT`] before giving up.
-async fn bind(address: &str) -> Result<std::net::TcpListener, String> {
+async fn bind(address: &str) -> Result<std::net::TcpListener, DaemonError> {
     let started = Instant::now();
     loop {
         match std::net::TcpListener::bind(address) {
@@ -226,7 +232,12 @@ async fn bind(address: &str) -> Result<std::net::TcpListener, String> {
                 tracing::warn!(target: "lockstep::launcher", %address, "address in use; waiting for it");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(error) => return Err(format!("cannot listen on {address}: {error}")),
+            Err(error) => {
+                return Err(DaemonError::Listen {
+                    address: address.to_owned(),
+                    error,
+                });
+            }
         }
     }
 }

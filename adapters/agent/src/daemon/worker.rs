@@ -26,9 +26,12 @@ use lockstep_transport::tls::Credentials;
 use tokio::sync::{mpsc, watch};
 
 use crate::api::StoreState;
-use crate::datadir::{self, AgentConf, DataDir};
-use crate::driver::{self, AgentStatus, Driver, DriverConfig, Exit, MetadataSource};
-use crate::notify::Notifier;
+use crate::daemon::driver::{self, AgentStatus, Driver, DriverConfig, Exit};
+use crate::daemon::error::{DaemonError, ListenFdProblem};
+use crate::daemon::notify::Notifier;
+use crate::datadir::{self, AgentConf, DataDir, DataDirError};
+use crate::metadata::MetadataSource;
+use crate::store::StoreSetupError;
 
 /// The environment variable carrying the listening socket's descriptor number.
 pub const LISTEN_FD: &str = "LOCKSTEP_LISTEN_FD";
@@ -70,7 +73,10 @@ pub struct WorkerOptions {
 
 impl WorkerOptions {
     /// The store `conf` names, with this run's overrides.
-    pub fn store_settings(&self, conf: &AgentConf) -> Result<crate::store::StoreSettings, String> {
+    pub fn store_settings(
+        &self,
+        conf: &AgentConf,
+    ) -> Result<crate::store::StoreSettings, StoreSetupError> {
         let mut settings = crate::store::StoreSettings::of(conf);
         if let Some(engine) = self.store {
             settings.engine = engine;
@@ -81,7 +87,7 @@ impl WorkerOptions {
         }
         if settings.engine == crate::store::StoreEngine::Etcd {
             if settings.etcd_endpoints.is_empty() {
-                return Err("--store etcd needs --etcd-endpoints (e.g. 127.0.0.1:2379)".to_owned());
+                return Err(StoreSetupError::NoEndpoints);
             }
             if settings.etcd_prefix.is_empty() {
                 // A controller bootstrapped on SQLite and pointed at etcd: its state is
@@ -95,42 +101,42 @@ impl WorkerOptions {
 
 /// The version this executable reports: its `FORCE-VERSION` file if there is one beside it
 /// (Juju's mechanism, so that one build can play two versions), else the build's own.
-pub fn running_version() -> Result<Version, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    let dir = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no directory", exe.display()))?;
-    Ok(datadir::read_force_version(dir)
-        .map_err(|e| e.to_string())?
-        .unwrap_or_else(crate::steps::build_version))
+pub fn running_version() -> Result<Version, DaemonError> {
+    let dir = crate::paths::executable_dir()?;
+    Ok(datadir::read_force_version(&dir)?.unwrap_or_else(crate::steps::build_version))
 }
 
 /// The binary this process runs.
-pub fn running_binary() -> Result<Binary, String> {
+pub fn running_binary() -> Result<Binary, DaemonError> {
     Ok(datadir::host_binary(running_version()?))
 }
 
 /// Takes the listening socket handed over in `LOCKSTEP_LISTEN_FD`.
 #[allow(unsafe_code)]
-fn inherited_listener(text: &str) -> Result<std::net::TcpListener, String> {
+fn inherited_listener(text: &str) -> Result<std::net::TcpListener, DaemonError> {
+    let refused = |problem: ListenFdProblem| DaemonError::ListenFd {
+        variable: LISTEN_FD,
+        text: text.to_owned(),
+        problem,
+    };
     let fd: i32 = text
         .parse()
-        .map_err(|_| format!("{LISTEN_FD}={text:?} is not a descriptor number"))?;
+        .map_err(|_| refused(ListenFdProblem::NotANumber))?;
     if fd < 3 {
-        return Err(format!("{LISTEN_FD}={fd} names a standard stream"));
+        return Err(refused(ListenFdProblem::StandardStream));
     }
     // SAFETY: the process that started this one opened descriptor `fd`, cleared its
     // close-on-exec flag for us, and named it in LOCKSTEP_LISTEN_FD; nothing else in this
     // process owns it. `fstat` below proves it is open before anything else uses it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    rustix::fs::fstat(&owned).map_err(|e| format!("{LISTEN_FD}={fd}: {e}"))?;
+    rustix::fs::fstat(&owned).map_err(|e| refused(ListenFdProblem::NotOpen(e.into())))?;
     // Not inherited further: a re-exec hands over a duplicate of its own.
     rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
-        .map_err(|e| format!("{LISTEN_FD}={fd}: {e}"))?;
+        .map_err(|e| refused(ListenFdProblem::CloseOnExec(e.into())))?;
     let listener = std::net::TcpListener::from(owned);
     listener
         .local_addr()
-        .map_err(|e| format!("{LISTEN_FD}={fd} is not a listening TCP socket: {e}"))?;
+        .map_err(|e| refused(ListenFdProblem::NotListening(e)))?;
     Ok(listener)
 }
 
@@ -193,7 +199,9 @@ impl Backend for AgentBackend {
         {
             return Ok(catalogue.clone());
         }
-        let catalogue = driver::look_up(&*self.store, &self.data, &Stream::ALL).await?;
+        let catalogue = driver::look_up(&*self.store, &self.data, &Stream::ALL)
+            .await
+            .map_err(|error| error.to_string())?;
         *cached = Some((std::time::Instant::now(), catalogue.clone()));
         Ok(catalogue)
     }
@@ -203,25 +211,23 @@ impl Backend for AgentBackend {
         entry: CatalogueEntry,
         destination: PathBuf,
     ) -> Result<(), String> {
-        let url = self
-            .store
-            .load_model()
-            .map_err(|e| e.to_string())?
-            .and_then(|model| model.agent_metadata_url)
-            .ok_or("the model has no agent-metadata-url")?;
-        let source = MetadataSource::open(&url)?;
+        // The transport's trait carries a reason as text; the errors below name the model's
+        // metadata url, the binary and the destination.
+        let url = driver::metadata_url(&*self.store)
+            .map_err(|error| error.to_string())?
+            .ok_or_else(|| driver::CatalogueError::NoMetadataUrl.to_string())?;
+        let source = MetadataSource::open(&url).map_err(|error| error.to_string())?;
         source
             .download(&entry, &destination, &mut |_| {})
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|error| error.to_string())
     }
 }
 
 /// Reads the PEM files bootstrap wrote.
-fn credentials(data: &DataDir) -> Result<Credentials, String> {
-    let read = |path: PathBuf| {
-        std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
-    };
+fn credentials(data: &DataDir) -> Result<Credentials, DataDirError> {
+    let read =
+        |path: PathBuf| std::fs::read_to_string(&path).map_err(DataDirError::io(&path, "read"));
     Ok(Credentials {
         ca_pem: read(data.ca_cert_path())?,
         certificate_pem: read(data.server_cert_path())?,
@@ -230,13 +236,9 @@ fn credentials(data: &DataDir) -> Result<Credentials, String> {
 }
 
 /// The API's users: `(name, argon2 hash)`, from the file bootstrap wrote.
-fn users(data: &DataDir) -> Result<Vec<(String, String)>, String> {
-    let path = crate::paths::users_path(data);
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let users: Vec<crate::bootstrap::User> = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a list of users: {e}", path.display()))?;
-    Ok(users
+fn users(data: &DataDir) -> Result<Vec<(String, String)>, DataDirError> {
+    Ok(data
+        .read_users()?
         .into_iter()
         .map(|user| (user.name, user.password_hash))
         .collect())
@@ -244,31 +246,30 @@ fn users(data: &DataDir) -> Result<Vec<(String, String)>, String> {
 
 /// Runs the worker until shutdown or a restart. Returns the process's exit status (a
 /// successful `--restart=exec` does not return).
-pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, String> {
+pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, DaemonError> {
     let data = DataDir::new(&options.data_dir);
     let running = running_binary()?;
     let conf: AgentConf = data
-        .read_agent_conf()
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| {
-            format!(
-                "{} does not exist: bootstrap a controller first (lockstep bootstrap --data-dir {})",
-                data.agent_conf_path().display(),
-                options.data_dir.display()
-            )
+        .read_agent_conf()?
+        .ok_or_else(|| DaemonError::NotBootstrapped {
+            agent_conf: data.agent_conf_path(),
+            data_dir: options.data_dir.clone(),
         })?;
     let settings = options.store_settings(&conf)?;
     tracing::info!(target: "lockstep::agent", %running, tag = %conf.tag, pid = std::process::id(), store = %settings.describe(&data), "worker starting");
     let store: Arc<dyn Store> = crate::store::open(&data, &settings)?;
     let tls = credentials(&data)?
         .server_config()
-        .map_err(|e| e.to_string())?;
+        .map_err(|error| DaemonError::Tls {
+            data_dir: options.data_dir.clone(),
+            error,
+        })?;
     let std_listener = match std::env::var(LISTEN_FD) {
         Ok(text) => {
             // Started by the launcher: never outlive it (a launcher killed with -9 must not
             // leave a worker holding the port). Kept across a re-exec.
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-                .map_err(|e| format!("cannot ask for the parent's death signal: {e}"))?;
+                .map_err(|e| DaemonError::system("ask for the parent's death signal")(e.into()))?;
             // The launcher may have died before the line above took effect: then no signal
             // will come, and this worker must not serve from a socket nobody supervises.
             if let Some(launcher) = std::env::var(LAUNCHER_PID)
@@ -277,24 +278,30 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
                 && rustix::process::getppid().map(|pid| pid.as_raw_nonzero().get())
                     != Some(launcher)
             {
-                return Err(format!(
-                    "the launcher (pid {launcher}) is gone; not starting"
-                ));
+                return Err(DaemonError::LauncherGone { pid: launcher });
             }
             inherited_listener(&text)?
         }
-        Err(_) => std::net::TcpListener::bind(&conf.api_listen)
-            .map_err(|e| format!("cannot listen on {}: {e}", conf.api_listen))?,
+        Err(_) => {
+            std::net::TcpListener::bind(&conf.api_listen).map_err(|error| DaemonError::Listen {
+                address: conf.api_listen.clone(),
+                error,
+            })?
+        }
     };
     std_listener
         .set_nonblocking(true)
-        .map_err(|e| e.to_string())?;
+        .map_err(DaemonError::system(
+            "make the listening socket non-blocking",
+        ))?;
     // Kept for a re-exec: the API's listener is closed when the API stops.
     let handover = std_listener
         .as_fd()
         .try_clone_to_owned()
-        .map_err(|e| format!("cannot duplicate the listening socket: {e}"))?;
-    let listener = tokio::net::TcpListener::from_std(std_listener).map_err(|e| e.to_string())?;
+        .map_err(DaemonError::system("duplicate the listening socket"))?;
+    let listener = tokio::net::TcpListener::from_std(std_listener).map_err(DaemonError::system(
+        "register the listening socket with tokio",
+    ))?;
 
     let core = Lifecycle::new(
         Config {
@@ -306,7 +313,10 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
         crate::steps::registry(),
         Some(conf.snapshot()),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|error| DaemonError::Lifecycle {
+        agent_conf: data.agent_conf_path(),
+        error,
+    })?;
     let (driver, handles) = Driver::new(
         core,
         DriverConfig {
@@ -344,7 +354,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
 
     let (shutdown_tx, shutdown) = watch::channel(false);
     tokio::spawn(async move {
-        wait_for_termination().await;
+        crate::process::wait_for_termination().await;
         let _ = shutdown_tx.send(true);
     });
 
@@ -372,26 +382,15 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Stri
             RestartMode::Exec => {
                 let path = data.agent_link(&conf.tag).join("lockstepd");
                 rustix::io::fcntl_setfd(&handover, rustix::io::FdFlags::empty())
-                    .map_err(|e| format!("cannot hand the listening socket over: {e}"))?;
+                    .map_err(|e| DaemonError::system("hand the listening socket over")(e.into()))?;
                 tracing::info!(target: "lockstep::agent", %binary, exe = %path.display(), "re-executing");
                 let error = std::process::Command::new(&path)
                     .args(std::env::args_os().skip(1))
                     .env(LISTEN_FD, handover.as_raw_fd().to_string())
                     .exec();
                 // Only reached when exec failed: the binary on trial cannot even start.
-                Err(format!("cannot execute {}: {error}", path.display()))
+                Err(DaemonError::Execute { path, error })
             }
         },
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn wait_for_termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler can be installed");
-    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler can be installed");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
 }

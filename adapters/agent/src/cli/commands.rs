@@ -2,19 +2,82 @@
 //! exist. Every command against a controller that is upgrading waits through it, with a
 //! note on stderr, up to `--timeout`, rather than failing.
 
-use std::path::Path;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
+use lockstep_streams::GenerateError;
 use lockstep_transport::client::{Client, ClientError};
 use serde_json::{Value, json};
 
-use crate::bootstrap::{ControllerFile, Progress, wait_until_ready};
-use crate::bundle::{Bundle, BundleChange};
+use crate::cli::bootstrap::{
+    ControllerFile, ControllerFileError, Progress, WaitError, wait_until_ready,
+};
+use crate::cli::bundle::{Bundle, BundleChange, BundleError};
+use crate::cli::status::{self, Format, StatusError};
 use crate::datadir::DataDir;
 use crate::logging::{complain, say};
-use crate::status::{self, Format};
+use crate::quote::quote;
+
+/// A call to a controller's facade that did not succeed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CallError {
+    /// The client gave up, or the server answered with an error.
+    #[error("{facade}.{method}: {error}")]
+    Client {
+        facade: &'static str,
+        method: &'static str,
+        #[source]
+        error: Box<ClientError>,
+    },
+    /// A bulk call succeeded, but the server refused one of its entries.
+    #[error("{what}: {message}")]
+    Refused { what: String, message: String },
+}
+
+/// Why a command against a controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    ControllerFile(#[from] ControllerFileError),
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error(transparent)]
+    Wait(#[from] WaitError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    #[error("watching the model: {0}")]
+    Watch(#[source] ClientError),
+    #[error("Upgrade.Status did not report the controller's agent version: {}", quote(&reply.to_string()))]
+    NoAgentVersion { reply: Value },
+    #[error("no lockstepd runs on {} ({}: {error})", data_dir.display(), path.display())]
+    NotRunning {
+        data_dir: PathBuf,
+        path: PathBuf,
+        #[source]
+        error: io::Error,
+    },
+    #[error("{} holds {}, not a pid", path.display(), quote(text))]
+    NotAPid { path: PathBuf, text: String },
+    #[error("cannot signal lockstepd (pid {pid}): {error}")]
+    Signal {
+        pid: i32,
+        #[source]
+        error: io::Error,
+    },
+    #[error("lockstepd (pid {pid}) did not stop in {}s; killed", timeout.as_secs())]
+    DidNotStop { pid: i32, timeout: Duration },
+    #[error("metadata generate-agent-binaries -d {}: {error}", dir.display())]
+    Generate {
+        dir: PathBuf,
+        #[source]
+        error: GenerateError,
+    },
+}
 
 /// API facade versions the CLI speaks.
 pub const CLIENT_VERSION: u32 = 8;
@@ -30,7 +93,7 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn open(data_dir: &Path, timeout: Duration) -> Result<Session, String> {
+    pub fn open(data_dir: &Path, timeout: Duration) -> Result<Session, ControllerFileError> {
         let controller = ControllerFile::read(&DataDir::new(data_dir))?;
         let client = controller.client(RetryPolicy::default());
         Ok(Session {
@@ -45,12 +108,8 @@ impl Session {
     }
 
     /// Waits until the controller is Ready, with a note if it is not already.
-    pub async fn wait_ready(&self) -> Result<(), String> {
-        let status = self
-            .client
-            .call("Upgrade", 1, "Status", json!({}), self.left())
-            .await
-            .map_err(|e| describe(&e))?;
+    pub async fn wait_ready(&self) -> Result<(), CommandError> {
+        let status = self.call("Upgrade", 1, "Status", json!({})).await?;
         let progress = Progress::from_json(&status);
         if progress.phase == "ready" {
             return Ok(());
@@ -64,57 +123,61 @@ impl Session {
         wait_until_ready(&self.client, None, self.left(), |progress| {
             complain(&format!("  {}", progress.describe()));
         })
-        .await
-        .map(|_| ())
+        .await?;
+        Ok(())
     }
 
     pub async fn call(
         &self,
-        facade: &str,
+        facade: &'static str,
         version: u32,
-        method: &str,
+        method: &'static str,
         params: Value,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, CallError> {
         self.client
             .call(facade, version, method, params, self.left())
             .await
-            .map_err(|e| describe(&e))
+            .map_err(|error| CallError::Client {
+                facade,
+                method,
+                error: Box::new(error),
+            })
     }
 
     pub async fn mutate(
         &self,
-        facade: &str,
+        facade: &'static str,
         version: u32,
-        method: &str,
+        method: &'static str,
         params: Value,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, CallError> {
         self.client
             .mutate(facade, version, method, params, self.left())
             .await
-            .map_err(|e| describe(&e))
+            .map_err(|error| CallError::Client {
+                facade,
+                method,
+                error: Box::new(error),
+            })
     }
 }
 
-pub fn describe(error: &ClientError) -> String {
-    error.to_string()
-}
-
 /// Fails on the first `error` entry of a bulk reply (`results[i].error`).
-pub fn check_results(reply: &Value, what: &str) -> Result<(), String> {
+pub fn check_results(reply: &Value, what: &str) -> Result<(), CallError> {
     if let Some(results) = reply["results"].as_array() {
         for result in results {
             if let Some(error) = result.get("error").filter(|e| !e.is_null()) {
-                return Err(format!(
-                    "{what}: {}",
-                    error["message"].as_str().unwrap_or("failed")
-                ));
+                return Err(CallError::Refused {
+                    what: what.to_owned(),
+                    message: error["message"].as_str().unwrap_or("failed").to_owned(),
+                });
             }
         }
     }
     Ok(())
 }
 
-pub async fn status(session: &Session, format: Format) -> Result<(), String> {
+pub async fn status(session: &Session, format: Format) -> Result<(), CommandError> {
     let reply = session
         .call(
             "Client",
@@ -126,8 +189,7 @@ pub async fn status(session: &Session, format: Format) -> Result<(), String> {
     let text = match format {
         Format::Tabular => status::render_tabular(&reply, Some(&session.controller.name)),
         other => status::render(&reply, other),
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     say(text.trim_end());
     Ok(())
 }
@@ -178,8 +240,8 @@ pub fn describe_change(change: &BundleChange) -> String {
     }
 }
 
-pub async fn deploy(session: &Session, bundle: &Path) -> Result<(), String> {
-    let bundle = Bundle::from_file(bundle).map_err(|e| e.to_string())?;
+pub async fn deploy(session: &Session, bundle: &Path) -> Result<(), CommandError> {
+    let bundle = Bundle::from_file(bundle)?;
     session.wait_ready().await?;
     for change in bundle.plan() {
         let (facade, version, method, params) = call_for(&change);
@@ -191,7 +253,7 @@ pub async fn deploy(session: &Session, bundle: &Path) -> Result<(), String> {
     Ok(())
 }
 
-pub async fn add_machine(session: &Session, count: u32) -> Result<(), String> {
+pub async fn add_machine(session: &Session, count: u32) -> Result<(), CommandError> {
     session.wait_ready().await?;
     let params: Vec<Value> = (0..count)
         .map(|_| json!({"jobs": ["JobHostUnits"]}))
@@ -215,14 +277,14 @@ pub async fn add_machine(session: &Session, count: u32) -> Result<(), String> {
 }
 
 /// Streams deltas as JSON lines until interrupted, resuming across controller restarts.
-pub async fn watch(session: &Session, limit: Option<usize>) -> Result<(), String> {
+pub async fn watch(session: &Session, limit: Option<usize>) -> Result<(), CommandError> {
     let mut watcher = session.client.watch();
     let mut seen = 0usize;
     loop {
         let deltas = watcher
             .next(session.left())
             .await
-            .map_err(|e| describe(&e))?;
+            .map_err(CommandError::Watch)?;
         for delta in deltas {
             say(&json!({"revision": delta.revision.0, "delta": delta.delta}).to_string());
             seen += 1;
@@ -233,7 +295,7 @@ pub async fn watch(session: &Session, limit: Option<usize>) -> Result<(), String
     }
 }
 
-pub async fn abort_upgrade(session: &Session) -> Result<(), String> {
+pub async fn abort_upgrade(session: &Session) -> Result<(), CommandError> {
     session
         .call("Client", CLIENT_VERSION, "AbortCurrentUpgrade", json!({}))
         .await?;
@@ -262,7 +324,7 @@ pub async fn upgrade_controller(
     version: Option<Version>,
     dry_run: bool,
     reset_previous: bool,
-) -> Result<(), String> {
+) -> Result<(), CommandError> {
     if reset_previous {
         // As Juju does: the previous (incomplete) upgrade is aborted, then the upgrade is
         // asked for again.
@@ -273,10 +335,12 @@ pub async fn upgrade_controller(
     }
     session.wait_ready().await?;
     let status = session.call("Upgrade", 1, "Status", json!({})).await?;
-    let running = status["agent-version"]
+    let Some(running) = status["agent-version"]
         .as_str()
         .and_then(|text| Version::parse(text).ok())
-        .ok_or("the controller did not report its agent version")?;
+    else {
+        return Err(CommandError::NoAgentVersion { reply: status });
+    };
     let target = match version {
         Some(version) => version,
         None => {
@@ -330,47 +394,52 @@ pub async fn upgrade_controller(
 
 /// `kill-controller`: SIGTERM to the launcher of the controller in `data_dir` and of every
 /// controller `enable-ha` added beside it, then waits for them to exit.
-pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), String> {
+pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), CommandError> {
     let data = DataDir::new(data_dir);
-    for (_, member) in crate::ha::members(&data) {
-        if crate::paths::pid_path(&member).exists() {
+    for (_, member) in crate::cli::ha::members(&data) {
+        if member.pid_path().exists() {
             stop_daemon(&member, timeout)?;
         }
     }
     stop_daemon(&data, timeout)
 }
 
-fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), String> {
-    let path = crate::paths::pid_path(data);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        format!(
-            "no lockstepd runs on {} ({}: {e})",
-            data.root().display(),
-            path.display()
-        )
-    })?;
-    let pid: i32 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{} holds {:?}, not a pid", path.display(), text.trim()))?;
-    let target = rustix::process::Pid::from_raw(pid).ok_or("pid 0")?;
-    if !crate::bootstrap::alive(pid as u32) {
+fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), CommandError> {
+    let path = data.pid_path();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(error) => {
+            return Err(CommandError::NotRunning {
+                data_dir: data.root().to_path_buf(),
+                path,
+                error,
+            });
+        }
+    };
+    let not_a_pid = || CommandError::NotAPid {
+        path: path.clone(),
+        text: text.trim().to_owned(),
+    };
+    let pid: i32 = text.trim().parse().map_err(|_| not_a_pid())?;
+    let target = rustix::process::Pid::from_raw(pid).ok_or_else(not_a_pid)?;
+    if !crate::process::alive(pid as u32) {
         say(&format!(
             "controller in {} is not running",
             data.root().display()
         ));
         return Ok(());
     }
-    rustix::process::kill_process(target, rustix::process::Signal::TERM)
-        .map_err(|e| format!("cannot signal lockstepd (pid {pid}): {e}"))?;
+    rustix::process::kill_process(target, rustix::process::Signal::TERM).map_err(|error| {
+        CommandError::Signal {
+            pid,
+            error: error.into(),
+        }
+    })?;
     let started = Instant::now();
-    while crate::bootstrap::alive(pid as u32) {
+    while crate::process::alive(pid as u32) {
         if started.elapsed() > timeout {
             let _ = rustix::process::kill_process(target, rustix::process::Signal::KILL);
-            return Err(format!(
-                "lockstepd (pid {pid}) did not stop in {}s; killed",
-                timeout.as_secs()
-            ));
+            return Err(CommandError::DidNotStop { pid, timeout });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -379,14 +448,17 @@ fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), String> {
 }
 
 /// `metadata generate-agent-binaries -d DIR`: Juju's command, from the streams adapter.
-pub fn generate_agent_binaries(dir: &Path) -> Result<(), String> {
+pub fn generate_agent_binaries(dir: &Path) -> Result<(), CommandError> {
     let generated = lockstep_streams::generate_agent_binaries(
         dir,
         &lockstep_streams::GenerateOptions {
-            now_unix_seconds: crate::driver::unix_now(),
+            now_unix_seconds: crate::metadata::unix_now(),
         },
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|error| CommandError::Generate {
+        dir: dir.to_path_buf(),
+        error,
+    })?;
     for entry in &generated.entries {
         say(&format!(
             "{} {} ({} bytes, sha256 {})",
@@ -400,4 +472,42 @@ pub fn generate_agent_binaries(dir: &Path) -> Result<(), String> {
         say(&format!("wrote tools/{file}"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_without_a_controller_is_named_in_the_error() {
+        let root = tempfile::tempdir().unwrap();
+        let error = Session::open(root.path(), Duration::from_secs(1)).unwrap_err();
+        let ControllerFileError::Read { path, data_dir, .. } = &error else {
+            panic!("expected Read, got {error:?}");
+        };
+        assert_eq!(path, &root.path().join("controller.yaml"));
+        assert_eq!(data_dir, root.path());
+        assert!(
+            error.to_string().contains("--data-dir"),
+            "says what to do: {error}"
+        );
+    }
+
+    #[test]
+    fn kill_controller_names_the_pid_file_and_its_text() {
+        let root = tempfile::tempdir().unwrap();
+        let error = kill_controller(root.path(), Duration::from_secs(1)).unwrap_err();
+        assert!(
+            matches!(&error, CommandError::NotRunning { data_dir, .. } if data_dir == root.path()),
+            "{error:?}"
+        );
+        let data = DataDir::new(root.path());
+        std::fs::write(data.pid_path(), "12ab\n").unwrap();
+        let error = kill_controller(root.path(), Duration::from_secs(1)).unwrap_err();
+        assert!(
+            matches!(&error, CommandError::NotAPid { path, text } if *path == data.pid_path() && text == "12ab"),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("\"12ab\""), "{error}");
+    }
 }

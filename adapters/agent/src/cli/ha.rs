@@ -8,26 +8,79 @@
 //! set grows to N in the same store transaction that adds the machines, so the next
 //! upgrade's record waits for all of them.
 
+use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use lockstep_core::lifecycle::{ControllerId, ControllerSet, Snapshot};
-use lockstep_core::{Role, Roles};
+use lockstep_core::{Role, Roles, Version};
+use lockstep_fs::AtomicWriteError;
 use lockstep_store::{Machine, StoreError};
 
-use crate::bootstrap::{ControllerFile, spawn_daemon, wait_until_ready};
-use crate::datadir::{self, AgentConf, DataDir};
-use crate::store::{StoreEngine, StoreSettings};
+use crate::cli::bootstrap::{
+    ControllerFile, ControllerFileError, WaitError, spawn_daemon, wait_until_ready,
+};
+use crate::datadir::{self, AgentConf, DataDir, DataDirError};
+use crate::store::{StoreEngine, StoreSettings, StoreSetupError};
 
-/// Where controller `id`'s data dir is, under the first controller's.
-pub fn member_dir(primary: &DataDir, id: u8) -> PathBuf {
-    primary.root().join("ha").join(format!("machine-{id}"))
+/// Why `enable-ha` refused or failed. Each names the flag, data dir or controller.
+#[derive(Debug, thiserror::Error)]
+pub enum HaError {
+    #[error(
+        "-n {count}: enable-ha needs an odd number of controllers from 3 to {}",
+        ControllerId::COUNT_MAX
+    )]
+    Count { count: u8 },
+    #[error("no controller is bootstrapped in {}", data_dir.display())]
+    NotBootstrapped { data_dir: PathBuf },
+    #[error(
+        "the controller in {} keeps its state in SQLite, which one controller owns: enable-ha \
+         needs a controller bootstrapped with --store etcd --etcd-endpoints ...",
+        data_dir.display()
+    )]
+    NotEtcd { data_dir: PathBuf },
+    #[error("{store} holds no model")]
+    NoModel { store: String },
+    #[error("the controller already has {existing} controllers (asked for {count})")]
+    AlreadyHas { existing: u8, count: u8 },
+    #[error("an upgrade to {target} is in progress ({status}); run enable-ha when it has finished")]
+    UpgradeInProgress {
+        target: Version,
+        status: &'static str,
+    },
+    #[error("{} has no current binary", data_dir.display())]
+    NoCurrentBinary { data_dir: PathBuf },
+    #[error("{} already holds controller {id}; remove it first", data_dir.display())]
+    MemberExists { data_dir: PathBuf, id: u8 },
+    #[error("cannot find a free port on 127.0.0.1: {0}")]
+    NoFreePort(#[source] io::Error),
+    #[error("{store}: {error}")]
+    Store {
+        store: String,
+        #[source]
+        error: StoreError,
+    },
+    #[error(transparent)]
+    StoreSetup(#[from] StoreSetupError),
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error(transparent)]
+    Write(#[from] AtomicWriteError),
+    #[error(transparent)]
+    ControllerFile(#[from] ControllerFileError),
+    #[error("controller {id}: {error}\nlast lines of its log:\n{tail}")]
+    NotReady {
+        id: u8,
+        #[source]
+        error: WaitError,
+        tail: String,
+    },
 }
 
 /// The data dirs of the controllers `enable-ha` added under `primary`, by id.
 pub fn members(primary: &DataDir) -> Vec<(u8, DataDir)> {
     (1..ControllerId::COUNT_MAX)
-        .map(|id| (id, DataDir::new(member_dir(primary, id))))
+        .map(|id| (id, DataDir::new(primary.ha_member_dir(id))))
         .filter(|(_, data)| data.agent_conf_path().exists())
         .collect()
 }
@@ -49,71 +102,64 @@ pub async fn enable_ha(
     count: u8,
     timeout: Duration,
     mut on_line: impl FnMut(&str),
-) -> Result<Vec<Added>, String> {
+) -> Result<Vec<Added>, HaError> {
     if count < 3 || count.is_multiple_of(2) || count > ControllerId::COUNT_MAX {
-        return Err(format!(
-            "-n {count}: enable-ha needs an odd number of controllers from 3 to {}",
-            ControllerId::COUNT_MAX
-        ));
+        return Err(HaError::Count { count });
     }
     let conf = primary
-        .read_agent_conf()
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| {
-            format!(
-                "no controller is bootstrapped in {}",
-                primary.root().display()
-            )
+        .read_agent_conf()?
+        .ok_or_else(|| HaError::NotBootstrapped {
+            data_dir: primary.root().to_path_buf(),
         })?;
     let settings = StoreSettings::of(&conf);
     if settings.engine != StoreEngine::Etcd {
-        return Err(format!(
-            "the controller in {} keeps its state in SQLite, which one controller owns: \
-             enable-ha needs a controller bootstrapped with --store etcd --etcd-endpoints ...",
-            primary.root().display()
-        ));
+        return Err(HaError::NotEtcd {
+            data_dir: primary.root().to_path_buf(),
+        });
     }
     let mut file = ControllerFile::read(primary)?;
     let store = crate::store::open(primary, &settings)?;
+    let store_error = |error| HaError::Store {
+        store: settings.describe(primary),
+        error,
+    };
     let model = store
         .load_model()
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} holds no model", settings.describe(primary)))?;
+        .map_err(store_error)?
+        .ok_or_else(|| HaError::NoModel {
+            store: settings.describe(primary),
+        })?;
     let existing = model.controllers.len() as u8;
     if existing >= count {
-        return Err(format!(
-            "the controller already has {existing} controllers (asked for {count})"
-        ));
+        return Err(HaError::AlreadyHas { existing, count });
     }
-    if let Some(record) = store.record_view().map_err(|e| e.to_string())?.current {
-        return Err(format!(
-            "an upgrade to {} is in progress ({}); run enable-ha when it has finished",
-            record.0.target_version,
-            record.0.status.as_str()
-        ));
+    if let Some(record) = store.record_view().map_err(store_error)?.current {
+        return Err(HaError::UpgradeInProgress {
+            target: record.0.target_version,
+            status: record.0.status.as_str(),
+        });
     }
     // The new controllers run what the first one runs now.
     let binary = primary
-        .current_binary(&conf.tag)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} has no current binary", primary.root().display()))?;
+        .current_binary(&conf.tag)?
+        .ok_or_else(|| HaError::NoCurrentBinary {
+            data_dir: primary.root().to_path_buf(),
+        })?;
     let binary_dir = primary.binary_dir(&binary);
-    let forced = datadir::read_force_version(&binary_dir)
-        .map_err(|e| e.to_string())?
-        .is_some();
+    let forced = datadir::read_force_version(&binary_dir)?.is_some();
     let exe = binary_dir.join("lockstepd");
 
     let ids: Vec<u8> = (existing..count).collect();
     let mut prepared = Vec::new();
     for &id in &ids {
-        let data = DataDir::new(member_dir(primary, id));
+        let data = DataDir::new(primary.ha_member_dir(id));
         if data.agent_conf_path().exists() {
-            return Err(format!(
-                "{} already holds controller {id}; remove it first",
-                data.root().display()
-            ));
+            return Err(HaError::MemberExists {
+                data_dir: data.root().to_path_buf(),
+                id,
+            });
         }
-        let port = crate::bootstrap::free_port()?;
+        let port = crate::cli::bootstrap::free_port().map_err(HaError::NoFreePort)?;
         prepared.push((id, data, format!("127.0.0.1:{port}")));
     }
     let addresses: Vec<String> = file
@@ -126,25 +172,19 @@ pub async fn enable_ha(
 
     for (id, data, address) in &prepared {
         std::fs::create_dir_all(data.tools_dir())
-            .map_err(|e| format!("cannot create {}: {e}", data.tools_dir().display()))?;
+            .map_err(DataDirError::io(&data.tools_dir(), "create the directory"))?;
         for (from, to, mode) in [
             (primary.ca_cert_path(), data.ca_cert_path(), 0o644),
             (primary.server_cert_path(), data.server_cert_path(), 0o644),
             (primary.server_key_path(), data.server_key_path(), 0o600),
-            (
-                crate::paths::users_path(primary),
-                crate::paths::users_path(data),
-                0o600,
-            ),
+            (primary.users_path(), data.users_path(), 0o600),
         ] {
-            let bytes =
-                std::fs::read(&from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
-            datadir::write_file_atomically(&to, &bytes, mode).map_err(|e| e.to_string())?;
+            let bytes = std::fs::read(&from).map_err(DataDirError::io(&from, "read"))?;
+            lockstep_fs::write_file_atomically(&to, &bytes, mode)?;
         }
-        data.install_local_binary(&binary, &exe, forced)
-            .map_err(|e| e.to_string())?;
+        data.install_local_binary(&binary, &exe, forced)?;
         let tag = format!("machine-{id}");
-        data.switch_to(&tag, &binary).map_err(|e| e.to_string())?;
+        data.switch_to(&tag, &binary)?;
         let member_file = ControllerFile {
             api_endpoints: std::iter::once(address.clone())
                 .chain(addresses.iter().filter(|a| *a != address).cloned())
@@ -160,7 +200,7 @@ pub async fn enable_ha(
         member.apiaddresses = addresses.clone();
         member.cacert = conf.cacert.clone();
         settings.apply(&mut member);
-        data.write_agent_conf(&member).map_err(|e| e.to_string())?;
+        data.write_agent_conf(&member)?;
         on_line(&format!(
             "Prepared controller {id} in {} (API {address}, {binary})",
             data.root().display()
@@ -181,7 +221,7 @@ pub async fn enable_ha(
             model.controllers = ControllerSet::first(count);
             Ok::<(), StoreError>(())
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(store_error)?;
     on_line(&format!(
         "The model now has controllers {:?}",
         ControllerSet::first(count)
@@ -208,12 +248,10 @@ pub async fn enable_ha(
             .direct_client(lockstep_core::client::RetryPolicy::default());
         wait_until_ready(&client, Some(member.pid), timeout, |_| {})
             .await
-            .map_err(|error| {
-                format!(
-                    "controller {}: {error}\nlast lines of its log:\n{}",
-                    member.id,
-                    crate::bootstrap::log_tail(&member.data, 15)
-                )
+            .map_err(|error| HaError::NotReady {
+                id: member.id,
+                error,
+                tail: crate::cli::bootstrap::log_tail(&member.data, 15),
             })?;
         on_line(&format!("Controller {} is ready", member.id));
     }

@@ -12,25 +12,30 @@
 //! at most one main request in flight besides the lease keep-alive, the record watch and
 //! the lease release, so there is no queue to bound.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lockstep_core::gate::GateView;
+use lockstep_core::jobs::JobsError;
 use lockstep_core::lifecycle::{
     ControllerId, Input, ModelView, Output, Request, RequestId, StageSource, StatusReport,
     StepOutcome, request_name,
 };
-use lockstep_core::policy::{Catalogue, CatalogueEntry, Stream};
+use lockstep_core::policy::{Catalogue, CatalogueEntry, Sha256, Stream};
 use lockstep_core::steps::{StepKind, StepRegistry};
 use lockstep_core::{Binary, Lifecycle, Phase, Timestamp, Version};
-use lockstep_store::Store;
-use lockstep_streams::{AsyncSource, DirectorySource, HttpSource, LookupConfig};
+use lockstep_store::seed004::RefreshError;
+use lockstep_store::{Store, StoreError};
+use lockstep_streams::{DownloadError, LookupConfig, LookupError, SourceError};
 use tokio::sync::{mpsc, watch};
 
-use crate::datadir::{DataDir, DownloadedTools};
-use crate::notify::Notifier;
-use crate::steps::{self, HostContext};
+use crate::daemon::notify::Notifier;
+use crate::daemon::step_runner::{self, HostContext};
+use crate::datadir::{DataDir, DataDirError, DownloadedTools};
+use crate::metadata::{MetadataSource, unix_now};
+use crate::quote::quote;
 
 /// What the lifecycle shows the API and the operator, besides the gate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -46,36 +51,83 @@ pub struct AgentStatus {
     pub last_failure: Option<String>,
 }
 
+/// Why a store or file operation the driver runs for the core did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum OperationError {
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{} vanished while the agent ran; restore it from a backup", path.display())]
+    AgentConfVanished { path: PathBuf },
+    #[error("the store holds no model: bootstrap did not finish; bootstrap again")]
+    NoModel,
+    #[error("--capabilities: {0}")]
+    Capabilities(#[source] JobsError),
+    #[error("cannot refresh the model's capabilities: {0}")]
+    Refresh(#[source] RefreshError),
+    #[error("the lifecycle asked for an invalid upgrade-info transition: {0}")]
+    InvalidTransition(#[source] StoreError),
+    #[error("panicked: {0}")]
+    Panicked(#[source] tokio::task::JoinError),
+}
+
+/// Why the driver ended on its own: a condition no retry fixes (a bug); the process
+/// restarts and the core re-plans from what is stored.
+#[derive(Debug, thiserror::Error)]
+pub enum FatalError {
+    #[error("cannot {what}: {error}")]
+    Operation {
+        what: &'static str,
+        #[source]
+        error: OperationError,
+    },
+    #[error("a request's task panicked: {0}")]
+    Panicked(#[source] tokio::task::JoinError),
+    #[error("cannot switch to {binary}: {error}")]
+    Switch {
+        binary: Binary,
+        #[source]
+        error: DataDirError,
+    },
+}
+
 /// Why an operation run by the driver did not complete.
 #[derive(Debug)]
 enum Failed {
     /// An I/O failure the core has no input for: tried again with backoff.
-    Retry(String),
+    Retry(OperationError),
     /// A condition no retry fixes (a bug): the driver ends, and the process restarts.
-    Fatal(String),
+    Fatal(OperationError),
 }
 
-impl From<String> for Failed {
-    fn from(error: String) -> Failed {
+impl From<OperationError> for Failed {
+    fn from(error: OperationError) -> Failed {
         Failed::Retry(error)
     }
 }
 
-impl From<&str> for Failed {
-    fn from(error: &str) -> Failed {
-        Failed::Retry(error.to_owned())
+impl From<DataDirError> for Failed {
+    fn from(error: DataDirError) -> Failed {
+        Failed::Retry(error.into())
+    }
+}
+
+impl From<StoreError> for Failed {
+    fn from(error: StoreError) -> Failed {
+        Failed::Retry(error.into())
     }
 }
 
 /// How a driver run ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Exit {
     /// The core asked to restart into this binary; the symlink already points at it.
     RestartInto(Binary),
     /// Shutdown was asked for (SIGTERM).
     Shutdown,
     /// A request failed in a way the core cannot be told about (a bug, not a condition).
-    Fatal(String),
+    Fatal(FatalError),
 }
 
 /// The adapters' view of the world the driver needs.
@@ -107,8 +159,8 @@ pub struct Driver {
     started: Instant,
     inputs_tx: mpsc::UnboundedSender<Input>,
     inputs: mpsc::UnboundedReceiver<Input>,
-    fatal_tx: mpsc::UnboundedSender<String>,
-    fatal: mpsc::UnboundedReceiver<String>,
+    fatal_tx: mpsc::UnboundedSender<FatalError>,
+    fatal: mpsc::UnboundedReceiver<FatalError>,
     gate: watch::Sender<GateView>,
     status: watch::Sender<AgentStatus>,
     notifier: Notifier,
@@ -211,7 +263,7 @@ impl Driver {
                 Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Err(error) = joined && error.is_panic() {
                         self.stop().await;
-                        return Exit::Fatal(format!("a request's task panicked: {error}"));
+                        return Exit::Fatal(FatalError::Panicked(error));
                     }
                 }
             }
@@ -294,7 +346,7 @@ impl Driver {
                     .reloading(&format!("restarting into {binary}"));
                 Exit::RestartInto(binary)
             }
-            Err(error) => Exit::Fatal(format!("cannot switch to {binary}: {error}")),
+            Err(error) => Exit::Fatal(FatalError::Switch { binary, error }),
         }
     }
 
@@ -307,21 +359,19 @@ impl Driver {
             Request::PersistSnapshot(snapshot) => {
                 let data = config.data.clone();
                 self.blocking(id, "persist agent.conf", move || {
-                    let mut conf = data
-                        .read_agent_conf()
-                        .map_err(|e| e.to_string())?
-                        .ok_or_else(|| format!("{} vanished", data.agent_conf_path().display()))?;
+                    let mut conf = data.read_agent_conf()?.ok_or_else(|| {
+                        OperationError::AgentConfVanished {
+                            path: data.agent_conf_path(),
+                        }
+                    })?;
                     conf.set_snapshot(snapshot.clone());
-                    data.write_agent_conf(&conf).map_err(|e| e.to_string())?;
+                    data.write_agent_conf(&conf)?;
                     Ok(Input::Done { id })
                 });
             }
             Request::LoadModel => {
                 self.blocking(id, "load the model", move || {
-                    let model = store
-                        .load_model()
-                        .map_err(|e| e.to_string())?
-                        .ok_or("the store holds no model: bootstrap did not finish")?;
+                    let model = store.load_model()?.ok_or(OperationError::NoModel)?;
                     Ok(Input::ModelLoaded {
                         id,
                         model: ModelView {
@@ -337,13 +387,13 @@ impl Driver {
                 self.blocking(id, "refresh capabilities", move || {
                     let provider =
                         lockstep_store::seed004::LocalProvider::from_config(&config.capabilities)
-                            .map_err(|e| e.to_string())?;
+                            .map_err(OperationError::Capabilities)?;
                     lockstep_store::seed004::refresh_capabilities(
                         &*store,
                         &provider,
                         running.number,
                     )
-                    .map_err(|e| e.to_string())?;
+                    .map_err(OperationError::Refresh)?;
                     Ok(Input::Done { id })
                 });
             }
@@ -370,9 +420,7 @@ impl Driver {
                 let holder = self.controller();
                 let ttl = self.core.config().limits.lease_ttl();
                 self.blocking(id, "acquire the lease", move || {
-                    let lease = store
-                        .acquire_lease(holder, ttl)
-                        .map_err(|e| e.to_string())?;
+                    let lease = store.acquire_lease(holder, ttl)?;
                     Ok(Input::LeaseAnswered { id, lease })
                 });
             }
@@ -409,8 +457,8 @@ impl Driver {
                 match kind {
                     StepKind::Database => {
                         self.blocking(id, "run a database step", move || {
-                            let outcome = steps::run_database_step(&*store, &key, fence, &running)
-                                .map_err(|e| e.to_string())?;
+                            let outcome =
+                                step_runner::run_database_step(&*store, &key, fence, &running)?;
                             Ok(Input::StepFinished { id, outcome })
                         });
                     }
@@ -421,9 +469,9 @@ impl Driver {
                             running: running.clone(),
                         };
                         self.tasks.spawn_blocking(move || {
-                            let outcome = match steps::run_host_step(&context, &key) {
+                            let outcome = match step_runner::run_host_step(&context, &key) {
                                 Ok(()) => StepOutcome::Applied,
-                                Err(reason) => StepOutcome::Failed(reason),
+                                Err(error) => StepOutcome::Failed(error.to_string()),
                             };
                             let _ = inputs.send(Input::StepFinished { id, outcome });
                         });
@@ -436,6 +484,8 @@ impl Driver {
                     if let Err(error) = &result {
                         tracing::warn!(target: "lockstep::agent", %error, "catalogue lookup failed");
                     }
+                    // The core's input carries the reason as text (it shows it in status).
+                    let result = result.map_err(|error| error.to_string());
                     let _ = inputs.send(Input::CatalogueFound { id, result });
                 });
             }
@@ -449,10 +499,7 @@ impl Driver {
                 // retried here.
                 self.blocking(id, "set agent-version", move || {
                     let check = lockstep_store::AgentVersionCheck::LIFECYCLE;
-                    match store
-                        .set_agent_version(version, &check)
-                        .map_err(|e| e.to_string())?
-                    {
+                    match store.set_agent_version(version, &check)? {
                         lockstep_store::AgentVersionSet::Set { .. } => Ok(Input::Done { id }),
                         lockstep_store::AgentVersionSet::Refused {
                             agent_version,
@@ -468,9 +515,7 @@ impl Driver {
             }
             Request::ReportUpgradeAvailable(version) => {
                 self.blocking(id, "report upgrade-available", move || {
-                    store
-                        .report_upgrade_available(version)
-                        .map_err(|e| e.to_string())?;
+                    store.report_upgrade_available(version)?;
                     Ok(Input::Done { id })
                 });
             }
@@ -482,6 +527,7 @@ impl Driver {
                     if let Err(error) = &result {
                         tracing::warn!(target: "lockstep::agent", binary = %plan.binary, %error, "staging failed");
                     }
+                    let result = result.map_err(|error| error.to_string());
                     let _ = inputs.send(Input::Staged { id, result });
                 });
             }
@@ -514,15 +560,15 @@ impl Driver {
                 let attempt = Arc::clone(&operation);
                 let result = tokio::task::spawn_blocking(move || attempt())
                     .await
-                    .unwrap_or_else(|error| Err(Failed::Retry(format!("panicked: {error}"))));
+                    .unwrap_or_else(|error| Err(Failed::Retry(OperationError::Panicked(error))));
                 match result {
                     Ok(input) => {
                         let _ = inputs.send(input);
                         return;
                     }
-                    Err(Failed::Fatal(reason)) => {
+                    Err(Failed::Fatal(error)) => {
                         // The driver ends on this message; the core re-plans after restart.
-                        let _ = fatal.send(reason);
+                        let _ = fatal.send(FatalError::Operation { what, error });
                         return;
                     }
                     Err(Failed::Retry(error)) => {
@@ -557,13 +603,10 @@ impl Driver {
     ) {
         self.blocking(id, what, move || match operation() {
             Ok(input) => Ok(input),
-            Err(lockstep_store::StoreError::InvalidTransition { from, to }) => {
-                Err(Failed::Fatal(format!(
-                    "the lifecycle asked for an invalid upgrade-info transition \
-                     from {from:?} to {to:?}"
-                )))
+            Err(error @ StoreError::InvalidTransition { .. }) => {
+                Err(Failed::Fatal(OperationError::InvalidTransition(error)))
             }
-            Err(error) => Err(error.to_string().into()),
+            Err(error) => Err(error.into()),
         });
     }
 
@@ -680,76 +723,77 @@ pub fn status_line(report: &StatusReport) -> String {
     line
 }
 
-/// The model's metadata source, as an async source.
-#[derive(Debug)]
-pub enum MetadataSource {
-    Directory(DirectorySource),
-    Http(HttpSource),
+/// Why the catalogue at the model's metadata source could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogueError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the store holds no model: bootstrap did not finish; bootstrap again")]
+    NoModel,
+    #[error(
+        "the model has no agent-metadata-url: set one (ModelConfig.ModelSet agent-metadata-url, \
+         or bootstrap with --metadata-source)"
+    )]
+    NoMetadataUrl,
+    #[error("agent-metadata-url {}: {error}", quote(url))]
+    Source {
+        url: String,
+        #[source]
+        error: SourceError,
+    },
+    #[error("looking up agent binaries at {url}: {error}")]
+    Lookup {
+        url: String,
+        #[source]
+        error: LookupError,
+    },
 }
 
-impl MetadataSource {
-    /// `http://` and `https://` URLs are fetched; anything else is a local directory
-    /// (`file://` or a path).
-    pub fn open(url: &str) -> Result<MetadataSource, String> {
-        if url.starts_with("http://") || url.starts_with("https://") {
-            HttpSource::new(url, lockstep_streams::HttpConfig::default())
-                .map(MetadataSource::Http)
-                .map_err(|e| e.to_string())
-        } else {
-            DirectorySource::from_url(url)
-                .map(MetadataSource::Directory)
-                .map_err(|e| e.to_string())
-        }
-    }
-
-    pub async fn look_up(
-        &self,
-        mark: &lockstep_streams::HighWaterMarkFile,
-        config: &LookupConfig,
-        now: u64,
-    ) -> Result<lockstep_streams::Lookup, lockstep_streams::LookupError> {
-        match self {
-            MetadataSource::Directory(source) => {
-                lockstep_streams::look_up_async(source, mark, config, now).await
-            }
-            MetadataSource::Http(source) => {
-                lockstep_streams::look_up_async(source, mark, config, now).await
-            }
-        }
-    }
-
-    pub async fn download(
-        &self,
-        entry: &CatalogueEntry,
-        destination: &std::path::Path,
-        progress: &mut (dyn FnMut(lockstep_streams::DownloadProgress) + Send),
-    ) -> Result<(), lockstep_streams::DownloadError> {
-        match self {
-            MetadataSource::Directory(source) => {
-                AsyncSource::download(source, entry, destination, progress).await
-            }
-            MetadataSource::Http(source) => {
-                AsyncSource::download(source, entry, destination, progress).await
-            }
-        }
-    }
-}
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_secs())
-        .unwrap_or(0)
+/// Why a binary could not be staged (downloaded, verified, unpacked into `tools/`).
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error("{} holds no installed binary", dir.display())]
+    NotInstalled { dir: PathBuf },
+    #[error(
+        "{} holds sha256 {installed_sha256} ({installed_size_bytes} bytes), expected \
+         {expected_sha256} ({expected_size_bytes} bytes)",
+        dir.display()
+    )]
+    Mismatch {
+        dir: PathBuf,
+        installed_sha256: Sha256,
+        installed_size_bytes: u64,
+        expected_sha256: Sha256,
+        expected_size_bytes: u64,
+    },
+    #[error("a controller does not fetch binaries from a controller")]
+    FromController,
+    #[error(transparent)]
+    Catalogue(#[from] CatalogueError),
+    #[error(transparent)]
+    Download(#[from] DownloadError),
+    #[error("installing {binary} panicked: {error}")]
+    Panicked {
+        binary: Binary,
+        #[source]
+        error: tokio::task::JoinError,
+    },
 }
 
 /// The model's `agent-metadata-url`, or `None` when the controller has no stream source
 /// (a controller bootstrapped from its local binary).
-fn metadata_url(store: &dyn Store) -> Result<Option<String>, String> {
-    let model = store
-        .load_model()
-        .map_err(|e| e.to_string())?
-        .ok_or("the store holds no model")?;
+pub(crate) fn metadata_url(store: &dyn Store) -> Result<Option<String>, CatalogueError> {
+    let model = store.load_model()?.ok_or(CatalogueError::NoModel)?;
     Ok(model.agent_metadata_url)
+}
+
+fn open_source(url: &str) -> Result<MetadataSource, CatalogueError> {
+    MetadataSource::open(url).map_err(|error| CatalogueError::Source {
+        url: url.to_owned(),
+        error,
+    })
 }
 
 /// `LookupCatalogue`: the catalogue at the model's metadata source, guarded by the
@@ -758,18 +802,21 @@ pub async fn look_up(
     store: &dyn Store,
     data: &DataDir,
     streams: &'static [Stream],
-) -> Result<Catalogue, String> {
+) -> Result<Catalogue, CatalogueError> {
     let Some(url) = metadata_url(store)? else {
         return Ok(Catalogue::default());
     };
-    let source = MetadataSource::open(&url)?;
+    let source = open_source(&url)?;
     let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
     // The operator's own mirror (`--metadata-source`, `agent-metadata-url`) is trusted
     // without signatures, as Juju trusts a user-supplied metadata source.
     let lookup = source
         .look_up(&mark, &LookupConfig::allowing_unsigned(), unix_now())
         .await
-        .map_err(|e| format!("looking up agent binaries at {url}: {e}"))?;
+        .map_err(|error| CatalogueError::Lookup {
+            url: url.clone(),
+            error,
+        })?;
     for rejected in &lookup.rejected {
         tracing::warn!(target: "lockstep::agent", %rejected, "metadata item rejected");
     }
@@ -789,43 +836,36 @@ async fn stage(
     data: &DataDir,
     plan: &lockstep_core::lifecycle::StagePlan,
     status: &watch::Sender<AgentStatus>,
-) -> Result<(), String> {
+) -> Result<(), StageError> {
     match &plan.source {
         StageSource::Local => {
             // The operator's file was installed at bootstrap; check it is what was recorded.
-            let installed = data
-                .read_downloaded_tools(&plan.binary)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| {
-                    format!(
-                        "{} holds no installed binary",
-                        data.binary_dir(&plan.binary).display()
-                    )
-                })?;
-            if installed.sha256 != plan.sha256.to_string() || installed.size != plan.size_bytes {
-                return Err(format!(
-                    "{} holds sha256 {} ({} bytes), expected {} ({} bytes)",
-                    data.binary_dir(&plan.binary).display(),
-                    installed.sha256,
-                    installed.size,
-                    plan.sha256,
-                    plan.size_bytes
-                ));
+            let installed = data.read_downloaded_tools(&plan.binary)?.ok_or_else(|| {
+                StageError::NotInstalled {
+                    dir: data.binary_dir(&plan.binary),
+                }
+            })?;
+            if installed.sha256 != plan.sha256 || installed.size_bytes != plan.size_bytes {
+                return Err(StageError::Mismatch {
+                    dir: data.binary_dir(&plan.binary),
+                    installed_sha256: installed.sha256,
+                    installed_size_bytes: installed.size_bytes,
+                    expected_sha256: plan.sha256,
+                    expected_size_bytes: plan.size_bytes,
+                });
             }
             Ok(())
         }
-        StageSource::Controller => {
-            Err("a controller does not fetch binaries from a controller".to_owned())
-        }
+        StageSource::Controller => Err(StageError::FromController),
         StageSource::Catalogue { path } => {
             if let Ok(Some(installed)) = data.read_downloaded_tools(&plan.binary)
-                && installed.sha256 == plan.sha256.to_string()
+                && installed.sha256 == plan.sha256
                 && data.binary_path(&plan.binary).is_file()
             {
                 return Ok(());
             }
-            let url = metadata_url(store)?.ok_or("the model has no agent-metadata-url")?;
-            let source = MetadataSource::open(&url)?;
+            let url = metadata_url(store)?.ok_or(CatalogueError::NoMetadataUrl)?;
+            let source = open_source(&url)?;
             let entry = CatalogueEntry {
                 binary: plan.binary.clone(),
                 stream: Stream::Released,
@@ -835,29 +875,28 @@ async fn stage(
             };
             let cache = data.tools_cache_dir();
             std::fs::create_dir_all(&cache)
-                .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+                .map_err(DataDirError::io(&cache, "create the directory"))?;
             let tarball = cache.join(format!("juju-{}.tgz", plan.binary));
             let mut progress = |progress: lockstep_streams::DownloadProgress| {
                 status.send_modify(|status| {
                     status.download = Some((progress.received_bytes, progress.total_bytes));
                 });
             };
-            source
-                .download(&entry, &tarball, &mut progress)
-                .await
-                .map_err(|e| e.to_string())?;
+            source.download(&entry, &tarball, &mut progress).await?;
             let meta = DownloadedTools {
                 version: plan.binary.clone(),
                 url: format!("{}/{}", url.trim_end_matches('/'), path),
-                sha256: plan.sha256.to_string(),
-                size: plan.size_bytes,
+                sha256: plan.sha256,
+                size_bytes: plan.size_bytes,
             };
             let data = data.clone();
             let binary = plan.binary.clone();
             tokio::task::spawn_blocking(move || data.install_tarball(&binary, &tarball, &meta))
                 .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
+                .map_err(|error| StageError::Panicked {
+                    binary: plan.binary.clone(),
+                    error,
+                })??;
             Ok(())
         }
     }

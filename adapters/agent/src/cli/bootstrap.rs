@@ -7,6 +7,7 @@
 //! material, the API's users, the client's `controller.yaml`, and the first binary under
 //! `tools/`.
 
+use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,25 +16,21 @@ use lockstep_core::jobs::Capabilities;
 use lockstep_core::lifecycle::{ControllerSet, Snapshot};
 use lockstep_core::policy::{Sha256, Stream, UpgradePolicy};
 use lockstep_core::{Binary, Role, Roles, Version};
-use lockstep_store::{Machine, Model};
-use lockstep_transport::client::{Client, ClientConfig};
-use lockstep_transport::tls::Credentials;
+use lockstep_fs::AtomicWriteError;
+use lockstep_store::{Machine, Model, StoreError};
+use lockstep_streams::{DownloadError, LookupError, SourceError};
+use lockstep_transport::client::{Client, ClientConfig, ClientError};
+use lockstep_transport::tls::{Credentials, TlsError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::datadir::{self, AgentConf, DataDir, DownloadedTools};
-use crate::driver::{MetadataSource, unix_now};
+use crate::datadir::{self, AgentConf, DataDir, DataDirError, DownloadedTools, User};
+use crate::metadata::{MetadataSource, unix_now};
+use crate::quote::quote;
+use crate::store::StoreSetupError;
 
 /// The agent's tag: a controller is machine 0, as in Juju.
 pub const AGENT_TAG: &str = "machine-0";
-
-/// An API user, as the daemon reads them from `<data>/users.json`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct User {
-    pub name: String,
-    #[serde(rename = "password-hash")]
-    pub password_hash: String,
-}
 
 /// What a client needs to reach the controller: `<data>/controller.yaml` (mode 0600), the
 /// equivalent of Juju's `controllers.yaml` and `accounts.yaml` entries.
@@ -58,37 +55,79 @@ impl std::fmt::Debug for ControllerFile {
     }
 }
 
+/// Why `controller.yaml` cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerFileError {
+    #[error(
+        "cannot read {}: {error} (is a controller bootstrapped with --data-dir {}?)",
+        path.display(),
+        data_dir.display()
+    )]
+    Read {
+        path: PathBuf,
+        data_dir: PathBuf,
+        #[source]
+        error: io::Error,
+    },
+    #[error("{}: {error}", path.display())]
+    Malformed {
+        path: PathBuf,
+        #[source]
+        error: Box<serde_saphyr::Error>,
+    },
+    #[error(
+        "{}: api-endpoints is empty: no controller address to connect to",
+        path.display()
+    )]
+    NoEndpoints { path: PathBuf },
+    #[error("cannot write {}: {error}", path.display())]
+    Serialize {
+        path: PathBuf,
+        #[source]
+        error: serde_saphyr::ser::Error,
+    },
+    #[error(transparent)]
+    Write(#[from] AtomicWriteError),
+}
+
 impl ControllerFile {
-    pub fn read(data: &DataDir) -> Result<ControllerFile, String> {
+    pub fn read(data: &DataDir) -> Result<ControllerFile, ControllerFileError> {
         let path = data.controller_config_path();
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "cannot read {}: {e} (is a controller bootstrapped with --data-dir {}?)",
-                path.display(),
-                data.root().display()
-            )
-        })?;
-        let file: ControllerFile =
-            serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) => {
+                return Err(ControllerFileError::Read {
+                    path,
+                    data_dir: data.root().to_path_buf(),
+                    error,
+                });
+            }
+        };
+        let file: ControllerFile = match serde_saphyr::from_str(&text) {
+            Ok(file) => file,
+            Err(error) => {
+                return Err(ControllerFileError::Malformed {
+                    path,
+                    error: Box::new(error),
+                });
+            }
+        };
         if file.api_endpoints.is_empty() {
-            return Err(format!(
-                "{}: api-endpoints is empty: no controller address to connect to",
-                path.display()
-            ));
+            return Err(ControllerFileError::NoEndpoints { path });
         }
         Ok(file)
     }
 
     /// Writes `<data>/controller.yaml` (mode 0600).
-    pub fn write(&self, data: &DataDir) -> Result<(), String> {
-        datadir::write_file_atomically(
-            &data.controller_config_path(),
-            serde_saphyr::to_string(self)
-                .map_err(|e| e.to_string())?
-                .as_bytes(),
-            0o600,
-        )
-        .map_err(|e| e.to_string())
+    pub fn write(&self, data: &DataDir) -> Result<(), ControllerFileError> {
+        let path = data.controller_config_path();
+        let text =
+            serde_saphyr::to_string(self).map_err(|error| ControllerFileError::Serialize {
+                path: path.clone(),
+                error,
+            })?;
+        lockstep_fs::write_file_atomically(&path, text.as_bytes(), 0o600)?;
+        Ok(())
     }
 
     /// A client of this controller, with a fresh client id. With several controllers
@@ -122,6 +161,101 @@ impl ControllerFile {
             client_id: random_hex(16),
         })
     }
+}
+
+/// Why `lockstep bootstrap` failed. Each names the flag, file or value, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error(
+        "a controller is already bootstrapped in {} ({} exists); use another --data-dir, or \
+         kill-controller and remove it first",
+        data_dir.display(),
+        agent_conf.display()
+    )]
+    AlreadyBootstrapped {
+        data_dir: PathBuf,
+        agent_conf: PathBuf,
+    },
+    #[error("cannot find a free port on 127.0.0.1: {0}")]
+    NoFreePort(#[source] io::Error),
+    #[error("cannot use --api-port {port} on 127.0.0.1: {error}")]
+    ApiPort {
+        port: u16,
+        #[source]
+        error: io::Error,
+    },
+    #[error("--metadata-source {}: {error}", quote(given))]
+    MetadataSource {
+        given: String,
+        #[source]
+        error: io::Error,
+    },
+    #[error("agent-metadata-url {}: {error}", quote(url))]
+    Source {
+        url: String,
+        #[source]
+        error: SourceError,
+    },
+    #[error("looking up agent binaries at {url}: {error}")]
+    Lookup {
+        url: String,
+        #[source]
+        error: LookupError,
+    },
+    #[error(transparent)]
+    Download(#[from] DownloadError),
+    #[error("no agent binaries for {version} found at {url}")]
+    NotPublished { version: Version, url: String },
+    #[error(
+        "--agent-version {version} needs published binaries (--metadata-source): this \
+         lockstepd is {own}"
+    )]
+    NeedsPublished { version: Version, own: Version },
+    #[error("{} was installed without its downloaded-tools.txt", dir.display())]
+    NoToolsMetadata { dir: PathBuf },
+    #[error(transparent)]
+    StoreSetup(#[from] StoreSetupError),
+    #[error("cannot use {store}: {error}")]
+    Store {
+        store: String,
+        #[source]
+        error: StoreError,
+    },
+    #[error("{store} already holds a model; not bootstrapping over it")]
+    ModelExists { store: String },
+    #[error("cannot make the API's TLS material: {0}")]
+    Credentials(#[source] TlsError),
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error(transparent)]
+    Write(#[from] AtomicWriteError),
+    #[error(transparent)]
+    ControllerFile(#[from] ControllerFileError),
+    #[error("bootstrap failed: {error}\nlast lines of {}:\n{tail}", log.display())]
+    NotReady {
+        #[source]
+        error: WaitError,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("the controller is ready, but Upgrade.Status failed: {0}")]
+    Status(#[source] Box<ClientError>),
+}
+
+/// Why the controller did not become Ready.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    #[error(
+        "the controller did not become available within {}s; it is {}",
+        deadline.as_secs(),
+        last.describe()
+    )]
+    Timeout {
+        deadline: Duration,
+        last: Box<Progress>,
+    },
+    #[error("lockstepd (pid {pid}) exited while {}", last.describe_or("starting"))]
+    Exited { pid: u32, last: Box<Progress> },
 }
 
 /// `lockstep bootstrap`'s options.
@@ -179,29 +313,26 @@ fn uuid() -> String {
 }
 
 /// A free port on 127.0.0.1 (bound, then released for the daemon to bind).
-pub(crate) fn free_port() -> Result<u16, String> {
-    let socket = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| format!("cannot find a free port: {e}"))?;
-    Ok(socket.local_addr().map_err(|e| e.to_string())?.port())
+pub(crate) fn free_port() -> io::Result<u16> {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(socket.local_addr()?.port())
 }
 
 /// Writes the data dir. Refuses one that already holds a controller, touching nothing.
-pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
+pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapError> {
     let data = DataDir::new(&options.data_dir);
     if data.agent_conf_path().exists() {
-        return Err(format!(
-            "a controller is already bootstrapped in {} ({} exists); \
-             use another --data-dir, or kill-controller and remove it first",
-            data.root().display(),
-            data.agent_conf_path().display()
-        ));
+        return Err(BootstrapError::AlreadyBootstrapped {
+            data_dir: data.root().to_path_buf(),
+            agent_conf: data.agent_conf_path(),
+        });
     }
     // Before anything is written: a port in use would leave a data dir that cannot serve.
     let port = match options.api_port {
-        0 => free_port()?,
+        0 => free_port().map_err(BootstrapError::NoFreePort)?,
         port => {
             std::net::TcpListener::bind(("127.0.0.1", port))
-                .map_err(|e| format!("cannot use --api-port {port} on 127.0.0.1: {e}"))?;
+                .map_err(|error| BootstrapError::ApiPort { port, error })?;
             port
         }
     };
@@ -218,17 +349,18 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
     };
     let shared = if settings.engine == crate::store::StoreEngine::Etcd {
         let store = crate::store::open(&data, &settings)?;
-        store
-            .revision()
-            .map_err(|e| format!("cannot use {}: {e}", settings.describe(&data)))?;
+        store.revision().map_err(|error| BootstrapError::Store {
+            store: settings.describe(&data),
+            error,
+        })?;
         Some(store)
     } else {
         None
     };
     std::fs::create_dir_all(data.root())
-        .map_err(|e| format!("cannot create {}: {e}", data.root().display()))?;
+        .map_err(DataDirError::io(data.root(), "create the directory"))?;
     std::fs::create_dir_all(data.tools_dir())
-        .map_err(|e| format!("cannot create {}: {e}", data.tools_dir().display()))?;
+        .map_err(DataDirError::io(&data.tools_dir(), "create the directory"))?;
 
     let metadata_source = match &options.metadata_source {
         Some(source) if !source.starts_with("http://") && !source.starts_with("https://") => {
@@ -240,7 +372,10 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
             }
             Some(
                 path.canonicalize()
-                    .map_err(|e| format!("--metadata-source {source}: {e}"))?
+                    .map_err(|error| BootstrapError::MetadataSource {
+                        given: source.clone(),
+                        error,
+                    })?
                     .display()
                     .to_string(),
             )
@@ -253,14 +388,16 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
         (Some(url), false) => match install_published(&data, url, wanted).await? {
             Some(binary) => (binary, None),
             None if options.agent_version.is_some() => {
-                return Err(format!("no agent binaries for {wanted} found at {url}"));
+                return Err(BootstrapError::NotPublished {
+                    version: wanted,
+                    url: url.clone(),
+                });
             }
             None => install_local(&data, options, own)?,
         },
         _ => install_local(&data, options, wanted)?,
     };
-    data.switch_to(AGENT_TAG, &binary)
-        .map_err(|e| e.to_string())?;
+    data.switch_to(AGENT_TAG, &binary)?;
 
     let policy = if let Some(version) = options.agent_version {
         UpgradePolicy::Pinned(version)
@@ -279,38 +416,32 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
 
     let address = format!("127.0.0.1:{port}");
     let credentials = Credentials::generate(&options.name, &[IpAddr::from([127, 0, 0, 1])])
-        .map_err(|e| e.to_string())?;
-    datadir::write_file_atomically(&data.ca_cert_path(), credentials.ca_pem.as_bytes(), 0o644)
-        .map_err(|e| e.to_string())?;
-    datadir::write_file_atomically(
+        .map_err(BootstrapError::Credentials)?;
+    lockstep_fs::write_file_atomically(&data.ca_cert_path(), credentials.ca_pem.as_bytes(), 0o644)?;
+    lockstep_fs::write_file_atomically(
         &data.server_cert_path(),
         credentials.certificate_pem.as_bytes(),
         0o644,
-    )
-    .map_err(|e| e.to_string())?;
-    datadir::write_file_atomically(
+    )?;
+    lockstep_fs::write_file_atomically(
         &data.server_key_path(),
         credentials.key_pem.as_bytes(),
         0o600,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let password = random_hex(16);
     let users = vec![User {
         name: "admin".to_owned(),
         password_hash: lockstep_transport::server::hash_password(&password),
     }];
-    datadir::write_file_atomically(
-        &crate::paths::users_path(&data),
-        serde_json::to_string_pretty(&users)
-            .expect("users serialise")
-            .as_bytes(),
-        0o600,
-    )
-    .map_err(|e| e.to_string())?;
+    data.write_users(&users)?;
 
     let store = match shared {
         Some(store) => store,
         None => crate::store::open(&data, &settings)?,
+    };
+    let store_error = |error| BootstrapError::Store {
+        store: settings.describe(&data),
+        error,
     };
     let created = store
         .create_model(&Model {
@@ -325,16 +456,15 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
             capabilities_discovered: None,
             upgrade_available: None,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(store_error)?;
     if !created {
-        return Err(format!(
-            "{} already holds a model; not bootstrapping over it",
-            settings.describe(&data)
-        ));
+        return Err(BootstrapError::ModelExists {
+            store: settings.describe(&data),
+        });
     }
     let mut machine = Machine::with_roles("0", Roles::of(&[Role::Controller]));
     machine.agent_binary = Some(binary.clone());
-    store.add_machine(&machine).map_err(|e| e.to_string())?;
+    store.add_machine(&machine).map_err(store_error)?;
     drop(store);
 
     let controller = ControllerFile {
@@ -356,7 +486,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, String> {
     conf.apiaddresses = vec![address.clone()];
     conf.cacert = credentials.ca_pem.clone();
     settings.apply(&mut conf);
-    data.write_agent_conf(&conf).map_err(|e| e.to_string())?;
+    data.write_agent_conf(&conf)?;
     Ok(Prepared {
         data,
         binary,
@@ -369,8 +499,11 @@ async fn install_published(
     data: &DataDir,
     url: &str,
     version: Version,
-) -> Result<Option<Binary>, String> {
-    let source = MetadataSource::open(url)?;
+) -> Result<Option<Binary>, BootstrapError> {
+    let source = MetadataSource::open(url).map_err(|error| BootstrapError::Source {
+        url: url.to_owned(),
+        error,
+    })?;
     let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
     let lookup = source
         .look_up(
@@ -379,7 +512,10 @@ async fn install_published(
             unix_now(),
         )
         .await
-        .map_err(|e| format!("looking up agent binaries at {url}: {e}"))?;
+        .map_err(|error| BootstrapError::Lookup {
+            url: url.to_owned(),
+            error,
+        })?;
     let host = datadir::host_binary(version);
     let Some(entry) = lookup
         .catalogue
@@ -391,23 +527,19 @@ async fn install_published(
         return Ok(None);
     };
     let cache = data.tools_cache_dir();
-    std::fs::create_dir_all(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    std::fs::create_dir_all(&cache).map_err(DataDirError::io(&cache, "create the directory"))?;
     let tarball = cache.join(format!("juju-{}.tgz", entry.binary));
-    source
-        .download(&entry, &tarball, &mut |_| {})
-        .await
-        .map_err(|e| e.to_string())?;
+    source.download(&entry, &tarball, &mut |_| {}).await?;
     data.install_tarball(
         &entry.binary,
         &tarball,
         &DownloadedTools {
             version: entry.binary.clone(),
             url: format!("{}/{}", url.trim_end_matches('/'), entry.path),
-            sha256: entry.sha256.to_string(),
-            size: entry.size_bytes,
+            sha256: entry.sha256,
+            size_bytes: entry.size_bytes,
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     Ok(Some(entry.binary))
 }
 
@@ -417,42 +549,34 @@ fn install_local(
     data: &DataDir,
     options: &BootstrapOptions,
     version: Version,
-) -> Result<(Binary, Option<(Sha256, u64)>), String> {
+) -> Result<(Binary, Option<(Sha256, u64)>), BootstrapError> {
     let own = crate::steps::build_version();
     if version != own {
-        return Err(format!(
-            "--agent-version {version} needs published binaries (--metadata-source): \
-             this lockstepd is {own}"
-        ));
+        return Err(BootstrapError::NeedsPublished { version, own });
     }
     let binary = datadir::host_binary(version);
-    let dir = data
-        .install_local_binary(&binary, &options.local_agent, false)
-        .map_err(|e| e.to_string())?;
+    let dir = data.install_local_binary(&binary, &options.local_agent, false)?;
     let installed = data
-        .read_downloaded_tools(&binary)
-        .map_err(|e| e.to_string())?
-        .ok_or("the local binary was installed without its downloaded-tools.txt")?;
-    let sha = Sha256::parse(&installed.sha256).map_err(|e| e.to_string())?;
+        .read_downloaded_tools(&binary)?
+        .ok_or_else(|| BootstrapError::NoToolsMetadata { dir: dir.clone() })?;
     tracing::debug!(target: "lockstep::bootstrap", dir = %dir.display(), "local agent installed");
-    Ok((binary, Some((sha, installed.size))))
+    Ok((binary, Some((installed.sha256, installed.size_bytes))))
 }
 
 /// Starts `lockstepd` detached (its own session, output appended to
 /// `<data>/logs/lockstepd.log`). Returns its pid.
-pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, String> {
+pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, DataDirError> {
     use std::os::unix::process::CommandExt;
     let logs = data.logs_dir();
-    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+    std::fs::create_dir_all(&logs).map_err(DataDirError::io(&logs, "create the directory"))?;
     let log_path = logs.join("lockstepd.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log_path)
-        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        .map_err(DataDirError::io(&log_path, "open"))?;
     let tag = data
-        .read_agent_conf()
-        .map_err(|e| e.to_string())?
+        .read_agent_conf()?
         .map_or_else(|| AGENT_TAG.to_owned(), |conf| conf.tag);
     let exe = data.agent_link(&tag).join("lockstepd");
     let child = std::process::Command::new(&exe)
@@ -460,29 +584,15 @@ pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, String
         .arg(data.root())
         .args(extra_args)
         .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stdout(
+            log.try_clone()
+                .map_err(DataDirError::io(&log_path, "duplicate the descriptor of"))?,
+        )
         .stderr(log)
         .process_group(0)
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        .map_err(DataDirError::io(&exe, "start"))?;
     Ok(child.id())
-}
-
-/// Whether process `pid` still runs: some thread of it is not a zombie. (The main thread
-/// of a multi-threaded process may be a zombie while other threads still exit and the
-/// process still holds its files and sockets.)
-pub fn alive(pid: u32) -> bool {
-    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    threads.flatten().any(|thread| {
-        std::fs::read_to_string(thread.path().join("stat"))
-            .map(|stat| {
-                let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-                !(state.starts_with('Z') || state.starts_with('X'))
-            })
-            .unwrap_or(false)
-    })
 }
 
 /// The last lines of the daemon's log, for failure messages.
@@ -526,6 +636,15 @@ impl Progress {
         }
     }
 
+    /// What the controller is doing, or `nothing` when it has not said yet.
+    pub fn describe_or(&self, nothing: &str) -> String {
+        if self.phase.is_empty() {
+            nothing.to_owned()
+        } else {
+            self.describe()
+        }
+    }
+
     pub fn describe(&self) -> String {
         let mut line = self.phase.clone();
         if self.steps > 0 {
@@ -555,30 +674,25 @@ pub async fn wait_until_ready(
     pid: Option<u32>,
     deadline: Duration,
     mut on_change: impl FnMut(&Progress),
-) -> Result<Progress, String> {
+) -> Result<Progress, WaitError> {
     let started = Instant::now();
     let mut last = Progress::default();
     let mut seen = json!({});
     loop {
         let left = deadline.saturating_sub(started.elapsed());
         if left.is_zero() {
-            return Err(format!(
-                "the controller did not become available within {}s; it is {}",
-                deadline.as_secs(),
-                last.describe()
-            ));
+            return Err(WaitError::Timeout {
+                deadline,
+                last: Box::new(last),
+            });
         }
         if let Some(pid) = pid
-            && !alive(pid)
+            && !crate::process::alive(pid)
         {
-            return Err(format!(
-                "lockstepd (pid {pid}) exited while {}",
-                if last.phase.is_empty() {
-                    "starting".to_owned()
-                } else {
-                    last.describe()
-                }
-            ));
+            return Err(WaitError::Exited {
+                pid,
+                last: Box::new(last),
+            });
         }
         let poll = left.min(Duration::from_secs(2));
         let answer = tokio::time::timeout(
@@ -630,7 +744,7 @@ pub async fn bootstrap(
     options: &BootstrapOptions,
     timeout: Duration,
     mut on_line: impl FnMut(&str),
-) -> Result<Outcome, String> {
+) -> Result<Outcome, BootstrapError> {
     let prepared = prepare(options).await?;
     on_line(&format!(
         "Installed agent binary {} in {}",
@@ -668,7 +782,7 @@ pub async fn bootstrap(
             let status = client
                 .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(10))
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|error| BootstrapError::Status(Box::new(error)))?;
             let running = status["agent-version"].as_str().unwrap_or("").to_owned();
             let initial = prepared.binary.number.to_string();
             if let Some(failure) = Progress::from_json(&status).last_failure {
@@ -686,11 +800,11 @@ pub async fn bootstrap(
             if let Some(target) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process(target, rustix::process::Signal::TERM);
             }
-            Err(format!(
-                "bootstrap failed: {error}\nlast lines of {}:\n{}",
-                prepared.data.logs_dir().join("lockstepd.log").display(),
-                log_tail(&prepared.data, 15)
-            ))
+            Err(BootstrapError::NotReady {
+                error,
+                log: prepared.data.logs_dir().join("lockstepd.log"),
+                tail: log_tail(&prepared.data, 15),
+            })
         }
     }
 }

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,18 +19,102 @@ use std::time::{Duration, Instant};
 use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
 use lockstep_core::lifecycle::Revision;
-use lockstep_store::{Changes, EntityKind, Store};
-use lockstep_transport::client::{Client, ClientStats};
+use lockstep_store::{Changes, EntityKind, Store, StoreError};
+use lockstep_streams::GenerateError;
+use lockstep_transport::client::{Client, ClientError, ClientStats};
 use serde_json::{Value, json};
 
-use crate::bootstrap::{self, BootstrapOptions, ControllerFile, Progress};
-use crate::bundle::{Bundle, BundleChange};
-use crate::cli;
-use crate::datadir::{self, DataDir};
+use crate::cli::bootstrap::{
+    self, BootstrapError, BootstrapOptions, ControllerFile, Progress, WaitError,
+};
+use crate::cli::bundle::{Bundle, BundleChange, BundleError};
+use crate::cli::commands::{self, CallError};
+use crate::datadir::{self, DataDir, DataDirError};
 use crate::logging::say;
+use crate::paths::ExecutableError;
+use crate::unpack::UnpackError;
+
+/// Why the demo could not run, or did not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("cannot {action} {}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        error: io::Error,
+    },
+    #[error("cannot create a temporary directory: {0}")]
+    TempDir(#[source] io::Error),
+    #[error(transparent)]
+    Executable(#[from] ExecutableError),
+    #[error(transparent)]
+    Pack(#[from] UnpackError),
+    #[error("cannot generate the metadata of the mirror {}: {error}", mirror.display())]
+    Generate {
+        mirror: PathBuf,
+        #[source]
+        error: GenerateError,
+    },
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error("the {party} task panicked: {error}")]
+    Panicked {
+        party: &'static str,
+        #[source]
+        error: tokio::task::JoinError,
+    },
+    #[error("interrupted; the demo's controller was stopped")]
+    Interrupted,
+    #[error("{failed} of {total} claims did not hold")]
+    ClaimsFailed { failed: usize, total: usize },
+}
+
+impl DemoError {
+    /// A mapper from the `io::Error` of `action` on `path`.
+    fn io(path: &Path, action: &'static str) -> impl FnOnce(io::Error) -> DemoError + use<> {
+        let path = path.to_path_buf();
+        move |error| DemoError::Io {
+            path,
+            action,
+            error,
+        }
+    }
+}
+
+/// Why the watcher stopped before it saw what it waited for.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum WatchError {
+    #[error("the watcher did not see the deployed state within {}s", waited.as_secs())]
+    TimedOut { waited: Duration },
+    #[error("the watcher's client: {0}")]
+    Client(#[source] Box<ClientError>),
+}
+
+/// Why the store's event log could not be read whole.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreLogError {
+    #[error("cannot open the store {}: {error}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        error: StoreError,
+    },
+    #[error("cannot read the event log: {0}")]
+    Read(#[source] StoreError),
+    #[error(
+        "the event log cannot be read whole: the events up to revision {compacted} were \
+         compacted"
+    )]
+    Compacted { compacted: u64 },
+}
 
 /// The bundle the demo deploys.
-pub const DEMO_BUNDLE: &str = include_str!("../bundles/demo.yaml");
+pub const DEMO_BUNDLE: &str = include_str!("../../bundles/demo.yaml");
 
 /// One timeline entry: when (since the demo started), who, what.
 pub type Event = (Duration, &'static str, String);
@@ -226,7 +311,7 @@ pub fn stop_daemon(pid: u32) {
     };
     let _ = rustix::process::kill_process(target, rustix::process::Signal::TERM);
     let started = Instant::now();
-    while bootstrap::alive(pid) {
+    while crate::process::alive(pid) {
         if started.elapsed() > Duration::from_secs(30) {
             let _ = rustix::process::kill_process(target, rustix::process::Signal::KILL);
         }
@@ -241,32 +326,36 @@ pub fn publish(
     version: Version,
     lockstepd: &Path,
     force: bool,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, DemoError> {
     let binary = datadir::host_binary(version);
     let dir = mirror.join("tools").join("released");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).map_err(DemoError::io(&dir, "create the directory"))?;
+    let scratch = tempfile::tempdir().map_err(DemoError::TempDir)?;
     let force_file = scratch.path().join("FORCE-VERSION");
-    std::fs::write(&force_file, format!("{version}\n")).map_err(|e| e.to_string())?;
+    std::fs::write(&force_file, format!("{version}\n"))
+        .map_err(DemoError::io(&force_file, "write"))?;
     let mut entries = vec![("lockstepd", lockstepd, 0o755)];
     if force {
         entries.push(("FORCE-VERSION", force_file.as_path(), 0o644));
     }
     let tarball = dir.join(format!("juju-{binary}.tgz"));
-    crate::unpack::pack_tgz(&entries, &tarball).map_err(|e| e.to_string())?;
+    crate::unpack::pack_tgz(&entries, &tarball)?;
     Ok(tarball)
 }
 
 /// Regenerates the mirror's simplestreams metadata.
-pub fn generate(mirror: &Path) -> Result<(), String> {
+pub fn generate(mirror: &Path) -> Result<(), DemoError> {
     lockstep_streams::generate_agent_binaries(
         mirror,
         &lockstep_streams::GenerateOptions {
-            now_unix_seconds: crate::driver::unix_now(),
+            now_unix_seconds: crate::metadata::unix_now(),
         },
     )
     .map(|_| ())
-    .map_err(|e| e.to_string())
+    .map_err(|error| DemoError::Generate {
+        mirror: mirror.to_path_buf(),
+        error,
+    })
 }
 
 /// The pid of the launcher's worker (its only child).
@@ -360,7 +449,7 @@ pub struct DeployCall {
     /// `upgrade in progress` answers, and closed connections, retried within this call.
     pub refused: u64,
     pub reconnected: u64,
-    pub result: Result<Value, String>,
+    pub result: Result<Value, CallError>,
 }
 
 /// A deployer: applies every change of the bundle through its own client, each with one
@@ -374,15 +463,19 @@ pub async fn deployer(
     let client = controller.client(RetryPolicy::default());
     let mut calls = Vec::new();
     for change in bundle.plan() {
-        let (facade, version, method, params) = cli::call_for(&change);
+        let (facade, version, method, params) = commands::call_for(&change);
         let before = client.stats();
         let sent = timeline.elapsed();
         let result = client
             .mutate(facade, version, method, params, deadline)
             .await
-            .map_err(|e| cli::describe(&e))
+            .map_err(|error| CallError::Client {
+                facade,
+                method,
+                error: Box::new(error),
+            })
             .and_then(|reply| {
-                cli::check_results(&reply, &cli::describe_change(&change)).map(|()| reply)
+                commands::check_results(&reply, &commands::describe_change(&change)).map(|()| reply)
             });
         let answered = timeline.elapsed();
         let after = client.stats();
@@ -392,7 +485,7 @@ pub async fn deployer(
             timeline.add_at(
                 sent,
                 "deployer",
-                format!("{}: sent", cli::describe_change(&change)),
+                format!("{}: sent", commands::describe_change(&change)),
             );
         }
         timeline.add_at(
@@ -402,10 +495,10 @@ pub async fn deployer(
                 Ok(_) if refused + reconnected > 0 => format!(
                     "{} done after {refused} answers `upgrade in progress` and {reconnected} \
                      closed connections, each retried with the same operation-id",
-                    cli::describe_change(&change),
+                    commands::describe_change(&change),
                 ),
-                Ok(_) => format!("{} done", cli::describe_change(&change)),
-                Err(error) => format!("{} FAILED: {error}", cli::describe_change(&change)),
+                Ok(_) => format!("{} done", commands::describe_change(&change)),
+                Err(error) => format!("{} FAILED: {error}", commands::describe_change(&change)),
             },
         );
         calls.push(DeployCall {
@@ -449,7 +542,7 @@ pub struct WatcherRun {
     pub started: Duration,
     pub first_delivery: Option<Duration>,
     pub last_delivery: Option<Duration>,
-    pub result: Result<Watched, String>,
+    pub result: Result<Watched, WatchError>,
     /// Its client's retry counters over the run.
     pub trace: ClientTrace,
 }
@@ -472,9 +565,12 @@ pub async fn watcher(
         while !done(&watched) {
             let left = deadline.saturating_sub(timeline.elapsed().saturating_sub(started));
             if left.is_zero() {
-                return Err("the watcher did not see the deployed state in time".to_owned());
+                return Err(WatchError::TimedOut { waited: deadline });
             }
-            let deltas = watcher.next(left).await.map_err(|e| cli::describe(&e))?;
+            let deltas = watcher
+                .next(left)
+                .await
+                .map_err(|error| WatchError::Client(Box::new(error)))?;
             if !deltas.is_empty() {
                 first_delivery.get_or_insert(timeline.elapsed());
                 last_delivery = Some(timeline.elapsed());
@@ -541,16 +637,20 @@ pub struct StoreLog {
 
 impl StoreLog {
     /// Reads the whole event log.
-    pub fn read(store: &dyn Store) -> Result<StoreLog, String> {
+    pub fn read(store: &dyn Store) -> Result<StoreLog, StoreLogError> {
         let mut log = StoreLog::default();
         let mut after = Revision(0);
         loop {
             let events = match store
                 .changes_since(after, 10_000)
-                .map_err(|e| e.to_string())?
+                .map_err(StoreLogError::Read)?
             {
                 Changes::Events { events, .. } => events,
-                other => return Err(format!("the event log cannot be read whole: {other:?}")),
+                Changes::ResyncNeeded { compacted, .. } => {
+                    return Err(StoreLogError::Compacted {
+                        compacted: compacted.0,
+                    });
+                }
             };
             let Some(last) = events.last() else {
                 return Ok(log);
@@ -602,12 +702,12 @@ pub struct Observed {
     /// The controller's events, from its JSON log.
     pub controller: Vec<(Duration, ControllerEvent)>,
     /// What bootstrap's wait for Ready returned.
-    pub bootstrap: Result<(), String>,
+    pub bootstrap: Result<(), WaitError>,
     pub deployer: Vec<DeployCall>,
     pub watcher: WatcherRun,
     /// `Client.FullStatus` at the end.
-    pub status: Result<Value, String>,
-    pub store: Result<StoreLog, String>,
+    pub status: Result<Value, CallError>,
+    pub store: Result<StoreLog, StoreLogError>,
 }
 
 impl Observed {
@@ -627,18 +727,16 @@ impl Observed {
     }
 }
 
-/// One claim: a name for tests, and what held or what did not.
+/// One claim: a name for tests, whether it holds, and what was observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
     pub name: &'static str,
-    pub outcome: Result<String, String>,
+    pub holds: bool,
+    pub text: String,
 }
 
 fn claim(name: &'static str, holds: bool, text: String) -> Claim {
-    Claim {
-        name,
-        outcome: if holds { Ok(text) } else { Err(text) },
-    }
+    Claim { name, holds, text }
 }
 
 fn seconds(at: Option<Duration>) -> String {
@@ -721,7 +819,7 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
             Some(first) => format!(
                 "the deployer's first call ({}) was sent at {}, Ready came at {}; it was \
                  answered `upgrade in progress` {} times and {} at {}",
-                cli::describe_change(&first.change),
+                commands::describe_change(&first.change),
                 seconds(Some(first.sent)),
                 seconds(ready_at),
                 first.refused,
@@ -784,7 +882,7 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
             call.result
                 .as_ref()
                 .err()
-                .map(|e| format!("deployer: {}: {e}", cli::describe_change(&call.change)))
+                .map(|e| format!("deployer: {}: {e}", commands::describe_change(&call.change)))
         })
         .collect();
     if let Err(error) = &watcher.result {
@@ -915,7 +1013,7 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
 }
 
 /// Checks the watcher saw each change once, in order, and ended at the controller's state.
-fn check_watcher(watched: &Result<Watched, String>, status: Option<&Value>) -> Vec<Claim> {
+fn check_watcher(watched: &Result<Watched, WatchError>, status: Option<&Value>) -> Vec<Claim> {
     let Ok(watched) = watched else {
         return vec![claim(
             "watcher once, in order",
@@ -977,22 +1075,22 @@ fn check_watcher(watched: &Result<Watched, String>, status: Option<&Value>) -> V
 
 /// Runs the demo. See the module documentation. SIGINT or SIGTERM stops it, and every
 /// process it started.
-pub async fn run(keep: bool, timeout: Duration) -> Result<(), String> {
+pub async fn run(keep: bool, timeout: Duration) -> Result<(), DemoError> {
     tokio::select! {
         result = run_demo(keep, timeout) => result,
-        () = crate::worker::wait_for_termination() => {
+        () = crate::process::wait_for_termination() => {
             // Dropping `run_demo` dropped its daemon guard: the controller is stopped.
-            Err("interrupted; the demo's controller was stopped".to_owned())
+            Err(DemoError::Interrupted)
         }
     }
 }
 
-async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
+async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
     let timeline = Timeline::new();
     let temp = tempfile::Builder::new()
         .prefix("lockstep-demo-")
         .tempdir()
-        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+        .map_err(DemoError::TempDir)?;
     let root = if keep {
         temp.keep()
     } else {
@@ -1041,7 +1139,7 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
         ),
     );
 
-    let bundle = Bundle::parse(DEMO_BUNDLE).map_err(|e| e.to_string())?;
+    let bundle = Bundle::parse(DEMO_BUNDLE)?;
     let (applications, units, relations) =
         bundle
             .plan()
@@ -1090,18 +1188,28 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
             "Bootstrap complete, controller \"demo\" is now available",
         );
     }
-    let deployed = deploy.await.map_err(|e| e.to_string())?;
+    let deployed = deploy.await.map_err(|error| DemoError::Panicked {
+        party: "deployer",
+        error,
+    })?;
     let status = client
         .call(
             "Client",
-            cli::CLIENT_VERSION,
+            commands::CLIENT_VERSION,
             "FullStatus",
             json!({}),
             Duration::from_secs(30),
         )
         .await
-        .map_err(|e| cli::describe(&e));
-    let watched = watch.await.map_err(|e| e.to_string())?;
+        .map_err(|error| CallError::Client {
+            facade: "Client",
+            method: "FullStatus",
+            error: Box::new(error),
+        });
+    let watched = watch.await.map_err(|error| DemoError::Panicked {
+        party: "watcher",
+        error,
+    })?;
 
     let data = DataDir::new(root.join("controller"));
     let next_binary = datadir::host_binary(next);
@@ -1111,10 +1219,13 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
     let log = std::fs::read_to_string(data.logs_dir().join("lockstepd.log")).unwrap_or_default();
     let controller = parse_controller_log(&log, timeline.started_unix_micros);
     timeline.add_controller(&controller);
-    let store =
-        lockstep_store::SqliteStore::open(data.store_path(), lockstep_store::OpenMode::ReadOnly)
-            .map_err(|e| e.to_string())
-            .and_then(|store| StoreLog::read(&store));
+    let store_path = data.store_path();
+    let store = lockstep_store::SqliteStore::open(&store_path, lockstep_store::OpenMode::ReadOnly)
+        .map_err(|error| StoreLogError::Open {
+            path: store_path.clone(),
+            error,
+        })
+        .and_then(|store| StoreLog::read(&store));
 
     let observed = Observed {
         bundle,
@@ -1143,22 +1254,21 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), String> {
     say("\nResult:");
     let mut failures = 0;
     for claim in &claims {
-        match &claim.outcome {
-            Ok(text) => say(&format!("  ok    {text}")),
-            Err(text) => {
-                failures += 1;
-                say(&format!("  FAIL  {text}"));
-            }
+        if claim.holds {
+            say(&format!("  ok    {}", claim.text));
+        } else {
+            failures += 1;
+            say(&format!("  FAIL  {}", claim.text));
         }
     }
     if keep {
         say(&format!("\nkept {}", root.display()));
     }
     if failures > 0 {
-        return Err(format!(
-            "{failures} of {} claims did not hold",
-            claims.len()
-        ));
+        return Err(DemoError::ClaimsFailed {
+            failed: failures,
+            total: claims.len(),
+        });
     }
     say(&format!("\nall {} claims hold", claims.len()));
     Ok(())
@@ -1305,7 +1415,7 @@ mod tests {
     fn failed(observed: &Observed) -> BTreeSet<&'static str> {
         claims(observed)
             .into_iter()
-            .filter(|claim| claim.outcome.is_err())
+            .filter(|claim| !claim.holds)
             .map(|claim| claim.name)
             .collect()
     }
@@ -1313,10 +1423,7 @@ mod tests {
     #[test]
     fn every_claim_holds_for_a_run_that_overlapped_the_upgrade() {
         let claims = claims(&observed());
-        assert!(
-            claims.iter().all(|claim| claim.outcome.is_ok()),
-            "{claims:#?}"
-        );
+        assert!(claims.iter().all(|claim| claim.holds), "{claims:#?}");
         // Nine, and one per deployed application (four).
         assert_eq!(claims.len(), 9 + 4, "{claims:#?}");
     }
@@ -1329,7 +1436,12 @@ mod tests {
         let cases: Vec<(&str, Change, &[&str])> = vec![
             (
                 "bootstrap gave up",
-                |o| o.bootstrap = Err("not ready within 180s".to_owned()),
+                |o| {
+                    o.bootstrap = Err(WaitError::Timeout {
+                        deadline: Duration::from_secs(180),
+                        last: Box::default(),
+                    })
+                },
                 &["bootstrap"],
             ),
             (
@@ -1393,12 +1505,28 @@ mod tests {
             ),
             (
                 "a deploy call failed",
-                |o| o.deployer[8].result = Err("connection refused".to_owned()),
+                |o| {
+                    o.deployer[8].result = Err(CallError::Refused {
+                        what: "relate".to_owned(),
+                        message: "connection refused".to_owned(),
+                    })
+                },
                 &["no client error"],
             ),
             (
                 "the final status failed",
-                |o| o.status = Err("gave up".to_owned()),
+                |o| {
+                    o.status = Err(CallError::Client {
+                        facade: "Client",
+                        method: "FullStatus",
+                        error: Box::new(ClientError::GaveUp(lockstep_core::client::GiveUp {
+                            phase: None,
+                            disconnected: true,
+                            attempts: 3,
+                            waited: lockstep_core::Millis(30_000),
+                        })),
+                    })
+                },
                 &[
                     "no client error",
                     "model agent-version",

@@ -1,0 +1,32 @@
+//! Failpoints for tests (as FoundationDB's buggify or TiKV's fail-rs): environment
+//! variables that make `lockstepd` misbehave on purpose, so that the end-to-end and HA
+//! tests can reach states no honest input reaches on demand.
+//!
+//! Compiled only with the crate feature `failpoints`, which release builds and
+//! `cargo install` never enable: the crate's tests and benches turn it on through their
+//! dev-dependency on the crate itself. `.ci/run` checks that a default release `lockstepd`
+//! holds no `LOCKSTEPD_FAILPOINT_` name.
+
+use std::time::Duration;
+
+/// When this variable is set, every host step fails. It lets the end-to-end tests make a
+/// new binary that has run its database steps fail before Ready.
+pub const FAIL_HOST_STEPS: &str = "LOCKSTEPD_FAILPOINT_HOST_STEPS";
+
+/// When this variable holds a number of milliseconds, the `record-agent-binaries` database
+/// step pauses that long inside its transaction, before its changes and checkpoint commit,
+/// so that a test can kill or cut off the coordinator while a database step is under way.
+pub const PAUSE_DATABASE_STEP_MS: &str = "LOCKSTEPD_FAILPOINT_DB_STEP_PAUSE_MS";
+
+/// Whether [`FAIL_HOST_STEPS`] is set.
+pub fn host_steps_fail() -> bool {
+    std::env::var_os(FAIL_HOST_STEPS).is_some()
+}
+
+/// The pause [`PAUSE_DATABASE_STEP_MS`] asks for, if any.
+pub fn database_step_pause() -> Option<Duration> {
+    std::env::var(PAUSE_DATABASE_STEP_MS)
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .map(Duration::from_millis)
+}

@@ -1,0 +1,261 @@
+//! `agent.conf`: the agent's identity, how it reaches the API and the store, and the
+//! lifecycle [`Snapshot`] (CONTRACT.md, "Where state lives"). The format (YAML, Juju's keys
+//! where Juju has them), reading it (capped, the format checked first), writing it
+//! (atomically, mode [`AGENT_CONF_MODE`]).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lockstep_core::lifecycle::{Snapshot, Trial};
+use lockstep_core::steps::StepKey;
+use lockstep_core::version::{Binary, Version};
+use serde::{Deserialize, Serialize};
+
+use super::error::DataDirError;
+use super::files::read_capped;
+use super::layout::{DataDir, check_tag};
+use super::names::{AGENT_CONF_BYTES_MAX, SECRET_FILE_MODE};
+
+/// `agent.conf`'s mode: it names the store and the API, and may name TLS key files.
+pub const AGENT_CONF_MODE: u32 = SECRET_FILE_MODE;
+
+/// The engine holding the controllers' shared state, `agent.conf`'s `store` key (and
+/// `--store` on the command lines).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreEngine {
+    /// `<data>/store.db`, embedded SQLite: one controller.
+    #[default]
+    Sqlite,
+    /// An etcd cluster shared by every controller of the model.
+    Etcd,
+}
+
+impl StoreEngine {
+    pub fn is_sqlite(&self) -> bool {
+        *self == StoreEngine::Sqlite
+    }
+}
+
+/// What `agent.conf` holds: the agent's identity, how to reach the API, and the lifecycle
+/// [`Snapshot`]. Keys are Juju's where Juju has them (`tag`, `controller`, `model`,
+/// `upgradedToVersion`, `apiaddresses`, `cacert`); the rest are lockstep's, kebab-case.
+///
+/// `upgradedToVersion` is the snapshot's `upgraded_to_version`; no other key holds it.
+/// Keys this version does not know are ignored, not refused: after a failed upgrade the
+/// previous binary must read what the new one wrote in the same format. A newer format is
+/// refused (see [`Snapshot::check_format`]).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct AgentConf {
+    /// The snapshot's format (`Snapshot::FORMAT` when written by this version).
+    pub format: u32,
+    /// Juju's agent tag, e.g. `machine-0`.
+    pub tag: String,
+    /// The controller's uuid.
+    pub controller: String,
+    /// The model's uuid.
+    pub model: String,
+    /// This controller's index among the model's controllers.
+    #[serde(rename = "controller-id", default)]
+    pub controller_id: u8,
+    /// The `host:port` the daemon's API listens on.
+    #[serde(rename = "api-listen", default)]
+    pub api_listen: String,
+    /// The controllers' API addresses, `host:port`.
+    #[serde(default)]
+    pub apiaddresses: Vec<String>,
+    /// The controller's CA certificate, PEM (written as a `|` block, as Juju does).
+    #[serde(default, serialize_with = "literal_block")]
+    pub cacert: String,
+    /// Juju's `upgradedToVersion`: the snapshot's `upgraded_to_version`.
+    #[serde(rename = "upgradedToVersion")]
+    pub upgraded_to_version: Version,
+    /// The binary that ran before the current one, kept for falling back.
+    #[serde(rename = "previous-binary", default)]
+    pub previous_binary: Option<Binary>,
+    /// A switch to a new binary not yet proven.
+    #[serde(default)]
+    pub trial: Option<Trial>,
+    /// Host steps of the current upgrade already run on this machine.
+    #[serde(rename = "host-checkpoints", default)]
+    pub host_checkpoints: Vec<StepKey>,
+    /// Set once the agent first reached Ready.
+    #[serde(rename = "bootstrap-complete", default)]
+    pub bootstrap_complete: bool,
+    /// The engine holding the controllers' shared state (`sqlite`, the default, or `etcd`).
+    #[serde(default, skip_serializing_if = "StoreEngine::is_sqlite")]
+    pub store: StoreEngine,
+    /// etcd's client URLs, when `store` is `etcd`.
+    #[serde(
+        rename = "etcd-endpoints",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// The prefix of every key of this controller's state in etcd.
+    #[serde(
+        rename = "etcd-prefix",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub etcd_prefix: String,
+    /// TLS to etcd: the CA of its members (PEM file), as etcdctl's `--cacert`.
+    #[serde(
+        rename = "etcd-cacert",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub etcd_cacert: Option<PathBuf>,
+    /// This controller's client certificate for etcd (PEM file), as etcdctl's `--cert`.
+    #[serde(rename = "etcd-cert", default, skip_serializing_if = "Option::is_none")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Its private key (PEM file), as etcdctl's `--key`.
+    #[serde(rename = "etcd-key", default, skip_serializing_if = "Option::is_none")]
+    pub etcd_key: Option<PathBuf>,
+}
+
+impl AgentConf {
+    /// A configuration for `tag` holding `snapshot`; the other fields empty, to be set.
+    pub fn new(tag: &str, snapshot: Snapshot) -> AgentConf {
+        let mut conf = AgentConf {
+            format: snapshot.format,
+            tag: tag.to_owned(),
+            controller: String::new(),
+            model: String::new(),
+            controller_id: 0,
+            api_listen: String::new(),
+            apiaddresses: Vec::new(),
+            cacert: String::new(),
+            upgraded_to_version: Version::ZERO,
+            previous_binary: None,
+            trial: None,
+            host_checkpoints: Vec::new(),
+            bootstrap_complete: false,
+            store: StoreEngine::Sqlite,
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: String::new(),
+            etcd_cacert: None,
+            etcd_cert: None,
+            etcd_key: None,
+        };
+        conf.set_snapshot(snapshot);
+        conf
+    }
+
+    /// The lifecycle snapshot held.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            format: self.format,
+            upgraded_to_version: self.upgraded_to_version,
+            host_checkpoints: self.host_checkpoints.clone(),
+            previous: self.previous_binary.clone(),
+            trial: self.trial.clone(),
+            bootstrap_complete: self.bootstrap_complete,
+        }
+    }
+
+    /// Replaces the lifecycle snapshot held; identity and API fields are kept.
+    pub fn set_snapshot(&mut self, snapshot: Snapshot) {
+        let Snapshot {
+            format,
+            upgraded_to_version,
+            host_checkpoints,
+            previous,
+            trial,
+            bootstrap_complete,
+        } = snapshot;
+        self.format = format;
+        self.upgraded_to_version = upgraded_to_version;
+        self.host_checkpoints = host_checkpoints;
+        self.previous_binary = previous;
+        self.trial = trial;
+        self.bootstrap_complete = bootstrap_complete;
+    }
+
+    /// Parses `agent.conf` text; `path` is only used in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<AgentConf, DataDirError> {
+        let malformed = |detail: String| DataDirError::Malformed {
+            path: path.to_path_buf(),
+            detail,
+        };
+        // The format first, alone: a newer format is refused with its own message rather
+        // than with whatever its new shape fails to parse as.
+        #[derive(Deserialize)]
+        struct FormatOnly {
+            format: Option<u32>,
+        }
+        // Errors without a source snippet: one line in the log, which names the file.
+        let options = || serde_saphyr::Options {
+            with_snippet: false,
+            ..serde_saphyr::Options::default()
+        };
+        let format = serde_saphyr::from_str_with_options::<FormatOnly>(text, options())
+            .map_err(|error| malformed(error.to_string()))?
+            .format
+            .ok_or_else(|| malformed("no `format` key".into()))?;
+        let probe = Snapshot {
+            format,
+            upgraded_to_version: Version::ZERO,
+            host_checkpoints: Vec::new(),
+            previous: None,
+            trial: None,
+            bootstrap_complete: false,
+        };
+        probe
+            .check_format()
+            .map_err(|detail| DataDirError::NewerFormat {
+                path: path.to_path_buf(),
+                detail,
+            })?;
+        let conf: AgentConf = serde_saphyr::from_str_with_options(text, options())
+            .map_err(|error| malformed(error.to_string()))?;
+        check_tag(&conf.tag).map_err(|error| malformed(error.to_string()))?;
+        Ok(conf)
+    }
+
+    /// The YAML text written to `agent.conf`.
+    pub fn to_yaml(&self) -> Result<String, DataDirError> {
+        serde_saphyr::to_string(self).map_err(|error| DataDirError::Malformed {
+            path: PathBuf::from(super::names::AGENT_CONF),
+            detail: format!("cannot serialise: {error}"),
+        })
+    }
+}
+
+/// A multi-line string as a YAML literal block (`|`), readable as the PEM it is.
+fn literal_block<S: serde::Serializer>(text: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    if text.contains('\n') {
+        serde_saphyr::LitStr(text).serialize(serializer)
+    } else {
+        serializer.serialize_str(text)
+    }
+}
+
+impl DataDir {
+    /// Reads `agent.conf`; `None` when there is none (a fresh data directory).
+    pub fn read_agent_conf(&self) -> Result<Option<AgentConf>, DataDirError> {
+        let path = self.agent_conf_path();
+        let Some(bytes) = read_capped(&path, AGENT_CONF_BYTES_MAX)? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8(bytes).map_err(|error| DataDirError::Malformed {
+            path: path.clone(),
+            detail: format!("not UTF-8: {error}"),
+        })?;
+        AgentConf::parse(&text, &path).map(Some)
+    }
+
+    /// Replaces `agent.conf` atomically ([`lockstep_fs::write_file_atomically`]), mode
+    /// [`AGENT_CONF_MODE`].
+    pub fn write_agent_conf(&self, conf: &AgentConf) -> Result<(), DataDirError> {
+        let path = self.agent_conf_path();
+        check_tag(&conf.tag).map_err(|error| DataDirError::Malformed {
+            path: path.clone(),
+            detail: format!("refusing to write: {error}"),
+        })?;
+        let text = conf.to_yaml()?;
+        fs::create_dir_all(self.root()).map_err(DataDirError::io(self.root(), "create"))?;
+        lockstep_fs::write_file_atomically(&path, text.as_bytes(), AGENT_CONF_MODE)
+            .map_err(DataDirError::Write)
+    }
+}

@@ -1,0 +1,113 @@
+//! The agent's data directory, laid out as Juju's `/var/lib/juju`.
+//!
+//! ```text
+//! <root>/                              e.g. /var/lib/lockstep
+//! ├── agent.conf                       AgentConf, YAML, 0600: identity, API, the snapshot
+//! ├── controller.yaml                  the client's view of the controller, 0600 (CLI)
+//! ├── users.json                       the API's users, argon2 hashes, 0600
+//! ├── lockstepd.pid                    the launcher's pid, locked while it runs
+//! ├── store.db                         the controllers' shared state, SQLite (controllers)
+//! ├── ca.pem                           the controller's CA certificate
+//! ├── server.pem                       the API server's certificate
+//! ├── server-key.pem                   its private key, 0600
+//! ├── streams-mark.json                simplestreams high-water mark (never moves back)
+//! ├── logs/                            the daemon's logs
+//! ├── ha/machine-<N>/                  controllers `enable-ha` added, each a data dir
+//! ├── cache/
+//! │   └── tools/
+//! │       └── juju-2.9.43-ubuntu-amd64.tgz   tarballs a controller serves to its agents
+//! └── tools/
+//!     ├── 2.9.43-ubuntu-amd64/         one directory per installed binary
+//!     │   ├── lockstepd                the executable
+//!     │   ├── downloaded-tools.txt     DownloadedTools, JSON: version, url, sha256, size
+//!     │   └── FORCE-VERSION            optional: the version this binary reports
+//!     ├── 2.9.44-ubuntu-amd64/
+//!     └── machine-0 -> 2.9.43-ubuntu-amd64   the agent's current binary, switched atomically
+//! ```
+//!
+//! As in Juju, an agent runs `tools/<tag>/lockstepd` and an upgrade installs the new
+//! binary beside the old one, then points `tools/<tag>` at it with one `rename`, so a crash
+//! leaves the old or the new link and never none. Every file the agent itself replaces is
+//! written atomically ([`lockstep_fs`]: temporary file in the same directory, fsync,
+//! rename, fsync of the directory; CONTRACT.md, "Where state lives"), and every binary
+//! directory is assembled under a temporary name in `tools/` and renamed into place only
+//! when complete.
+//!
+//! One module per concern, each using only the ones listed before it:
+//!
+//! - `names`: the file names, the largest size read of each, the modes written;
+//! - `error`: [`DataDirError`], naming the file and the offending value;
+//! - `layout`: [`DataDir`], where each file is; agent tags and binaries as names;
+//! - `files`: capped reads, new files in a staging directory, hashing copies;
+//! - `agent_conf`: [`AgentConf`] (format, read, atomic write, mode 0600);
+//! - `downloaded_tools`: [`DownloadedTools`], Juju's provenance file;
+//! - `users`: [`User`], `users.json`;
+//! - `binaries`: installing binaries, switching the agent link, `FORCE-VERSION`.
+
+mod agent_conf;
+mod binaries;
+mod downloaded_tools;
+mod error;
+mod files;
+mod layout;
+pub mod names;
+mod users;
+
+pub use agent_conf::{AGENT_CONF_MODE, AgentConf, StoreEngine};
+pub use binaries::read_force_version;
+pub use downloaded_tools::DownloadedTools;
+pub use error::DataDirError;
+pub use layout::{DataDir, check_tag, host_binary, juju_arch};
+pub use names::*;
+pub use users::User;
+
+#[cfg(test)]
+mod tests {
+    use lockstep_core::version::{Binary, Version};
+
+    use super::*;
+
+    #[test]
+    fn tags_are_plain_lowercase_names_that_cannot_be_binaries_or_temporaries() {
+        for tag in [
+            "machine-0",
+            "controller-0",
+            "unit-wordpress-0",
+            "machine-0-lxd-1",
+        ] {
+            assert!(check_tag(tag).is_ok(), "{tag}");
+        }
+        for tag in [
+            "",
+            "0",
+            "2.9.43-ubuntu-amd64",
+            ".switch-x",
+            "../x",
+            "machine/0",
+            "Machine-0",
+            "machine-",
+            &"m".repeat(65),
+        ] {
+            let error = check_tag(tag).unwrap_err();
+            assert!(
+                error.to_string().contains(&format!("{tag:?}")) || tag.len() > 64,
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn juju_names_the_architectures() {
+        assert_eq!(juju_arch("x86_64"), "amd64");
+        assert_eq!(juju_arch("aarch64"), "arm64");
+        assert_eq!(juju_arch("powerpc64le"), "ppc64el");
+        assert_eq!(juju_arch("s390x"), "s390x");
+        assert_eq!(juju_arch("riscv64"), "riscv64");
+        let host = host_binary(Version::new(2, 9, 43));
+        assert_eq!(host.release, "ubuntu");
+        assert!(Binary::parse(&host.to_string()).is_ok(), "{host}");
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(host.to_string(), "2.9.43-ubuntu-amd64");
+        }
+    }
+}

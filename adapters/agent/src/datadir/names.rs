@@ -1,0 +1,59 @@
+//! The names in the data directory, the largest size read of each file, and the modes
+//! files are written with: data, used by every other part of [`datadir`](super).
+
+use crate::unpack::UnpackLimits;
+
+/// The agent's configuration and snapshot.
+pub const AGENT_CONF: &str = "agent.conf";
+/// The controller's bootstrap configuration.
+pub const CONTROLLER_CONFIG: &str = "controller.yaml";
+/// The SQLite store.
+pub const STORE: &str = "store.db";
+/// The API's users, JSON (`[{name, password-hash}]`).
+pub const USERS: &str = "users.json";
+/// The launcher's pid, locked while it runs.
+pub const PID: &str = "lockstepd.pid";
+/// The controllers `enable-ha` added beside this one, `ha/machine-<N>/`.
+pub const HA: &str = "ha";
+/// The controller's CA certificate (PEM).
+pub const CA_CERT: &str = "ca.pem";
+/// The API server's certificate (PEM).
+pub const SERVER_CERT: &str = "server.pem";
+/// The API server's private key (PEM).
+pub const SERVER_KEY: &str = "server-key.pem";
+/// The simplestreams high-water mark.
+pub const STREAMS_MARK: &str = "streams-mark.json";
+/// Logs.
+pub const LOGS: &str = "logs";
+/// Installed binaries and the agents' links.
+pub const TOOLS: &str = "tools";
+/// The executable in a binary directory (Juju's `jujud`).
+pub const EXECUTABLE: &str = "lockstepd";
+/// A binary's provenance, in its directory (Juju's name).
+pub const DOWNLOADED_TOOLS: &str = "downloaded-tools.txt";
+/// The version a binary reports, beside its executable (Juju's name).
+pub const FORCE_VERSION: &str = "FORCE-VERSION";
+
+/// Largest `agent.conf` read: a few kilobytes in practice (a CA certificate is the bulk).
+pub const AGENT_CONF_BYTES_MAX: u64 = 1024 * 1024;
+/// Largest `downloaded-tools.txt` read.
+pub const DOWNLOADED_TOOLS_BYTES_MAX: u64 = 64 * 1024;
+/// Largest `FORCE-VERSION` read.
+pub const FORCE_VERSION_BYTES_MAX: u64 = 1024;
+/// Largest local executable installed by
+/// [`DataDir::install_local_binary`](super::DataDir::install_local_binary).
+pub const LOCAL_BINARY_BYTES_MAX: u64 = UnpackLimits::TOTAL_BYTES_MAX_DEFAULT;
+/// Longest agent tag.
+pub const TAG_LENGTH_MAX: usize = 64;
+
+/// Largest `users.json` read.
+pub const USERS_BYTES_MAX: u64 = 1024 * 1024;
+
+/// The mode of a file only the agent may read: `agent.conf`, the server's private key,
+/// `users.json`, `controller.yaml` (it holds the admin's password).
+pub const SECRET_FILE_MODE: u32 = 0o600;
+/// The mode of a file anyone may read: certificates, `downloaded-tools.txt`,
+/// `FORCE-VERSION`.
+pub const PUBLIC_FILE_MODE: u32 = 0o644;
+/// The mode of an installed executable and of a binary directory.
+pub const EXECUTABLE_MODE: u32 = 0o755;
