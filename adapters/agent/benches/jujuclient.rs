@@ -4,8 +4,9 @@
 //! Each round bootstraps a controller with `lockstep bootstrap --auto-upgrade` from a
 //! mirror holding this build as N and N+1, so that it downloads N+1, re-executes into it
 //! (closing every connection), runs N+1's steps and only then opens its full API. Three
-//! clients are waiting for it before it starts, each asking `ModelConfig.ModelGet`
-//! (outside the limited API's allow-list, so answered `upgrade in progress` until Ready):
+//! clients are waiting for it before it starts, each setting a model config key with
+//! `ModelConfig.ModelSet` (a write: answered `upgrade in progress` until Ready, while reads
+//! are served in every phase):
 //!
 //! - python-jujuclient 0.54.0, unchanged (`jujuclient_first_call.py`, in a virtualenv made
 //!   under the target directory from PyPI): it resends a refused call once a second; the
@@ -131,7 +132,7 @@ impl Drop for Reaped {
 }
 
 /// One of lockstep's clients: waits for `controller.yaml`, then (after `wait_ready` when
-/// `subscribe`) calls `ModelConfig.ModelGet` until it succeeds. Returns when it first
+/// `subscribe`) calls `ModelConfig.ModelSet` until it succeeds. Returns when it first
 /// tried and when it succeeded, in µs since the Unix epoch.
 async fn lockstep_first_call(data_dir: PathBuf, subscribe: bool) -> (i64, i64) {
     let data = DataDir::new(&data_dir);
@@ -152,9 +153,15 @@ async fn lockstep_first_call(data_dir: PathBuf, subscribe: bool) -> (i64, i64) {
             .expect("lockstep's client saw Ready");
     }
     client
-        .call("ModelConfig", 3, "ModelGet", json!({}), ROUND_DEADLINE)
+        .call(
+            "ModelConfig",
+            3,
+            "ModelSet",
+            json!({"config": {"logging-config": "<root>=INFO"}}),
+            ROUND_DEADLINE,
+        )
         .await
-        .expect("ModelConfig.ModelGet succeeds");
+        .expect("ModelConfig.ModelSet succeeds");
     (tried, unix_micros(SystemTime::now()))
 }
 
@@ -245,8 +252,8 @@ async fn round(source: &str, python: &Path, script: &Path) -> Round {
     let seconds = |key: &str| (reported[key].as_f64().expect(key) * 1e6) as i64;
     let first_sent = seconds("first_sent_unix");
     assert!(
-        first_sent < ready && reported["model_get_sends"].as_u64() >= Some(2),
-        "jujuclient was not waiting before Ready (first ModelGet at {first_sent} µs, Ready at \
+        first_sent < ready && reported["model_set_sends"].as_u64() >= Some(2),
+        "jujuclient was not waiting before Ready (first ModelSet at {first_sent} µs, Ready at \
          {ready} µs): {reported}"
     );
     assert!(
@@ -259,7 +266,7 @@ async fn round(source: &str, python: &Path, script: &Path) -> Round {
         jujuclient_ms: ms(seconds("success_unix")),
         subscribed_ms: ms(subscribed.1),
         retrying_ms: ms(retrying.1),
-        jujuclient_sends: reported["model_get_sends"].as_u64().unwrap_or(0),
+        jujuclient_sends: reported["model_set_sends"].as_u64().unwrap_or(0),
         jujuclient_connections: reported["connections"].as_u64().unwrap_or(0),
     }
 }
@@ -291,7 +298,7 @@ async fn main() {
         let round = round(&source, &python, &script).await;
         println!(
             "round {index:>2}: re-exec {:>6.1} ms before Ready; from Ready to the first \
-             successful ModelGet: jujuclient {:>6.1} ms ({} ModelGet sent, {} connections), \
+             successful ModelSet: jujuclient {:>6.1} ms ({} ModelSet sent, {} connections), \
              lockstep subscribed {:>6.1} ms, lockstep retrying {:>6.1} ms",
             -round.re_exec_ms,
             round.jujuclient_ms,
@@ -308,7 +315,7 @@ async fn main() {
     let re_exec = median(rounds.iter().map(|r| -r.re_exec_ms).collect());
     println!(
         "median of {runs} rounds{} (the re-exec into N+1, which closes every connection, \
-         {re_exec:.1} ms before Ready), from Ready to the first successful ModelGet:",
+         {re_exec:.1} ms before Ready), from Ready to the first successful ModelSet:",
         if quick { ", quick" } else { "" }
     );
     println!("  python-jujuclient 0.54.0 (resends every 1 s)     {jujuclient:>8.1} ms");

@@ -2,15 +2,16 @@
 
 Used by `benches/jujuclient.rs`. Imports first and prints `waiting` (so that the
 interpreter's start is over before the controller starts), then waits for the controller's
-`controller.yaml` and runs what a jujuclient user runs: connect, log in, ask
-`ModelConfig.ModelGet` (`get_env_config`). jujuclient itself resends a call answered
+`controller.yaml` and runs what a jujuclient user runs: connect, log in, set a model config
+key, `ModelConfig.ModelSet` (`set_env_config`): a write, answered `upgrade in progress`
+until Ready (reads are served in every phase). jujuclient itself resends a call answered
 `upgrade in progress` once a second (`BaseRPC._rpc_retry_if_upgrading`). jujuclient does
 not reconnect a closed connection (the controller closes every connection when it
 re-executes into its new binary), so this loop connects and logs in again after 10 ms when
 a connection fails or closes: the only waiting not jujuclient's own.
 
 Prints one JSON line: the wall-clock time (seconds since the Unix epoch) of the first
-`ModelGet` sent and of its first successful answer, the `ModelGet`s sent, the connections
+`ModelSet` sent and of its first successful answer, the `ModelSet`s sent, the connections
 made, and the errors that ended a connection.
 """
 import json
@@ -52,12 +53,12 @@ while success is None:
         original = env._send_request
 
         def counting(op, original=original):
-            if op.get("request") == "ModelGet":
+            if op.get("request") == "ModelSet":
                 sends.append(time.time())
             return original(op)
 
         env._send_request = counting
-        env.get_env_config()
+        env.set_env_config({"logging-config": "<root>=INFO"})
         success = time.time()
     except Exception as error:  # refused before the controller listens, or closed by it
         errors.append(type(error).__name__)
@@ -68,7 +69,7 @@ print(
         {
             "first_sent_unix": sends[0] if sends else None,
             "success_unix": success,
-            "model_get_sends": len(sends),
+            "model_set_sends": len(sends),
             "connections": connections,
             "errors": errors,
         }
