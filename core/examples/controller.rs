@@ -128,6 +128,8 @@ fn main() {
                         }
                         inbox.extend(execute(&mut host, id, request, &registry));
                     }
+                    // `Output` is `#[non_exhaustive]`: a later lockstep-core may add one.
+                    other => println!("  {now}  (not acted on: {other:?})"),
                 }
             }
         }
@@ -242,6 +244,8 @@ fn execute(
         Request::ReportUpgradeAvailable(_) => Input::Done { id },
         Request::StageBinary(_) => Input::Staged { id, result: Ok(()) },
         Request::ReleaseLease(_) | Request::RestartInto(_) | Request::DesiredBinary => return None,
+        // `Request` is `#[non_exhaustive]`: one this example does not know stays unanswered.
+        other => panic!("a request this example does not know: {other:?}"),
     })
 }
 

@@ -357,6 +357,8 @@ impl Driver {
                 }
                 Output::Gate(view) => gate = Some(view.phase),
                 Output::Status(_) => {}
+                // `Output` is `#[non_exhaustive]`: a new one must be handled here first.
+                other => unreachable!("an output the fuzz driver does not handle: {other:?}"),
             }
         }
         let phase = self.process.phase();
@@ -479,6 +481,8 @@ impl Driver {
                 self.restart(now, Some(binary));
                 return Ok(None);
             }
+            // `Request` is `#[non_exhaustive]`: a new one must be answered here first.
+            other => unreachable!("a request the fuzz driver does not answer: {other:?}"),
         };
         Ok(Some(input))
     }

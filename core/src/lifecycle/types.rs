@@ -282,6 +282,7 @@ pub enum OperatorAction {
 
 /// Everything the driver feeds the core. Completions echo the [`RequestId`] of the request.
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum Input {
     /// The process started: begin Bootstrapping.
     Start,
@@ -434,6 +435,7 @@ impl Input {
 
 /// What the core asks the driver to do. Each is answered by the input named.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
 pub enum Request {
     /// Write the snapshot atomically to the agent's data dir. → `Done`
     PersistSnapshot(Snapshot),
@@ -520,6 +522,7 @@ pub struct StatusReport {
 /// Everything the core emits. Drain with [`crate::lifecycle::Lifecycle::poll_output`] after
 /// every input.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
 pub enum Output {
     /// Do this, and answer with the input the request names, echoing `id`.
     Request {

@@ -228,6 +228,8 @@ fn is_store_request(world: &World, request: &Request) -> bool {
         | Request::DesiredBinary
         | Request::StageBinary(_)
         | Request::RestartInto(_) => false,
+        // `Request` is `#[non_exhaustive]`: a new one must be classified here first.
+        other => unreachable!("a request the model does not classify: {other:?}"),
     }
 }
 
@@ -248,6 +250,8 @@ fn answer_id(input: &Input) -> Option<RequestId> {
         | Input::AgentVersionChanged(_)
         | Input::UpgradeRequested { .. }
         | Input::Operator(_) => None,
+        // `Input` is `#[non_exhaustive]`: a new one must be classified here first.
+        other => unreachable!("an input the model does not classify: {other:?}"),
     }
 }
 

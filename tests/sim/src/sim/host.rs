@@ -265,6 +265,8 @@ impl Sim {
                         );
                     }
                 }
+                // `Output` is `#[non_exhaustive]`: the simulator must learn a new one first.
+                other => unreachable!("an output the simulator does not handle: {other:?}"),
             }
             if self.hosts[host].incarnation != incarnation {
                 return; // it restarted into another binary
