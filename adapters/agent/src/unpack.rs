@@ -6,10 +6,14 @@
 //! the catalogue (the catalogue is untrusted too). [`unpack_tgz`] therefore accepts exactly
 //! that shape and nothing else:
 //!
-//! - only regular files; symlinks, hard links, directories, devices, fifos, sparse files
-//!   and PAX or GNU extension headers are refused (agent tarballs need none of them, and
-//!   each is a known way to write outside the destination or to make two parsers disagree
-//!   about what an archive holds);
+//! - only regular files; symlinks, hard links, directories, devices, fifos and sparse files
+//!   are refused (agent tarballs need none of them, and each is a known way to write
+//!   outside the destination or to make two parsers disagree about what an archive holds);
+//! - the extension headers real tools write (PAX extended and global headers: GNU tar
+//!   `--format=posix`, Python's `tarfile`; GNU long names: `--format=gnu`) are read as
+//!   metadata of the regular file they describe, bounded, and every rule below applies to
+//!   the effective name and size ([`extensions`]); what only links, sparse files or a
+//!   second reader's disagreement need is refused;
 //! - only plain names ([`check_entry_name`]): no `/`, no `\`, not `.` or `..`, not empty,
 //!   no control characters, each name at most once;
 //! - at most [`UnpackLimits::entries_max`] entries and
@@ -31,6 +35,10 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tar::EntryType;
+
+pub mod extensions;
+
+use extensions::{ExtensionKind, ExtensionProblem, Pending, ReadFailure};
 
 /// Bounds on what one archive may unpack to.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -57,9 +65,10 @@ impl Default for UnpackLimits {
     }
 }
 
-/// The longest entry name accepted: a ustar header's name field, so no archive we accept
-/// or write needs an extension header.
-pub const NAME_LENGTH_MAX: usize = 100;
+/// The longest entry name accepted, in bytes: a file name on Linux file systems
+/// (`NAME_MAX`). Names over 100 bytes (a ustar header's name field) come in an extension
+/// header.
+pub const NAME_LENGTH_MAX: usize = 255;
 
 /// Why an entry name is not a plain file name.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -94,7 +103,7 @@ impl fmt::Display for NameProblem {
             NameProblem::Backslash => "the name contains '\\'",
             NameProblem::ControlCharacter => "the name contains a control character",
             NameProblem::NotUtf8 => "the name is not UTF-8",
-            NameProblem::TooLong => "the name is longer than 100 bytes",
+            NameProblem::TooLong => "the name is longer than 255 bytes",
         })
     }
 }
@@ -159,6 +168,8 @@ pub enum UnpackProblem {
     Name(NameProblem),
     /// An entry that is not a regular file; `kind` names what it is.
     NotRegular { kind: &'static str },
+    /// An extension header this reader refuses.
+    Extension(ExtensionProblem),
     /// A second entry with a name already unpacked.
     Duplicate,
     /// More entries than [`UnpackLimits::entries_max`].
@@ -212,6 +223,7 @@ impl fmt::Display for UnpackError {
                 f,
                 "refused: a {kind}; agent tarballs hold only regular files"
             ),
+            UnpackProblem::Extension(problem) => write!(f, "refused: {problem}"),
             UnpackProblem::Duplicate => f.write_str("refused: the name appears twice"),
             UnpackProblem::TooManyEntries { entries_max } => {
                 write!(f, "refused: more than {entries_max} entries")
@@ -366,13 +378,15 @@ fn unpack_entries(
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(
         io::BufReader::with_capacity(ARCHIVE_BUFFER_BYTES, file),
     ));
-    // Raw entries: extension headers (PAX, GNU long names) come to us as entries and are
-    // refused, instead of being read into memory whole and applied by the tar crate.
+    // Raw entries: extension headers (PAX, GNU long names) come to us as entries, bounded
+    // and read by `extensions`, instead of being read into memory whole and applied by the
+    // tar crate.
     let entries = archive
         .entries()
         .map_err(|error| corrupt(None, &error))?
         .raw(true);
     let mut total_bytes: u64 = 0;
+    let mut pending = Pending::default();
     for (index, entry) in entries.enumerate() {
         let mut entry = entry.map_err(|error| corrupt(None, &error))?;
         if index >= limits.entries_max {
@@ -383,25 +397,48 @@ fn unpack_entries(
                 },
             ));
         }
-        let raw_name = entry.path_bytes().into_owned();
+        let kind = entry.header().entry_type();
+        if let Some(extension) = ExtensionKind::of(kind) {
+            let size_bytes = entry
+                .header()
+                .entry_size()
+                .map_err(|error| corrupt(None, &error))?;
+            pending
+                .read(extension, size_bytes, &mut entry)
+                .map_err(|failure| match failure {
+                    ReadFailure::Io(error) => corrupt(None, &error),
+                    ReadFailure::Problem(problem) => (None, UnpackProblem::Extension(problem)),
+                })?;
+            continue;
+        }
+        let header_name = entry.path_bytes().into_owned();
+        if !matches!(kind, EntryType::Regular) {
+            let lossy = String::from_utf8_lossy(&header_name).into_owned();
+            return Err((
+                Some(lossy),
+                UnpackProblem::NotRegular {
+                    kind: kind_name(kind),
+                },
+            ));
+        }
+        let header_bytes = entry
+            .header()
+            .entry_size()
+            .map_err(|error| corrupt(None, &error))?;
+        let effective = pending.take_for_file(header_bytes).map_err(|problem| {
+            let lossy = String::from_utf8_lossy(&header_name).into_owned();
+            (Some(lossy), UnpackProblem::Extension(problem))
+        })?;
+        let raw_name = effective.path.unwrap_or(header_name);
         let lossy = String::from_utf8_lossy(&raw_name).into_owned();
         let failure = |problem| (Some(lossy.clone()), problem);
-        let kind = entry.header().entry_type();
-        if !matches!(kind, EntryType::Regular) {
-            return Err(failure(UnpackProblem::NotRegular {
-                kind: kind_name(kind),
-            }));
-        }
         let Ok(name) = std::str::from_utf8(&raw_name) else {
             return Err(failure(UnpackProblem::Name(NameProblem::NotUtf8)));
         };
         if let Err(problem) = check_entry_name(name) {
             return Err(failure(UnpackProblem::Name(problem)));
         }
-        let size_bytes = entry
-            .header()
-            .entry_size()
-            .map_err(|error| corrupt(Some(name), &error))?;
+        let size_bytes = header_bytes;
         let over = total_bytes
             .checked_add(size_bytes)
             .is_none_or(|total| total > limits.total_bytes_max);
@@ -471,7 +508,10 @@ fn unpack_entries(
             .sync_all()
             .map_err(|error| io_failure("fsync", error))?;
     }
-    Ok(())
+    // A PAX or long-name header with no file after it describes nothing.
+    pending
+        .finish()
+        .map_err(|problem| (None, UnpackProblem::Extension(problem)))
 }
 
 enum CopyFailure {
@@ -643,9 +683,9 @@ mod tests {
             assert_eq!(check_entry_name(name), Err(problem), "{name:?}");
         }
         assert_eq!(
-            check_entry_name(&"x".repeat(101)),
+            check_entry_name(&"x".repeat(256)),
             Err(NameProblem::TooLong)
         );
-        assert_eq!(check_entry_name(&"x".repeat(100)), Ok(()));
+        assert_eq!(check_entry_name(&"x".repeat(255)), Ok(()));
     }
 }

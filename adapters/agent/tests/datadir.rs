@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use lockstep_agent::datadir::{
     self, AgentConf, DataDir, DataDirError, DownloadedTools, read_force_version,
 };
+use lockstep_agent::unpack::extensions::ExtensionProblem;
 use lockstep_agent::unpack::{
     DestinationProblem, NameProblem, UnpackError, UnpackLimits, UnpackProblem, pack_tgz, unpack_tgz,
 };
@@ -272,31 +273,46 @@ fn links_directories_and_special_files_are_refused() {
 }
 
 #[test]
-fn extension_headers_are_refused_rather_than_applied() {
-    // A GNU long name, as the tar crate writes for a long path with a GNU header.
+fn extension_headers_name_the_next_file_and_its_name_rules_still_apply() {
+    let fixture = fixture();
+    let tarball = fixture.root.join("agent.tgz");
+    // A GNU long name, as the tar crate writes for a long path with a GNU header: the file
+    // gets its 150-byte name.
+    let long = "x".repeat(150);
     let mut builder = tar::Builder::new(Vec::new());
     let mut header = Header::new_gnu();
     header.set_size(4);
     header.set_mode(0o755);
     builder
-        .append_data(&mut header, "x".repeat(150), &b"evil"[..])
+        .append_data(&mut header, &long, &b"good"[..])
         .unwrap();
-    let fixture = fixture();
-    let tarball = fixture.root.join("agent.tgz");
+    gzip_tar(&builder.into_inner().unwrap(), &tarball);
+    unpack_tgz(&tarball, &fixture.destination, &UnpackLimits::default()).unwrap();
+    assert_eq!(listing(&fixture.destination), vec![long.clone()]);
+    assert_eq!(
+        std::fs::read(fixture.destination.join(&long)).unwrap(),
+        b"good"
+    );
+    std::fs::remove_file(fixture.destination.join(&long)).unwrap();
+
+    // A long name past NAME_MAX: refused by the name rule, as a ustar name would be.
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = Header::new_gnu();
+    header.set_size(4);
+    header.set_mode(0o755);
+    builder
+        .append_data(&mut header, "y".repeat(300), &b"evil"[..])
+        .unwrap();
     gzip_tar(&builder.into_inner().unwrap(), &tarball);
     let error = unpack_tgz(&tarball, &fixture.destination, &UnpackLimits::default()).unwrap_err();
     assert!(
-        matches!(
-            error.problem,
-            UnpackProblem::NotRegular {
-                kind: "GNU long-name header"
-            }
-        ),
+        matches!(error.problem, UnpackProblem::Name(NameProblem::TooLong)),
         "{error}"
     );
     assert_eq!(listing(&fixture.destination), Vec::<String>::new());
 
-    // A PAX header that would rename the next entry to ../x.
+    // A PAX header that would rename the next entry to ../x: the traversal rule applies to
+    // the effective name.
     let mut builder = tar::Builder::new(Vec::new());
     builder
         .append_pax_extensions([("path", &b"../x"[..])])
@@ -309,9 +325,28 @@ fn extension_headers_are_refused_rather_than_applied() {
     assert!(
         matches!(
             error.problem,
-            UnpackProblem::NotRegular {
-                kind: "PAX extended header"
-            }
+            UnpackProblem::Name(NameProblem::ParentDirectory)
+        ),
+        "{error}"
+    );
+    assert_eq!(error.entry.as_deref(), Some("../x"), "{error}");
+    assert_eq!(listing(&fixture.destination), Vec::<String>::new());
+    assert!(!fixture.root.join("x").exists());
+
+    // A PAX link target: refused, whatever entry follows.
+    let mut builder = tar::Builder::new(Vec::new());
+    builder
+        .append_pax_extensions([("linkpath", &b"/etc/shadow"[..])])
+        .unwrap();
+    builder
+        .append(&raw_header("lockstepd", 4), &b"evil"[..])
+        .unwrap();
+    gzip_tar(&builder.into_inner().unwrap(), &tarball);
+    let error = unpack_tgz(&tarball, &fixture.destination, &UnpackLimits::default()).unwrap_err();
+    assert!(
+        matches!(
+            &error.problem,
+            UnpackProblem::Extension(ExtensionProblem::Unsupported { key, .. }) if key == "linkpath"
         ),
         "{error}"
     );
