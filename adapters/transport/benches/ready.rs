@@ -6,9 +6,10 @@
 //! Run: `cargo bench -p lockstep-transport --bench ready`. Each trial limits the gate,
 //! starts both waiters, opens the gate after a delay that varies from trial to trial (so
 //! the 1 s loop is caught at every point of its period), and records, for each, the time
-//! from the gate opening to its first successful `ModelConfig.ModelGet`. Each waiter must
-//! have been refused before the gate opened and must get the model's config after: any
-//! other reply stops the bench. `LOCKSTEP_BENCH_QUICK=1` runs one trial (same code paths,
+//! from the gate opening to its first successful `ModelConfig.ModelSet` (a write: reads are
+//! served in every phase, writes only from Ready). Each waiter must have been refused
+//! before the gate opened and must have its write answered after: any other reply stops
+//! the bench. `LOCKSTEP_BENCH_QUICK=1` runs one trial (same code paths,
 //! same checks): CI runs it so that a broken bench fails.
 #![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
@@ -48,9 +49,17 @@ impl Size {
     }
 }
 
-/// `ModelGet`'s reply must show the bench's model: the waiter was answered, not refused.
-fn assert_model_config(response: &Value) {
-    assert_eq!(response["config"]["name"]["value"], "bench", "{response}");
+/// The write the waiters make: a model config key, as `juju model-config` sets one.
+fn model_set_params() -> Value {
+    json!({"config": {"logging-config": "<root>=INFO"}})
+}
+
+/// `ModelSet`'s reply: answered (an empty result), not refused.
+fn assert_model_set(response: &Value) {
+    assert!(
+        response.get("error").is_none() && response.get("error-code").is_none(),
+        "{response}"
+    );
 }
 
 /// python-jujuclient's loop (`_rpc_retry_if_upgrading`): the same frame every 1.0 s.
@@ -90,7 +99,7 @@ async fn jujuclient_style(
     )
     .await;
     assert!(logged_in.get("error").is_none(), "{logged_in}");
-    let frame = json!({"request-id": 2, "type": "ModelConfig", "version": 3, "request": "ModelGet", "params": {}});
+    let frame = json!({"request-id": 2, "type": "ModelConfig", "version": 3, "request": "ModelSet", "params": model_set_params()});
     let mut refusals = 0;
     loop {
         let reply = exchange(frame.clone()).await;
@@ -98,7 +107,7 @@ async fn jujuclient_style(
             None => {
                 let elapsed = ready_at.get().expect("answered only after Ready").elapsed();
                 assert!(refusals > 0, "never refused: it did not wait for Ready");
-                assert_model_config(&reply["response"]);
+                assert_model_set(&reply);
                 return elapsed;
             }
             Some(error) => {
@@ -136,8 +145,8 @@ async fn lockstep_client(
         .call(
             "ModelConfig",
             3,
-            "ModelGet",
-            json!({}),
+            "ModelSet",
+            model_set_params(),
             Duration::from_secs(60),
         )
         .await
@@ -145,7 +154,7 @@ async fn lockstep_client(
     let elapsed = ready_at.get().expect("answered only after Ready").elapsed();
     // It waited through the limited phase: a client that saw only Ready measured nothing.
     assert_eq!(phases, [Phase::RunningSteps, Phase::Ready], "phases seen");
-    assert_model_config(&response);
+    assert_model_set(&response);
     elapsed
 }
 
