@@ -67,13 +67,14 @@ impl Machine {
         );
     }
 
-    /// I1, I7 and I9, read path, after every dispatch: what the driver will read back is
-    /// what the machine is. `published` is the gate as it stood before the dispatch,
-    /// `outputs` the outputs the dispatch made, in order, `phase` the phase it ended in.
+    /// I1, I7 and I9, read path, after every dispatch that published something: what the
+    /// driver will read back is what the machine is. `published` is the phase and progress
+    /// of the gate as it stood before the dispatch, `outputs` the outputs the dispatch made,
+    /// in order, `phase` the phase it ended in.
     pub(crate) fn assert_after_dispatch<'a>(
         &self,
         phase: Phase,
-        published: GateView,
+        published: (Phase, u32),
         outputs: impl Iterator<Item = &'a Output>,
     ) {
         // I1: "The gate serves the full API only while the agent is Ready": the gate the
@@ -93,7 +94,7 @@ impl Machine {
             // the bookkeeping of I9: the explorer's and the simulator's checkers report it.
             return;
         }
-        let (mut gate_phase, mut done) = (published.phase, published.progress.done);
+        let (mut gate_phase, mut done) = published;
         for output in outputs {
             match output {
                 Output::Gate(view) => {

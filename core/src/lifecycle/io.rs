@@ -82,6 +82,8 @@ pub(crate) struct Io {
     pub(crate) now: Timestamp,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) timers: [Option<Timestamp>; Timer::COUNT],
+    /// The earliest of `timers`, kept as they are armed and cancelled.
+    pub(crate) earliest: Option<Timestamp>,
     next_request: u64,
     /// Set once the process asked to restart into another binary: it makes no further
     /// request, whatever it is told, so nothing of it runs beside its successor.
@@ -94,6 +96,7 @@ impl Io {
             now: Timestamp::ZERO,
             outputs: VecDeque::with_capacity(OUTPUTS_MAX),
             timers: [None; Timer::COUNT],
+            earliest: None,
             next_request: 1,
             exiting: false,
         }
@@ -144,11 +147,30 @@ impl Io {
     }
 
     pub(super) fn set_timer(&mut self, timer: Timer, after: Millis) {
-        self.timers[timer as usize] = Some(self.now + after);
+        let at = self.now + after;
+        let replaced = self.timers[timer as usize].replace(at);
+        if replaced.is_some() && replaced == self.earliest {
+            self.earliest = self.find_earliest();
+        } else {
+            self.earliest = Some(self.earliest.map_or(at, |earliest| earliest.min(at)));
+        }
     }
 
-    pub(super) fn cancel_timer(&mut self, timer: Timer) {
-        self.timers[timer as usize] = None;
+    pub(crate) fn cancel_timer(&mut self, timer: Timer) {
+        let cancelled = self.timers[timer as usize].take();
+        if cancelled.is_some() && cancelled == self.earliest {
+            self.earliest = self.find_earliest();
+        }
+    }
+
+    fn find_earliest(&self) -> Option<Timestamp> {
+        self.timers.iter().flatten().min().copied()
+    }
+
+    /// True when an armed timer is due at `now`.
+    pub(crate) fn any_due(&self, now: Timestamp) -> bool {
+        debug_assert_eq!(self.earliest, self.find_earliest());
+        self.earliest.is_some_and(|at| at <= now)
     }
 
     pub(super) fn timer_armed(&self, timer: Timer) -> bool {
@@ -211,20 +233,20 @@ impl Machine {
     /// Reads an input as what it means before any phase sees it: a refused `agent-version`
     /// write whose refusal found the model already holding the value asked for is a write
     /// done (Juju accepts the current value back; a store that refused it anyway, or a
-    /// write another controller made first, leaves nothing to do). Every other input is
-    /// itself.
+    /// write another controller made first, leaves nothing to do): its `Done`. Every other
+    /// input is itself (`None`), and is dispatched as it is, without a copy.
     ///
     /// spec/lifecycle.md: "The core decides: a refusal that found the model holding the
     /// value asked for is a write done; any other is a refusal".
-    pub(crate) fn settle(&self, input: Input) -> Input {
-        match input {
+    pub(crate) fn settle(&self, input: &Input) -> Option<Input> {
+        match *input {
             Input::AgentVersionRefused {
                 id, agent_version, ..
             } if self.pending == Some((id, Pending::SetAgentVersion(agent_version))) => {
                 tracing::debug!(target: "lockstep::lifecycle", id = id.0, version = %agent_version, "agent-version write refused, but the model holds the value: done");
-                Input::Done { id }
+                Some(Input::Done { id })
             }
-            input => input,
+            _ => None,
         }
     }
 

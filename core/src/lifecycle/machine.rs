@@ -44,14 +44,11 @@ use super::io::{Io, Pending, PersistFor};
 use super::trial::{FallBackCause, Upgrade};
 use super::version_check::Check;
 
-#[derive(Clone, PartialEq, Eq, Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "built on the stack for one dispatch and never stored; boxing would allocate \
-              on every input of the steady path"
-)]
-pub(crate) enum Event {
-    Input(Input),
+/// What one dispatch carries: the input borrowed from the caller (an input is a few hundred
+/// bytes; moving it into the event would copy it on every dispatch), or a timer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Event<'input> {
+    Input(&'input Input),
     Timer(Timer),
     /// Applied by `before_dispatch`; no state sees it.
     #[cfg_attr(not(feature = "mutations"), allow(dead_code))]
@@ -107,7 +104,7 @@ impl Machine {
         &mut self,
         io: &mut Io,
         stage: &mut BootStage,
-        event: &Event,
+        event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
             Event::Input(Input::Start) if *stage == BootStage::NotStarted => {
@@ -162,7 +159,12 @@ impl Machine {
         entry_action = "enter_running_steps",
         exit_action = "exit_running_steps"
     )]
-    fn running_steps(&mut self, io: &mut Io, steps: &mut Steps, event: &Event) -> Outcome<State> {
+    fn running_steps(
+        &mut self,
+        io: &mut Io,
+        steps: &mut Steps,
+        event: &Event<'_>,
+    ) -> Outcome<State> {
         let decided = match event {
             Event::Input(Input::RecordChanged(view)) => {
                 steps.observe_record(view);
@@ -242,7 +244,7 @@ impl Machine {
         &mut self,
         io: &mut Io,
         check: &mut Check,
-        event: &Event,
+        event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
             Event::Input(Input::CatalogueFound { id, result })
@@ -295,7 +297,12 @@ impl Machine {
     /// spec/lifecycle.md, "Phases", upgrading: "stage (download, verify size and sha256),
     /// persist `previous` and the trial, restart into the new binary".
     #[state(entry_action = "enter_upgrading")]
-    fn upgrading(&mut self, io: &mut Io, upgrade: &mut Upgrade, event: &Event) -> Outcome<State> {
+    fn upgrading(
+        &mut self,
+        io: &mut Io,
+        upgrade: &mut Upgrade,
+        event: &Event<'_>,
+    ) -> Outcome<State> {
         match event {
             Event::Input(Input::Staged { id, result }) if self.completes(*id, Pending::Stage) => {
                 self.staged(io, upgrade, result)
@@ -330,7 +337,7 @@ impl Machine {
     /// After every event it handles, Ready tends the record and the news (see
     /// [`Machine::retire_doomed_record`], [`Machine::act_on_agent_version_news`]).
     #[state(entry_action = "enter_ready")]
-    fn ready(&mut self, io: &mut Io, check: &mut Check, event: &Event) -> Outcome<State> {
+    fn ready(&mut self, io: &mut Io, check: &mut Check, event: &Event<'_>) -> Outcome<State> {
         let outcome = match event {
             Event::Timer(Timer::CatalogueCheck) => {
                 self.periodic_check(io, check);
@@ -419,7 +426,7 @@ impl Machine {
     /// or aborts (record archived aborted; falls back when safe); a controller on trial
     /// also gives up at its trial deadline (falls back when safe)".
     #[state(entry_action = "enter_steps_failed")]
-    fn steps_failed(&mut self, io: &mut Io, held: &mut Held, event: &Event) -> Outcome<State> {
+    fn steps_failed(&mut self, io: &mut Io, held: &mut Held, event: &Event<'_>) -> Outcome<State> {
         match event {
             Event::Input(Input::Operator(OperatorAction::Retry)) if self.pending.is_none() => {
                 self.retry_held(io, held)
@@ -473,7 +480,7 @@ impl Machine {
         &mut self,
         io: &mut Io,
         failure: &mut Failure,
-        event: &Event,
+        event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
             Event::Input(Input::RecordChanged(view)) if failure.watching => {
@@ -560,7 +567,11 @@ impl Machine {
 
     /// What every phase keeps before its handler runs: planted defects, the model's
     /// `agent-version` news, and the newest view of the record.
-    fn before_dispatch(&mut self, _state: StateOrSuperstate<'_, State, Superstate>, event: &Event) {
+    fn before_dispatch(
+        &mut self,
+        _state: StateOrSuperstate<'_, State, Superstate>,
+        event: &Event<'_>,
+    ) {
         let view = match event {
             Event::SetMutations(mutations) => {
                 self.mutations = *mutations;

@@ -223,16 +223,30 @@ impl Lifecycle {
     // ------------------------------------------------------------------ input
 
     /// Feeds one input. Drain [`Lifecycle::poll_output`] afterwards.
+    // Inlined into the driver, so that the input is dispatched where it lies: it is passed
+    // on by reference, never copied (`Input` is a few hundred bytes).
+    #[inline]
     pub fn handle(&mut self, now: Timestamp, input: Input) {
+        self.handle_input(now, &input);
+    }
+
+    fn handle_input(&mut self, now: Timestamp, input: &Input) {
         self.set_now(now);
         tracing::trace!(target: "lockstep::lifecycle", ?input, "input");
-        let input = self.machine.inner().settle(input);
-        self.dispatch(&Event::Input(input));
+        match self.machine.inner().settle(input) {
+            Some(settled) => self.dispatch(&Event::Input(&settled)),
+            None => self.dispatch(&Event::Input(input)),
+        }
     }
 
     /// Fires every timer whose deadline is at or before `now`.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.set_now(now);
+        if !self.io.any_due(now) {
+            // Spurious wake-ups are common (a driver's tick): the earliest deadline is kept,
+            // so they cost one comparison.
+            return;
+        }
         for timer in Timer::ALL {
             let due = self.io.timers[timer as usize].is_some_and(|at| at <= now);
             if due {
@@ -252,22 +266,30 @@ impl Lifecycle {
     }
 
     fn fire(&mut self, timer: Timer) {
-        self.io.timers[timer as usize] = None;
+        self.io.cancel_timer(timer);
         tracing::debug!(target: "lockstep::lifecycle", ?timer, "timer fired");
         self.dispatch(&Event::Timer(timer));
     }
 
     /// One dispatch into the machine, then the read-path checks of what it published
     /// (`invariants.rs`: I1, I7, I9).
-    fn dispatch(&mut self, event: &Event) {
-        let published = self.machine.inner().gate;
+    ///
+    /// The checks run when the dispatch published something: every gate change, phase
+    /// change and snapshot write is an output, so a dispatch that made none left what the
+    /// driver reads back as it was when last checked (most inputs of a Ready agent: a timer
+    /// not yet due, a stale completion, a record view kept).
+    fn dispatch(&mut self, event: &Event<'_>) {
+        let gate = &self.machine.inner().gate;
+        let published = (gate.phase, gate.progress.done);
         let start = self.io.outputs.len();
         self.machine.handle_with_context(event, &mut self.io);
-        self.machine.inner().assert_after_dispatch(
-            machine::phase_of(self.machine.state()),
-            published,
-            self.io.outputs.range(start..),
-        );
+        if self.io.outputs.len() != start {
+            self.machine.inner().assert_after_dispatch(
+                machine::phase_of(self.machine.state()),
+                published,
+                self.io.outputs.range(start..),
+            );
+        }
     }
 
     fn set_now(&mut self, now: Timestamp) {
@@ -278,13 +300,14 @@ impl Lifecycle {
     // ------------------------------------------------------------------ output
 
     /// The next output, in the order made.
+    #[inline]
     pub fn poll_output(&mut self) -> Option<Output> {
         self.io.outputs.pop_front()
     }
 
     /// The earliest armed deadline.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.io.timers.iter().flatten().min().copied()
+        self.io.earliest
     }
 
     /// Switches planted defects on (tests that prove the checks can fail).
