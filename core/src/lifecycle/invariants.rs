@@ -176,7 +176,7 @@ impl Machine {
     /// I2, read path: a database step that completed is the one asked for, at
     /// `database_next` of the plan; only then does the coordinator move past it.
     pub(super) fn assert_database_step_completed(&self, steps: &Steps, index: StepIndex) {
-        let plan = self.current_plan(true);
+        let plan = self.plan();
         assert_eq!(
             plan.database().get(usize::from(steps.database_next)),
             Some(&index),
@@ -237,8 +237,7 @@ impl Machine {
         if self.mutations.upgraded_to_with_step_missing {
             return; // The planted defect skips the last host step: the checkers report I6.
         }
-        let plan = self.current_plan(false);
-        if let Some(&missing) = plan.host().iter().find(|&&index| {
+        if let Some(&missing) = self.plan().host().iter().find(|&&index| {
             !self
                 .snapshot
                 .host_checkpoints

@@ -17,6 +17,10 @@
 //! - `held.rs`: StepsFailed and UpgradeFailed.
 //! - `ready.rs`: Ready: news of `agent-version`, pre-staging, records nobody else moves on.
 //!
+//! Each phase's own data is boxed in its state (`Box<Steps>`, `Box<Check>`, ...): every
+//! handler returns an `Outcome<State>`, which with the data inline was a copy of some 220
+//! bytes on every input; boxed, the state is two words, and a phase change allocates once.
+//!
 //! Rules every handler keeps:
 //! - At most one "main" request is in flight (`Machine::pending`); the lease's own requests
 //!   and the record watch run beside it. A completion whose id is not the one awaited is
@@ -34,7 +38,7 @@ use crate::lifecycle::types::*;
 use crate::lifecycle::{Mutations, Timer};
 use crate::phase::{Phase, Progress};
 use crate::role::Role;
-use crate::steps::StepRegistry;
+use crate::steps::{Plan, StepRegistry};
 use crate::version::{Binary, Version};
 
 use super::boot::BootStage;
@@ -61,6 +65,8 @@ pub(crate) struct Machine {
     pub(crate) config: Config,
     pub(crate) registry: Arc<StepRegistry>,
     pub(crate) snapshot: Snapshot,
+    /// RunningSteps: the steps of the upgrade under way (see [`Machine::plan`]).
+    pub(super) plan: Option<Plan>,
     pub(crate) model: Option<ModelView>,
     pub(crate) pending: Option<(RequestId, Pending)>,
     pub(crate) gate: GateView,
@@ -141,6 +147,10 @@ impl Machine {
 
     #[action]
     fn enter_running_steps(&mut self, io: &mut Io, steps: &mut Steps) {
+        if self.plan.is_none() {
+            // Planned by `before_transition` on a phase change.
+            self.plan = Some(self.compute_plan());
+        }
         let next = self.reconcile_steps(io, steps);
         // An entry action cannot transition: the first reconcile only ever asks.
         assert!(next.is_none(), "RunningSteps decided {next:?} on entry");
@@ -162,7 +172,7 @@ impl Machine {
     fn running_steps(
         &mut self,
         io: &mut Io,
-        steps: &mut Steps,
+        steps: &mut Box<Steps>,
         event: &Event<'_>,
     ) -> Outcome<State> {
         let decided = match event {
@@ -243,7 +253,7 @@ impl Machine {
     fn checking_agent_version(
         &mut self,
         io: &mut Io,
-        check: &mut Check,
+        check: &mut Box<Check>,
         event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
@@ -269,7 +279,7 @@ impl Machine {
                 self.agent_version_written_while_checking(check)
             }
             Event::Input(Input::Done { id }) if self.completes(*id, Pending::Report) => {
-                Transition(State::ready(Check::default()))
+                Transition(State::ready(Box::default()))
             }
             Event::Input(Input::Done { id })
                 if self.completes(*id, Pending::Persist(PersistFor::FallBack)) =>
@@ -300,7 +310,7 @@ impl Machine {
     fn upgrading(
         &mut self,
         io: &mut Io,
-        upgrade: &mut Upgrade,
+        upgrade: &mut Box<Upgrade>,
         event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
@@ -337,7 +347,7 @@ impl Machine {
     /// After every event it handles, Ready tends the record and the news (see
     /// [`Machine::retire_doomed_record`], [`Machine::act_on_agent_version_news`]).
     #[state(entry_action = "enter_ready")]
-    fn ready(&mut self, io: &mut Io, check: &mut Check, event: &Event<'_>) -> Outcome<State> {
+    fn ready(&mut self, io: &mut Io, check: &mut Box<Check>, event: &Event<'_>) -> Outcome<State> {
         let outcome = match event {
             Event::Timer(Timer::CatalogueCheck) => {
                 self.periodic_check(io, check);
@@ -426,7 +436,12 @@ impl Machine {
     /// or aborts (record archived aborted; falls back when safe); a controller on trial
     /// also gives up at its trial deadline (falls back when safe)".
     #[state(entry_action = "enter_steps_failed")]
-    fn steps_failed(&mut self, io: &mut Io, held: &mut Held, event: &Event<'_>) -> Outcome<State> {
+    fn steps_failed(
+        &mut self,
+        io: &mut Io,
+        held: &mut Box<Held>,
+        event: &Event<'_>,
+    ) -> Outcome<State> {
         match event {
             Event::Input(Input::Operator(OperatorAction::Retry)) if self.pending.is_none() => {
                 self.retry_held(io, held)
@@ -479,7 +494,7 @@ impl Machine {
     fn upgrade_failed(
         &mut self,
         io: &mut Io,
-        failure: &mut Failure,
+        failure: &mut Box<Failure>,
         event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
@@ -509,7 +524,7 @@ impl Machine {
             Event::Input(Input::Done { id })
                 if self.completes(*id, Pending::Persist(PersistFor::ClearTrial)) =>
             {
-                Transition(State::ready(Check::default()))
+                Transition(State::ready(Box::default()))
             }
             _ => Super,
         }
@@ -517,7 +532,8 @@ impl Machine {
 }
 
 impl std::hash::Hash for Machine {
-    /// Everything but the registry, which is fixed for the life of the process.
+    /// Everything but the registry, which is fixed for the life of the process, and the
+    /// plan, which follows from the phase, the snapshot and the configuration.
     fn hash<H: std::hash::Hasher>(&self, hasher: &mut H) {
         self.config.hash(hasher);
         self.snapshot.hash(hasher);
@@ -547,6 +563,7 @@ impl Machine {
             config,
             registry,
             snapshot,
+            plan: None,
             model: None,
             pending: None,
             gate: GateView {
@@ -613,11 +630,14 @@ impl Machine {
             return;
         }
         let progress = match target {
-            State::RunningSteps { .. } => Progress {
-                done: 0,
-                total: self.current_plan(true).len() as u32,
-                target: Some(self.config.running.number),
-            },
+            State::RunningSteps { .. } => {
+                let plan = self.plan.insert(self.compute_plan());
+                Progress {
+                    done: 0,
+                    total: plan.len() as u32,
+                    target: Some(self.config.running.number),
+                }
+            }
             State::Upgrading { upgrade } => Progress {
                 done: 0,
                 total: 1,

@@ -115,7 +115,7 @@ impl Machine {
         match result {
             Ok(()) => match check.chosen.take() {
                 Some(plan) => Transition(State::Upgrading {
-                    upgrade: Upgrade::new(plan, true),
+                    upgrade: Box::new(Upgrade::new(plan, true)),
                 }),
                 None => Handled,
             },

@@ -173,7 +173,7 @@ impl Machine {
                             .unwrap_or(self.config.running.number)
                     );
                     return Transition(State::UpgradeFailed {
-                        failure: Failure::new(reason),
+                        failure: Box::new(Failure::new(reason)),
                     });
                 }
                 if upgrade_available != self.upgrade_available {
@@ -186,7 +186,7 @@ impl Machine {
                     return Handled;
                 }
                 Transition(State::Ready {
-                    check: Check::default(),
+                    check: Box::new(Check::default()),
                 })
             }
             Ok(decision) => {
@@ -203,13 +203,13 @@ impl Machine {
                 }
                 let plan = check.chosen.take().expect("just chosen");
                 Transition(State::Upgrading {
-                    upgrade: Upgrade::new(plan, false),
+                    upgrade: Box::new(Upgrade::new(plan, false)),
                 })
             }
             Err(error) => {
                 let reason = error.to_string();
                 Transition(State::UpgradeFailed {
-                    failure: Failure::new(reason),
+                    failure: Box::new(Failure::new(reason)),
                 })
             }
         }
@@ -239,7 +239,7 @@ impl Machine {
         if self.must_upgrade() {
             let reason = format!("agent binaries could not be looked up: {reason}");
             return Transition(State::UpgradeFailed {
-                failure: Failure::new(reason),
+                failure: Box::new(Failure::new(reason)),
             });
         }
         self.status_message(
@@ -247,7 +247,7 @@ impl Machine {
             format!("agent binary lookup failed (giving up): {reason}"),
         );
         Transition(State::Ready {
-            check: Check::default(),
+            check: Box::new(Check::default()),
         })
     }
 
@@ -260,15 +260,15 @@ impl Machine {
         if let Some(reason) = self.refuse_downgrade(plan) {
             self.status_message(io, reason);
             Transition(State::Ready {
-                check: Check::default(),
+                check: Box::new(Check::default()),
             })
         } else if plan.binary.number == self.config.running.number {
             Transition(State::Ready {
-                check: Check::default(),
+                check: Box::new(Check::default()),
             })
         } else {
             Transition(State::Upgrading {
-                upgrade: Upgrade::new(plan.clone(), false),
+                upgrade: Box::new(Upgrade::new(plan.clone(), false)),
             })
         }
     }
@@ -289,7 +289,7 @@ impl Machine {
             );
         }
         Transition(State::Ready {
-            check: Check::default(),
+            check: Box::new(Check::default()),
         })
     }
 
@@ -305,11 +305,11 @@ impl Machine {
                     model.agent_version = plan.binary.number;
                 }
                 Transition(State::Upgrading {
-                    upgrade: Upgrade::new(plan, false),
+                    upgrade: Box::new(Upgrade::new(plan, false)),
                 })
             }
             None => Transition(State::Ready {
-                check: Check::default(),
+                check: Box::new(Check::default()),
             }),
         }
     }
