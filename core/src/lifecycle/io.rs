@@ -210,6 +210,7 @@ impl Machine {
     }
 
     /// True (and clears it) when `id` completes the main request of this kind.
+    #[inline]
     pub(super) fn completes(&mut self, id: RequestId, kind: Pending) -> bool {
         if self.pending == Some((id, kind)) {
             self.pending = None;
@@ -220,6 +221,7 @@ impl Machine {
     }
 
     /// True (and clears it) when `id` completes the `agent-version` write in flight.
+    #[inline]
     pub(super) fn completes_agent_version_write(&mut self, id: RequestId) -> bool {
         match self.pending {
             Some((pending_id, Pending::SetAgentVersion(_))) if pending_id == id => {
@@ -233,18 +235,20 @@ impl Machine {
     /// Reads an input as what it means before any phase sees it: a refused `agent-version`
     /// write whose refusal found the model already holding the value asked for is a write
     /// done (Juju accepts the current value back; a store that refused it anyway, or a
-    /// write another controller made first, leaves nothing to do): its `Done`. Every other
-    /// input is itself (`None`), and is dispatched as it is, without a copy.
+    /// write another controller made first, leaves nothing to do): the id of the write,
+    /// to be dispatched as its `Done`. Every other input is itself (`None`), and is
+    /// dispatched as it is, without a copy.
     ///
     /// spec/lifecycle.md: "The core decides: a refusal that found the model holding the
     /// value asked for is a write done; any other is a refusal".
-    pub(crate) fn settle(&self, input: &Input) -> Option<Input> {
+    #[inline]
+    pub(crate) fn settle(&self, input: &Input) -> Option<RequestId> {
         match *input {
             Input::AgentVersionRefused {
                 id, agent_version, ..
             } if self.pending == Some((id, Pending::SetAgentVersion(agent_version))) => {
                 tracing::debug!(target: "lockstep::lifecycle", id = id.0, version = %agent_version, "agent-version write refused, but the model holds the value: done");
-                Some(Input::Done { id })
+                Some(id)
             }
             _ => None,
         }

@@ -234,7 +234,7 @@ impl Lifecycle {
         self.set_now(now);
         tracing::trace!(target: "lockstep::lifecycle", ?input, "input");
         match self.machine.inner().settle(input) {
-            Some(settled) => self.dispatch(&Event::Input(&settled)),
+            Some(id) => self.dispatch(&Event::Input(&Input::Done { id })),
             None => self.dispatch(&Event::Input(input)),
         }
     }
@@ -278,6 +278,7 @@ impl Lifecycle {
     /// change and snapshot write is an output, so a dispatch that made none left what the
     /// driver reads back as it was when last checked (most inputs of a Ready agent: a timer
     /// not yet due, a stale completion, a record view kept).
+    #[inline]
     fn dispatch(&mut self, event: &Event<'_>) {
         let gate = &self.machine.inner().gate;
         let published = (gate.phase, gate.progress.done);
