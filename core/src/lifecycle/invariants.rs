@@ -29,11 +29,14 @@
 
 use crate::gate::GateView;
 use crate::lifecycle::record::{RecordView, UpgradeInfo, UpgradeStatus};
+use std::collections::VecDeque;
+
 use crate::lifecycle::types::{Output, StepIndex, StepOutcome};
 use crate::phase::Phase;
 use crate::steps::StepKind;
 
 use super::coordination::{LeaseState, Steps};
+use super::io::Published;
 use super::machine::Machine;
 
 impl Machine {
@@ -68,15 +71,16 @@ impl Machine {
     }
 
     /// I1, I7 and I9, read path, after every dispatch that published something: what the
-    /// driver will read back is what the machine is. `published` is the phase and progress
-    /// of the gate as it stood before the dispatch, `outputs` the outputs the dispatch made,
-    /// in order, `phase` the phase it ended in.
-    pub(crate) fn assert_after_dispatch<'a>(
+    /// driver will read back is what the machine is. `published` is what `Io` noted of the
+    /// gates and statuses as they were published ([`Published`]), `outputs` the output
+    /// queue, `phase` the phase the dispatch ended in. The dispatch's notes are cleared here.
+    pub(crate) fn assert_after_dispatch(
         &self,
         phase: Phase,
-        published: (Phase, u32),
-        outputs: impl Iterator<Item = &'a Output>,
+        published: &mut Published,
+        outputs: &VecDeque<Output>,
     ) {
+        let noted = std::mem::take(&mut published.dispatch);
         // I1: "The gate serves the full API only while the agent is Ready": the gate the
         // API reads names the machine's phase.
         assert_eq!(
@@ -94,34 +98,22 @@ impl Machine {
             // the bookkeeping of I9: the explorer's and the simulator's checkers report it.
             return;
         }
-        let (mut gate_phase, mut done) = published;
-        for output in outputs {
-            match output {
-                Output::Gate(view) => {
-                    // I1: one dispatch makes at most one transition, so a Ready gate
-                    // published in it means the dispatch ended in Ready.
-                    assert!(
-                        view.phase != Phase::Ready || phase == Phase::Ready,
-                        "I1: a Ready gate was published by a dispatch that ended in {phase}"
-                    );
-                    // I9: "Published progress never runs backwards within a phase".
-                    assert!(
-                        view.phase != gate_phase || view.progress.done >= done,
-                        "I9: progress in {gate_phase} ran back from {done} to {}",
-                        view.progress.done
-                    );
-                    (gate_phase, done) = (view.phase, view.progress.done);
-                }
-                Output::Status(report) => {
-                    // I9: "every status is marked with the phase the gate last published".
-                    assert_eq!(
-                        report.phase, gate_phase,
-                        "I9: status {:?} marked {} while the gate says {gate_phase}",
-                        report.message, report.phase
-                    );
-                }
-                Output::Request { .. } => {}
-            }
+        // I1: one dispatch makes at most one transition, so a Ready gate published in it
+        // means the dispatch ended in Ready.
+        assert!(
+            !noted.ready_gate || phase == Phase::Ready,
+            "I1: a Ready gate was published by a dispatch that ended in {phase}"
+        );
+        // I9: "Published progress never runs backwards within a phase".
+        if let Some((gate_phase, from, to)) = noted.regressed {
+            panic!("I9: progress in {gate_phase} ran back from {from} to {to}");
+        }
+        // I9: "every status is marked with the phase the gate last published".
+        if let Some((status_phase, gate_phase, position)) = noted.mismarked {
+            panic!(
+                "I9: status {:?} marked {status_phase} while the gate says {gate_phase}",
+                outputs.get(position)
+            );
         }
     }
 

@@ -74,6 +74,30 @@ pub(crate) enum PersistFor {
     ClearTrial,
 }
 
+/// What the gates and statuses published say, noted by [`Io::push_gate`] and
+/// [`Io::push_status`] as each is made, for the read-path checks of I1 and I9 after a
+/// dispatch (`Machine::assert_after_dispatch`): they read these notes instead of walking
+/// the output queue.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Published {
+    /// The phase and progress of the last gate pushed: the gate the driver serves by.
+    pub(crate) gate: (Phase, u32),
+    /// Notes of the dispatch under way, cleared after it.
+    pub(crate) dispatch: DispatchNotes,
+}
+
+/// What the gates and statuses of one dispatch broke of I1 and I9, the first of each.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub(crate) struct DispatchNotes {
+    /// A gate naming Ready was pushed.
+    pub(crate) ready_gate: bool,
+    /// A gate's progress ran back within its phase: (phase, from, to).
+    pub(crate) regressed: Option<(Phase, u32, u32)>,
+    /// A status was marked with a phase other than the last gate's: (status phase, gate
+    /// phase, its position in the output queue).
+    pub(crate) mismarked: Option<(Phase, Phase, usize)>,
+}
+
 /// What the machine shares with its driver between dispatches: the clock reading, the
 /// output queue, the timer table and the request counter. Passed to statig as context, so
 /// the wrapper can drain outputs without reaching into the machine.
@@ -84,6 +108,8 @@ pub(crate) struct Io {
     pub(crate) timers: [Option<Timestamp>; Timer::COUNT],
     /// The earliest of `timers`, kept as they are armed and cancelled.
     pub(crate) earliest: Option<Timestamp>,
+    /// What the outputs pushed said of the gate.
+    pub(crate) published: Published,
     next_request: u64,
     /// Set once the process asked to restart into another binary: it makes no further
     /// request, whatever it is told, so nothing of it runs beside its successor.
@@ -97,6 +123,10 @@ impl Io {
             outputs: VecDeque::with_capacity(OUTPUTS_MAX),
             timers: [None; Timer::COUNT],
             earliest: None,
+            published: Published {
+                gate: (Phase::Bootstrapping, 0),
+                dispatch: DispatchNotes::default(),
+            },
             next_request: 1,
             exiting: false,
         }
@@ -144,6 +174,31 @@ impl Io {
             "more than {OUTPUTS_MAX} outputs undrained: the driver must drain after every input"
         );
         self.outputs.push_back(output);
+    }
+
+    /// Publishes a gate, noting what it says for the read-path checks.
+    pub(crate) fn push_gate(&mut self, view: GateView) {
+        let published = &mut self.published;
+        let (phase, done) = published.gate;
+        if view.phase == phase
+            && view.progress.done < done
+            && published.dispatch.regressed.is_none()
+        {
+            published.dispatch.regressed = Some((phase, done, view.progress.done));
+        }
+        published.dispatch.ready_gate |= view.phase == Phase::Ready;
+        published.gate = (view.phase, view.progress.done);
+        self.push(Output::Gate(view));
+    }
+
+    /// Publishes a status, noting what it says for the read-path checks.
+    pub(crate) fn push_status(&mut self, report: StatusReport) {
+        let published = &mut self.published;
+        if report.phase != published.gate.0 && published.dispatch.mismarked.is_none() {
+            published.dispatch.mismarked =
+                Some((report.phase, published.gate.0, self.outputs.len()));
+        }
+        self.push(Output::Status(report));
     }
 
     pub(super) fn set_timer(&mut self, timer: Timer, after: Millis) {
@@ -278,22 +333,22 @@ impl Machine {
     /// Publishes a new phase's gate and its first status, before the phase's entry runs.
     pub(super) fn publish_phase(&mut self, io: &mut Io, gate: GateView, message: String) {
         self.gate = gate;
-        io.push(Output::Gate(self.gate));
-        io.push(Output::Status(StatusReport {
+        io.push_gate(self.gate);
+        io.push_status(StatusReport {
             phase: gate.phase,
             progress: gate.progress,
             message,
-        }));
+        });
     }
 
     /// A status line, marked with the phase the gate last published.
     pub(super) fn status_message(&mut self, io: &mut Io, message: String) {
         tracing::info!(target: "lockstep::lifecycle", phase = %self.gate.phase, message = %message, "status");
-        io.push(Output::Status(StatusReport {
+        io.push_status(StatusReport {
             phase: self.gate.phase,
             progress: self.gate.progress,
             message,
-        }));
+        });
     }
 
     /// Publishes progress within the phase, when it moved forward.
@@ -309,7 +364,7 @@ impl Machine {
         self.assert_progress_forward(done);
         if self.gate.progress.done != done {
             self.gate.progress.done = done;
-            io.push(Output::Gate(self.gate));
+            io.push_gate(self.gate);
         }
     }
 }

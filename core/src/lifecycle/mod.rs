@@ -280,15 +280,13 @@ impl Lifecycle {
     /// not yet due, a stale completion, a record view kept).
     #[inline]
     fn dispatch(&mut self, event: &Event<'_>) {
-        let gate = &self.machine.inner().gate;
-        let published = (gate.phase, gate.progress.done);
         let start = self.io.outputs.len();
         self.machine.handle_with_context(event, &mut self.io);
         if self.io.outputs.len() != start {
             self.machine.inner().assert_after_dispatch(
                 machine::phase_of(self.machine.state()),
-                published,
-                self.io.outputs.range(start..),
+                &mut self.io.published,
+                &self.io.outputs,
             );
         }
     }

@@ -11,7 +11,7 @@ use statig::Outcome::{self, Handled, Transition};
 
 use crate::lifecycle::Timer;
 use crate::lifecycle::record::{ControllerSet, RecordView, Revision};
-use crate::lifecycle::types::{ModelView, Output, Request, StagePlan, StageSource};
+use crate::lifecycle::types::{ModelView, Request, StagePlan, StageSource};
 use crate::phase::Phase;
 use crate::policy::{self, Decision, Occasion, SelectionRequest, Stream};
 use crate::version::Version;
@@ -67,7 +67,7 @@ impl Machine {
     pub(super) fn begin_version_check(&mut self, io: &mut Io, check: &mut Check) {
         if self.mutations.gate_before_version_check {
             // Planted defect: the gate opens before the version is known.
-            io.push(Output::Gate(self.view(Phase::Ready)));
+            io.push_gate(self.view(Phase::Ready));
         }
         if check.occasion.is_none() {
             check.occasion = Some(self.occasion());
