@@ -136,6 +136,15 @@ impl Machine {
         plan
     }
 
+    /// True when host step `index` has its checkpoint in the snapshot.
+    pub(super) fn checkpointed(&self, index: StepIndex) -> bool {
+        let step = self.registry.step(index);
+        self.snapshot
+            .host_checkpoints
+            .iter()
+            .any(|key| key.id == step.id && key.target_version == step.target_version)
+    }
+
     /// True when the current record has every controller ready. Never true while the
     /// controllers are unknown (no model loaded): an empty set is covered by anything.
     pub(super) fn all_ready(&self, view: &RecordView) -> bool {
@@ -455,9 +464,10 @@ impl Machine {
         outcome: Option<&StepOutcome>,
     ) {
         self.assert_host_step_ran(index, outcome);
-        let key = self.registry.key(index);
-        if !self.snapshot.host_checkpoints.contains(&key) {
-            self.snapshot.host_checkpoints.push(key);
+        if !self.checkpointed(index) {
+            self.snapshot
+                .host_checkpoints
+                .push(self.registry.key(index));
         }
         self.persist(io, PersistFor::HostCheckpoint(index));
     }
@@ -733,12 +743,10 @@ impl Machine {
         // Progress counts the upgrade's database steps too, whoever runs them.
         let database_total = plan.database().len();
         let host = plan.host();
-        let mut remaining = host.iter().copied().filter(|&index| {
-            !self
-                .snapshot
-                .host_checkpoints
-                .contains(&self.registry.key(index))
-        });
+        let mut remaining = host
+            .iter()
+            .copied()
+            .filter(|&index| !self.checkpointed(index));
         let first = remaining.next();
         let remaining_count = first.map_or(0, |_| 1 + remaining.count());
         let done = host.len() - remaining_count;

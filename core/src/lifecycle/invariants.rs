@@ -229,12 +229,12 @@ impl Machine {
         if self.mutations.upgraded_to_with_step_missing {
             return; // The planted defect skips the last host step: the checkers report I6.
         }
-        if let Some(&missing) = self.plan().host().iter().find(|&&index| {
-            !self
-                .snapshot
-                .host_checkpoints
-                .contains(&self.registry.key(index))
-        }) {
+        if let Some(&missing) = self
+            .plan()
+            .host()
+            .iter()
+            .find(|&&index| !self.checkpointed(index))
+        {
             panic!(
                 "I6: upgradedToVersion advances to {} with host step {:?} not checkpointed",
                 self.config.running.number,
