@@ -245,6 +245,7 @@ impl Io {
     }
 
     /// True when an armed timer is due at `now`.
+    #[inline]
     pub(crate) fn any_due(&self, now: Timestamp) -> bool {
         debug_assert_eq!(self.earliest, self.find_earliest());
         self.earliest.is_some_and(|at| at <= now)

@@ -584,6 +584,7 @@ impl Machine {
 
     /// What every phase keeps before its handler runs: planted defects, the model's
     /// `agent-version` news, and the newest view of the record.
+    #[inline(never)]
     fn before_dispatch(
         &mut self,
         _state: StateOrSuperstate<'_, State, Superstate>,

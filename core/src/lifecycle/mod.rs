@@ -234,19 +234,31 @@ impl Lifecycle {
         self.set_now(now);
         tracing::trace!(target: "lockstep::lifecycle", ?input, "input");
         match self.machine.inner().settle(input) {
-            Some(id) => self.dispatch(&Event::Input(&Input::Done { id })),
+            Some(id) => self.dispatch_settled(id),
             None => self.dispatch(&Event::Input(input)),
         }
     }
 
+    /// A refused `agent-version` write that `settle` reads as done, dispatched as its
+    /// `Done` (rare: out of line, so the input path keeps a small frame).
+    #[cold]
+    #[inline(never)]
+    fn dispatch_settled(&mut self, id: RequestId) {
+        self.dispatch(&Event::Input(&Input::Done { id }));
+    }
+
     /// Fires every timer whose deadline is at or before `now`.
+    // Inlined into the driver: spurious wake-ups are common (a driver's tick), and with the
+    // earliest deadline kept they cost one comparison.
+    #[inline]
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.set_now(now);
-        if !self.io.any_due(now) {
-            // Spurious wake-ups are common (a driver's tick): the earliest deadline is kept,
-            // so they cost one comparison.
-            return;
+        if self.io.any_due(now) {
+            self.fire_due(now);
         }
+    }
+
+    fn fire_due(&mut self, now: Timestamp) {
         for timer in Timer::ALL {
             let due = self.io.timers[timer as usize].is_some_and(|at| at <= now);
             if due {
@@ -291,6 +303,7 @@ impl Lifecycle {
         }
     }
 
+    #[inline]
     fn set_now(&mut self, now: Timestamp) {
         // Time never runs backwards for the core, even if the driver's clock does.
         self.io.now = self.io.now.max(now);
