@@ -143,7 +143,7 @@ impl Machine {
             });
         }
         Transition(State::CheckingAgentVersion {
-            check: Box::new(Check::default()),
+            check: Check::default(),
         })
     }
 }

@@ -122,6 +122,7 @@ impl Machine {
     /// The plan of the upgrade under way: planned once on entering RunningSteps (the
     /// registry, the running binary and the roles are fixed for the process, and
     /// `upgradedToVersion` changes only as RunningSteps ends), and dropped on leaving it.
+    #[inline]
     pub(super) fn plan(&self) -> &steps::Plan {
         let plan = self
             .plan
@@ -351,7 +352,7 @@ impl Machine {
             Pending::Persist(PersistFor::UpgradedTo) => {
                 self.assert_upgraded_to_durable();
                 Some(State::CheckingAgentVersion {
-                    check: Box::new(Check::default()),
+                    check: Check::default(),
                 })
             }
             Pending::Capabilities => {

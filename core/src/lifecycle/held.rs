@@ -94,7 +94,7 @@ impl Machine {
             })
         } else if upgraded_to == running {
             Transition(State::CheckingAgentVersion {
-                check: Box::new(Check::default()),
+                check: Check::default(),
             })
         } else {
             let message = held.reason.clone();

@@ -28,7 +28,7 @@ pub(crate) struct Check {
     pub(super) occasion: Option<OccasionKey>,
     pub(super) retry_wait: bool,
     /// A binary decided on, waiting for `agent-version` to be written or to be staged.
-    pub(super) chosen: Option<StagePlan>,
+    pub(super) chosen: Option<Box<StagePlan>>,
     /// Ready controllers: the record revision for which the model was read again, to
     /// learn whether `agent-version` still names the record's target.
     pub(super) model_read_for: Option<Revision>,
@@ -186,13 +186,13 @@ impl Machine {
                     return Handled;
                 }
                 Transition(State::Ready {
-                    check: Box::new(Check::default()),
+                    check: Check::default(),
                 })
             }
             Ok(decision) => {
                 let plan = stage_plan(decision);
                 let version = plan.binary.number;
-                check.chosen = Some(plan);
+                check.chosen = Some(Box::new(plan));
                 if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
                     self.request(
                         io,
@@ -203,7 +203,7 @@ impl Machine {
                 }
                 let plan = check.chosen.take().expect("just chosen");
                 Transition(State::Upgrading {
-                    upgrade: Box::new(Upgrade::new(plan, false)),
+                    upgrade: Box::new(Upgrade::new(*plan, false)),
                 })
             }
             Err(error) => {
@@ -247,7 +247,7 @@ impl Machine {
             format!("agent binary lookup failed (giving up): {reason}"),
         );
         Transition(State::Ready {
-            check: Box::new(Check::default()),
+            check: Check::default(),
         })
     }
 
@@ -260,11 +260,11 @@ impl Machine {
         if let Some(reason) = self.refuse_downgrade(plan) {
             self.status_message(io, reason);
             Transition(State::Ready {
-                check: Box::new(Check::default()),
+                check: Check::default(),
             })
         } else if plan.binary.number == self.config.running.number {
             Transition(State::Ready {
-                check: Box::new(Check::default()),
+                check: Check::default(),
             })
         } else {
             Transition(State::Upgrading {
@@ -289,7 +289,7 @@ impl Machine {
             );
         }
         Transition(State::Ready {
-            check: Box::new(Check::default()),
+            check: Check::default(),
         })
     }
 
@@ -305,11 +305,11 @@ impl Machine {
                     model.agent_version = plan.binary.number;
                 }
                 Transition(State::Upgrading {
-                    upgrade: Box::new(Upgrade::new(plan, false)),
+                    upgrade: Box::new(Upgrade::new(*plan, false)),
                 })
             }
             None => Transition(State::Ready {
-                check: Box::new(Check::default()),
+                check: Check::default(),
             }),
         }
     }
@@ -388,7 +388,7 @@ impl Machine {
             Ok(decision) => {
                 let plan = stage_plan(decision);
                 let version = plan.binary.number;
-                check.chosen = Some(plan.clone());
+                check.chosen = Some(Box::new(plan.clone()));
                 if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
                     self.request(
                         io,
@@ -417,7 +417,7 @@ impl Machine {
         if let Some(reason) = self.refuse_downgrade(plan) {
             self.status_message(io, reason);
         } else if plan.binary.number != self.config.running.number {
-            check.chosen = Some(plan.clone());
+            check.chosen = Some(Box::new(plan.clone()));
             self.request(io, Pending::Stage, Request::StageBinary(plan.clone()));
         }
     }
@@ -439,7 +439,7 @@ impl Machine {
             if let Some(model) = &mut self.model {
                 model.agent_version = plan.binary.number;
             }
-            self.request(io, Pending::Stage, Request::StageBinary(plan));
+            self.request(io, Pending::Stage, Request::StageBinary(*plan));
         }
     }
 
