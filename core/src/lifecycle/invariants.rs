@@ -2,20 +2,27 @@
 //! each one guards, not only by the testkit's `World::check` after the fact. Where the
 //! machine also reads back what it wrote, the read path asserts the same property
 //! (TigerBeetle's pairing): the gate and progress it published are checked after every
-//! dispatch, `upgradedToVersion` once it is durable, Ready's `upgradedToVersion` on every
-//! dispatch that ends in Ready.
+//! dispatch that published something, `upgradedToVersion` once it is durable, Ready's
+//! `upgradedToVersion` after every dispatch that ends in Ready and published something.
+//!
+//! The read-path checks run after a dispatch that made outputs, not after every input:
+//! every gate change, phase change and snapshot write is an output, so a dispatch that made
+//! none (most of a Ready agent's inputs: a tick with nothing due, a stale completion, a
+//! record view kept) left what the driver reads back as it was when last checked. The
+//! gates and statuses are noted as they are published (`Io::push_gate`,
+//! `Io::push_status`), so the checks read a few fields instead of walking the outputs.
 //!
 //! | # | write path (the transition) | read path |
 //! |---|---|---|
-//! | I1 | `before_transition`: a Ready gate only on entering Ready | after every dispatch: each gate published names Ready only if the machine is Ready, and the gate the API reads names the machine's phase |
+//! | I1 | `before_transition`: a Ready gate only on entering Ready | after every dispatch that published something: each gate published names Ready only if the machine is Ready, and the gate the API reads names the machine's phase |
 //! | I2 | a database step is asked for by its key, in plan order | its completion is the step in flight, at `database_next` |
 //! | I3 | a database step and `db-complete` carry the fence of the lease held, with every controller ready and the record pending | (the store's fenced transaction) |
 //! | I4 | every record write is a valid successor of the record it replaces; a record is created pending with nobody ready | (the store's transaction refuses an invalid transition) |
 //! | I5 | a host checkpoint is persisted only with its step's completion in hand | — |
 //! | I6 | `upgradedToVersion` is advanced only with every planned host step checkpointed and, on a controller, itself done in the record of this upgrade | once durable: it names the running version, checkpoints cleared |
-//! | I7 | entering Ready: `upgradedToVersion` is the running version | after every dispatch that ends in Ready |
+//! | I7 | entering Ready: `upgradedToVersion` is the running version | after every dispatch that ends in Ready and published something |
 //! | I8 | a controller falls back, or serves after UpgradeFailed, only on a record view that shows no database step of a newer version | — |
-//! | I9 | progress never runs backwards in a phase, nor past its total | after every dispatch: every status is marked with the phase the gate last published, and progress never runs backwards |
+//! | I9 | progress never runs backwards in a phase, nor past its total | after every dispatch that published something: every status is marked with the phase the gate last published, and progress never runs backwards |
 //!
 //! **Planted defects.** Each assertion is skipped only while the planted defect that breaks
 //! its invariant is switched on ([`Mutations`](crate::lifecycle::Mutations), which only the
@@ -276,7 +283,7 @@ impl Machine {
 
     /// I7: "An agent is Ready only when its `upgradedToVersion` equals its running
     /// version." Asserted on entering Ready (write path) and after every dispatch that
-    /// ends in Ready (read path).
+    /// ends in Ready and published something (read path).
     pub(super) fn assert_ready_on_own_steps(&self) {
         assert_eq!(
             self.snapshot.upgraded_to_version, self.config.running.number,
