@@ -15,10 +15,14 @@
 //! compared: they must be equal, output for output, so both do the same work.
 //!
 //! Each round replays the boot into 2000 fresh machines and the steady mix into 50 clones
-//! of a Ready machine, lockstep and baseline alternating first. Machines and input copies
-//! are prepared outside the timed region, in batches small enough that the inputs are in
-//! cache when replayed (as a driver's freshly decoded inputs would be); dropping inputs and
-//! outputs is timed, for both. The report is the median over the rounds, the ratio last.
+//! of a Ready machine; for each mix the two machines are timed back to back, lockstep and
+//! baseline alternating first. Machines and input copies are prepared outside the timed
+//! region, in batches small enough that the inputs are in cache when replayed (as a
+//! driver's freshly decoded inputs would be); dropping inputs and outputs is timed, for
+//! both. The report gives each machine's median over the rounds and their ratio, then the
+//! median of the rounds' own ratios (each lockstep time over the baseline time measured
+//! beside it) and their range: on a shared machine the load changes between rounds, which
+//! moves the medians apart more than a round's pair.
 //! Run: `cargo bench -p lockstep-core --bench lifecycle`.
 //!
 //! `LOCKSTEP_BENCH_QUICK=1` (anything but `0`) runs one short round (a tenth of the boots,
@@ -758,23 +762,24 @@ fn main() {
     );
 
     let size = Size::from_environment();
+    // samples[mix][machine][round]; each mix's two machines are timed back to back, the
+    // order alternating by round, so a round's pair saw the same machine load.
     let mut samples = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
     for round in 0..size.rounds {
+        let (boots, copies) = (size.boots_per_round, size.steady_copies);
         for which in [round % 2, 1 - round % 2] {
-            let (boots, copies) = (size.boots_per_round, size.steady_copies);
-            let (boot_ns, steady_ns) = if which == 0 {
-                (
-                    time_replays::<_, BOOT>(new_lifecycle, boot, boots, BOOTS_PER_BATCH),
-                    time_replays::<_, STEADY>(|| ready_lifecycle.clone(), steady, copies, 1),
-                )
+            samples[0][which].push(if which == 0 {
+                time_replays::<_, BOOT>(new_lifecycle, boot, boots, BOOTS_PER_BATCH)
             } else {
-                (
-                    time_replays::<_, BOOT>(new_baseline, boot, boots, BOOTS_PER_BATCH),
-                    time_replays::<_, STEADY>(|| ready_baseline.clone(), steady, copies, 1),
-                )
-            };
-            samples[0][which].push(boot_ns);
-            samples[1][which].push(steady_ns);
+                time_replays::<_, BOOT>(new_baseline, boot, boots, BOOTS_PER_BATCH)
+            });
+        }
+        for which in [round % 2, 1 - round % 2] {
+            samples[1][which].push(if which == 0 {
+                time_replays::<_, STEADY>(|| ready_lifecycle.clone(), steady, copies, 1)
+            } else {
+                time_replays::<_, STEADY>(|| ready_baseline.clone(), steady, copies, 1)
+            });
         }
     }
 
@@ -792,13 +797,20 @@ fn main() {
         size.steady_copies
     );
     println!(
-        "{:<8} {:>14} {:>14} {:>8}",
-        "mix", "lockstep ns", "baseline ns", "ratio"
+        "{:<8} {:>14} {:>14} {:>8} {:>14} {:>14}",
+        "mix", "lockstep ns", "baseline ns", "ratio", "round ratio", "rounds' range"
     );
     for (name, [lockstep, baseline]) in ["boot", "steady"].into_iter().zip(samples) {
+        // The ratio of the medians, and the median of each round's ratio (lockstep over
+        // the baseline timed beside it), which a load that changes between rounds moves
+        // less.
+        let mut ratios: Vec<f64> = lockstep.iter().zip(&baseline).map(|(l, b)| l / b).collect();
+        ratios.sort_by(f64::total_cmp);
+        let range = format!("{:.2}-{:.2}", ratios[0], ratios[ratios.len() - 1]);
+        let round_ratio = median(ratios);
         let (lockstep, baseline) = (median(lockstep), median(baseline));
         println!(
-            "{name:<8} {lockstep:>14.1} {baseline:>14.1} {:>8.2}",
+            "{name:<8} {lockstep:>14.1} {baseline:>14.1} {:>8.2} {round_ratio:>14.2} {range:>14}",
             lockstep / baseline
         );
     }

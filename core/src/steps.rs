@@ -160,7 +160,7 @@ impl fmt::Display for Target {
 /// snapshot, so it is validated on the way in and never changes meaning. Stored inline:
 /// `Copy`, allocation-free, and constructible in a `const` or `static` with
 /// [`StepId::new`].
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Eq)]
 pub struct StepId {
     bytes: [u8; StepId::LENGTH_MAX],
     length: u8,
@@ -222,6 +222,23 @@ impl StepId {
             bytes,
             length: length as u8,
         })
+    }
+}
+
+impl PartialEq for StepId {
+    /// Lengths first: ids of different lengths, most pairs compared, differ without a look
+    /// at their bytes. Equal to comparing every byte, since the bytes past the length are
+    /// always zero (see `build`), which also keeps the derived `Hash` consistent.
+    fn eq(&self, other: &StepId) -> bool {
+        self.length == other.length && self.bytes == other.bytes
+    }
+}
+
+impl std::hash::Hash for StepId {
+    /// As derived: every byte, then the length.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bytes.hash(state);
+        self.length.hash(state);
     }
 }
 

@@ -88,47 +88,47 @@ impl Machine {
                 .is_some_and(|trial| trial.past_database_steps)
         {
             return Transition(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "{reason}, but database steps of the new version already ran: {running} \
                      must not serve the migrated store; install the new version again"
                     ),
                     RecordView::default(),
-                ),
+                )),
             });
         }
         if upgraded_to <= running
             && let Some(reason) = self.fell_back.take()
         {
             return Transition(State::UpgradeFailed {
-                failure: Failure::new(reason),
+                failure: Box::new(Failure::new(reason)),
             });
         }
         // spec/lifecycle.md: "An older binary never starts work on state a newer one
         // migrated: it is held."
         if upgraded_to > running {
             return Transition(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "agent binary {running} is older than upgradedToVersion {upgraded_to}; \
                      install {upgraded_to} or newer"
                     ),
                     RecordView::default(),
-                ),
+                )),
             });
         }
         if let Some(cause) = fall_back_due
             && !self.fall_back_locally_safe()
         {
             return Transition(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "{}; the new version's steps already ran, so it is held here rather \
                      than rolled back",
                         self.fall_back_reason(cause)
                     ),
                     RecordView::default(),
-                ),
+                )),
             });
         }
         if upgraded_to < running {
@@ -136,10 +136,10 @@ impl Machine {
             // the record is read and retired before the fall back (or held, if the store
             // says database steps of this version may have run).
             return Transition(State::RunningSteps {
-                steps: Steps {
+                steps: Box::new(Steps {
                     abort: fall_back_due.map(AbortReason::FallBack),
                     ..Steps::default()
-                },
+                }),
             });
         }
         Transition(State::CheckingAgentVersion {

@@ -85,7 +85,16 @@ pub(crate) enum AbortReason {
 /// new.
 pub(super) fn keep_newer(kept: &mut RecordView, view: &RecordView) -> bool {
     if view.revision >= kept.revision {
-        *kept = view.normalized();
+        // Copied and normalized in place: `normalized` takes and returns the view (176
+        // bytes) by value, three copies where one will do.
+        *kept = *view;
+        if let Some((record, _)) = kept.current
+            && record.status.is_final()
+        {
+            kept.current = None;
+            kept.last_archived = Some(record);
+        }
+        debug_assert_eq!(*kept, view.normalized());
         true
     } else {
         false
@@ -93,20 +102,48 @@ pub(super) fn keep_newer(kept: &mut RecordView, view: &RecordView) -> bool {
 }
 
 impl Machine {
-    /// The steps from `upgradedToVersion` to the running version for this agent's roles;
-    /// with `coordinator`, a controller's plan includes the database steps.
+    /// Plans the steps from `upgradedToVersion` to the running version for this agent's
+    /// roles: a controller's plan includes the database steps (which only the coordinator
+    /// runs), every agent's its host steps.
     ///
     /// JUJU-REFERENCE.md, "Upgrade steps": "every step whose target version `v` satisfies
     /// `from < v <= to`, where `from` is the recorded `upgradedToVersion` and `to` the
     /// running binary's version".
-    pub(super) fn current_plan(&self, coordinator: bool) -> steps::Plan {
+    pub(super) fn compute_plan(&self) -> steps::Plan {
         steps::plan(
             &self.registry,
             self.snapshot.upgraded_to_version,
             self.config.running.number,
             self.config.roles,
-            coordinator && self.is_controller(),
+            self.is_controller(),
         )
+    }
+
+    /// The plan of the upgrade under way: planned once on entering RunningSteps (the
+    /// registry, the running binary and the roles are fixed for the process, and
+    /// `upgradedToVersion` changes only as RunningSteps ends), and dropped on leaving it.
+    #[inline]
+    pub(super) fn plan(&self) -> &steps::Plan {
+        let plan = self
+            .plan
+            .as_ref()
+            .expect("a plan is made on entering RunningSteps");
+        assert!(
+            plan.from() == self.snapshot.upgraded_to_version,
+            "the plan from {} is used after upgradedToVersion became {}",
+            plan.from(),
+            self.snapshot.upgraded_to_version
+        );
+        plan
+    }
+
+    /// True when host step `index` has its checkpoint in the snapshot.
+    pub(super) fn checkpointed(&self, index: StepIndex) -> bool {
+        let step = self.registry.step(index);
+        self.snapshot
+            .host_checkpoints
+            .iter()
+            .any(|key| key.id == step.id && key.target_version == step.target_version)
     }
 
     /// True when the current record has every controller ready. Never true while the
@@ -286,10 +323,10 @@ impl Machine {
                 let target = self.config.running.number;
                 if steps.attempts >= self.config.limits.step_attempts_max {
                     return Some(State::StepsFailed {
-                        held: Held::new(
+                        held: Box::new(Held::new(
                             format!("upgrade to {target} failed (giving up): {reason}"),
                             steps.record,
-                        ),
+                        )),
                     });
                 }
                 self.status_message(
@@ -349,6 +386,7 @@ impl Machine {
 
     /// Leaving RunningSteps: its timers go, and a lease still held is given up.
     pub(super) fn leave_running_steps(&mut self, io: &mut Io, steps: &mut Steps) {
+        self.plan = None;
         for timer in [
             Timer::StepRetry,
             Timer::LeaseRetry,
@@ -427,9 +465,10 @@ impl Machine {
         outcome: Option<&StepOutcome>,
     ) {
         self.assert_host_step_ran(index, outcome);
-        let key = self.registry.key(index);
-        if !self.snapshot.host_checkpoints.contains(&key) {
-            self.snapshot.host_checkpoints.push(key);
+        if !self.checkpointed(index) {
+            self.snapshot
+                .host_checkpoints
+                .push(self.registry.key(index));
         }
         self.persist(io, PersistFor::HostCheckpoint(index));
     }
@@ -506,10 +545,10 @@ impl Machine {
                         self.remember_database_steps(io);
                     }
                     return Some(State::StepsFailed {
-                        held: Held::new(
+                        held: Box::new(Held::new(
                             format!("upgrade from {from} to {to} was aborted"),
                             steps.record,
-                        ),
+                        )),
                     });
                 }
             }
@@ -552,14 +591,14 @@ impl Machine {
                 return None;
             }
             return Some(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "current upgrade info mismatch: expected {from} -> {to}, found {} -> {} \
                      ({}); abort it or finish it first",
                         record.previous_version, record.target_version, record.status
                     ),
                     steps.record,
-                ),
+                )),
             });
         }
         // spec/lifecycle.md, "Choices made": "A retry overrides the abort archived before
@@ -660,14 +699,18 @@ impl Machine {
             }
             _ => return,
         };
-        let plan = self.current_plan(true);
+        let next = self
+            .plan()
+            .database()
+            .get(usize::from(steps.database_next))
+            .copied();
         self.set_progress(io, u32::from(steps.database_next));
         let fence = if self.mutations.unfenced_coordinator {
             None
         } else {
             Some(token)
         };
-        if let Some(&index) = plan.database().get(usize::from(steps.database_next)) {
+        if let Some(index) = next {
             self.assert_coordinator_write(steps, Some(index), fence);
             let key = self.registry.key(index);
             self.request(
@@ -697,24 +740,20 @@ impl Machine {
         steps: &mut Steps,
         record: Option<(UpgradeInfo, Revision)>,
     ) -> Option<State> {
-        let plan = self.current_plan(false);
+        let plan = self.plan();
         // Progress counts the upgrade's database steps too, whoever runs them.
-        let database_total = self.current_plan(true).database().len();
-        let remaining: Vec<StepIndex> = plan
-            .host()
+        let database_total = plan.database().len();
+        let host = plan.host();
+        let mut remaining = host
             .iter()
             .copied()
-            .filter(|&index| {
-                !self
-                    .snapshot
-                    .host_checkpoints
-                    .contains(&self.registry.key(index))
-            })
-            .collect();
-        let done = plan.host().len() - remaining.len();
+            .filter(|&index| !self.checkpointed(index));
+        let first = remaining.next();
+        let remaining_count = first.map_or(0, |_| 1 + remaining.count());
+        let done = host.len() - remaining_count;
         self.set_progress(io, (database_total + done) as u32);
-        let skip_last = self.mutations.upgraded_to_with_step_missing && remaining.len() == 1;
-        if let (Some(&index), false) = (remaining.first(), skip_last) {
+        let skip_last = self.mutations.upgraded_to_with_step_missing && remaining_count == 1;
+        if let (Some(index), false) = (first, skip_last) {
             let key = self.registry.key(index);
             if self.mutations.checkpoint_before_effects {
                 // Planted defect: the checkpoint is made durable before the step ran.
@@ -801,7 +840,7 @@ impl Machine {
             AbortReason::FallBack(cause) => self.fall_back_reason(cause),
         };
         State::StepsFailed {
-            held: Held::new(text, steps.record),
+            held: Box::new(Held::new(text, steps.record)),
         }
     }
 

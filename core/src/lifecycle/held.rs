@@ -87,10 +87,10 @@ impl Machine {
         let running = self.config.running.number;
         if upgraded_to < running {
             Transition(State::RunningSteps {
-                steps: Steps {
+                steps: Box::new(Steps {
                     retrying: true,
                     ..Steps::default()
-                },
+                }),
             })
         } else if upgraded_to == running {
             Transition(State::CheckingAgentVersion {
@@ -366,7 +366,7 @@ impl Machine {
             if record.target_version > running {
                 self.remember_database_steps(io);
                 return Some(Transition(State::StepsFailed {
-                    held: Held::new(
+                    held: Box::new(Held::new(
                         format!(
                             "{}; but the upgrade-info record {} -> {} is {} with controllers \
                          ready {:?} of {:?}: database steps of {} may have run, and {running} \
@@ -381,7 +381,7 @@ impl Machine {
                             record.target_version
                         ),
                         failure.record,
-                    ),
+                    )),
                 }));
             }
             self.status_message(
@@ -397,14 +397,14 @@ impl Machine {
         if let Some(evidence) = self.database_steps_evidence(&failure.record) {
             self.remember_database_steps(io);
             return Some(Transition(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "{}; but {evidence}: database steps of the new version may have run, and \
                      {running} must not serve that store; install the new version again",
                         failure.reason
                     ),
                     failure.record,
-                ),
+                )),
             }));
         }
         None

@@ -2,20 +2,27 @@
 //! each one guards, not only by the testkit's `World::check` after the fact. Where the
 //! machine also reads back what it wrote, the read path asserts the same property
 //! (TigerBeetle's pairing): the gate and progress it published are checked after every
-//! dispatch, `upgradedToVersion` once it is durable, Ready's `upgradedToVersion` on every
-//! dispatch that ends in Ready.
+//! dispatch that published something, `upgradedToVersion` once it is durable, Ready's
+//! `upgradedToVersion` after every dispatch that ends in Ready and published something.
+//!
+//! The read-path checks run after a dispatch that made outputs, not after every input:
+//! every gate change, phase change and snapshot write is an output, so a dispatch that made
+//! none (most of a Ready agent's inputs: a tick with nothing due, a stale completion, a
+//! record view kept) left what the driver reads back as it was when last checked. The
+//! gates and statuses are noted as they are published (`Io::push_gate`,
+//! `Io::push_status`), so the checks read a few fields instead of walking the outputs.
 //!
 //! | # | write path (the transition) | read path |
 //! |---|---|---|
-//! | I1 | `before_transition`: a Ready gate only on entering Ready | after every dispatch: each gate published names Ready only if the machine is Ready, and the gate the API reads names the machine's phase |
+//! | I1 | `before_transition`: a Ready gate only on entering Ready | after every dispatch that published something: each gate published names Ready only if the machine is Ready, and the gate the API reads names the machine's phase |
 //! | I2 | a database step is asked for by its key, in plan order | its completion is the step in flight, at `database_next` |
 //! | I3 | a database step and `db-complete` carry the fence of the lease held, with every controller ready and the record pending | (the store's fenced transaction) |
 //! | I4 | every record write is a valid successor of the record it replaces; a record is created pending with nobody ready | (the store's transaction refuses an invalid transition) |
 //! | I5 | a host checkpoint is persisted only with its step's completion in hand | — |
 //! | I6 | `upgradedToVersion` is advanced only with every planned host step checkpointed and, on a controller, itself done in the record of this upgrade | once durable: it names the running version, checkpoints cleared |
-//! | I7 | entering Ready: `upgradedToVersion` is the running version | after every dispatch that ends in Ready |
+//! | I7 | entering Ready: `upgradedToVersion` is the running version | after every dispatch that ends in Ready and published something |
 //! | I8 | a controller falls back, or serves after UpgradeFailed, only on a record view that shows no database step of a newer version | — |
-//! | I9 | progress never runs backwards in a phase, nor past its total | after every dispatch: every status is marked with the phase the gate last published, and progress never runs backwards |
+//! | I9 | progress never runs backwards in a phase, nor past its total | after every dispatch that published something: every status is marked with the phase the gate last published, and progress never runs backwards |
 //!
 //! **Planted defects.** Each assertion is skipped only while the planted defect that breaks
 //! its invariant is switched on ([`Mutations`](crate::lifecycle::Mutations), which only the
@@ -29,11 +36,14 @@
 
 use crate::gate::GateView;
 use crate::lifecycle::record::{RecordView, UpgradeInfo, UpgradeStatus};
+use std::collections::VecDeque;
+
 use crate::lifecycle::types::{Output, StepIndex, StepOutcome};
 use crate::phase::Phase;
 use crate::steps::StepKind;
 
 use super::coordination::{LeaseState, Steps};
+use super::io::Published;
 use super::machine::Machine;
 
 impl Machine {
@@ -68,15 +78,17 @@ impl Machine {
         );
     }
 
-    /// I1, I7 and I9, read path, after every dispatch: what the driver will read back is
-    /// what the machine is. `published` is the gate as it stood before the dispatch,
-    /// `outputs` the outputs the dispatch made, in order, `phase` the phase it ended in.
-    pub(crate) fn assert_after_dispatch<'a>(
+    /// I1, I7 and I9, read path, after every dispatch that published something: what the
+    /// driver will read back is what the machine is. `published` is what `Io` noted of the
+    /// gates and statuses as they were published ([`Published`]), `outputs` the output
+    /// queue, `phase` the phase the dispatch ended in. The dispatch's notes are cleared here.
+    pub(crate) fn assert_after_dispatch(
         &self,
         phase: Phase,
-        published: GateView,
-        outputs: impl Iterator<Item = &'a Output>,
+        published: &mut Published,
+        outputs: &VecDeque<Output>,
     ) {
+        let noted = std::mem::take(&mut published.dispatch);
         // I1: "The gate serves the full API, the only one that admits calls changing the
         // model, only while the agent is Ready": the gate the API reads names the machine's
         // phase.
@@ -95,34 +107,22 @@ impl Machine {
             // the bookkeeping of I9: the explorer's and the simulator's checkers report it.
             return;
         }
-        let (mut gate_phase, mut done) = (published.phase, published.progress.done);
-        for output in outputs {
-            match output {
-                Output::Gate(view) => {
-                    // I1: one dispatch makes at most one transition, so a Ready gate
-                    // published in it means the dispatch ended in Ready.
-                    assert!(
-                        view.phase != Phase::Ready || phase == Phase::Ready,
-                        "I1: a Ready gate was published by a dispatch that ended in {phase}"
-                    );
-                    // I9: "Published progress never runs backwards within a phase".
-                    assert!(
-                        view.phase != gate_phase || view.progress.done >= done,
-                        "I9: progress in {gate_phase} ran back from {done} to {}",
-                        view.progress.done
-                    );
-                    (gate_phase, done) = (view.phase, view.progress.done);
-                }
-                Output::Status(report) => {
-                    // I9: "every status is marked with the phase the gate last published".
-                    assert_eq!(
-                        report.phase, gate_phase,
-                        "I9: status {:?} marked {} while the gate says {gate_phase}",
-                        report.message, report.phase
-                    );
-                }
-                Output::Request { .. } => {}
-            }
+        // I1: one dispatch makes at most one transition, so a Ready gate published in it
+        // means the dispatch ended in Ready.
+        assert!(
+            !noted.ready_gate || phase == Phase::Ready,
+            "I1: a Ready gate was published by a dispatch that ended in {phase}"
+        );
+        // I9: "Published progress never runs backwards within a phase".
+        if let Some((gate_phase, from, to)) = noted.regressed {
+            panic!("I9: progress in {gate_phase} ran back from {from} to {to}");
+        }
+        // I9: "every status is marked with the phase the gate last published".
+        if let Some((status_phase, gate_phase, position)) = noted.mismarked {
+            panic!(
+                "I9: status {:?} marked {status_phase} while the gate says {gate_phase}",
+                outputs.get(position)
+            );
         }
     }
 
@@ -177,7 +177,7 @@ impl Machine {
     /// I2, read path: a database step that completed is the one asked for, at
     /// `database_next` of the plan; only then does the coordinator move past it.
     pub(super) fn assert_database_step_completed(&self, steps: &Steps, index: StepIndex) {
-        let plan = self.current_plan(true);
+        let plan = self.plan();
         assert_eq!(
             plan.database().get(usize::from(steps.database_next)),
             Some(&index),
@@ -238,13 +238,12 @@ impl Machine {
         if self.mutations.upgraded_to_with_step_missing {
             return; // The planted defect skips the last host step: the checkers report I6.
         }
-        let plan = self.current_plan(false);
-        if let Some(&missing) = plan.host().iter().find(|&&index| {
-            !self
-                .snapshot
-                .host_checkpoints
-                .contains(&self.registry.key(index))
-        }) {
+        if let Some(&missing) = self
+            .plan()
+            .host()
+            .iter()
+            .find(|&&index| !self.checkpointed(index))
+        {
             panic!(
                 "I6: upgradedToVersion advances to {} with host step {:?} not checkpointed",
                 self.config.running.number,
@@ -286,7 +285,7 @@ impl Machine {
 
     /// I7: "An agent is Ready only when its `upgradedToVersion` equals its running
     /// version." Asserted on entering Ready (write path) and after every dispatch that
-    /// ends in Ready (read path).
+    /// ends in Ready and published something (read path).
     pub(super) fn assert_ready_on_own_steps(&self) {
         assert_eq!(
             self.snapshot.upgraded_to_version, self.config.running.number,

@@ -74,6 +74,30 @@ pub(crate) enum PersistFor {
     ClearTrial,
 }
 
+/// What the gates and statuses published say, noted by [`Io::push_gate`] and
+/// [`Io::push_status`] as each is made, for the read-path checks of I1 and I9 after a
+/// dispatch (`Machine::assert_after_dispatch`): they read these notes instead of walking
+/// the output queue.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct Published {
+    /// The phase and progress of the last gate pushed: the gate the driver serves by.
+    pub(crate) gate: (Phase, u32),
+    /// Notes of the dispatch under way, cleared after it.
+    pub(crate) dispatch: DispatchNotes,
+}
+
+/// What the gates and statuses of one dispatch broke of I1 and I9, the first of each.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub(crate) struct DispatchNotes {
+    /// A gate naming Ready was pushed.
+    pub(crate) ready_gate: bool,
+    /// A gate's progress ran back within its phase: (phase, from, to).
+    pub(crate) regressed: Option<(Phase, u32, u32)>,
+    /// A status was marked with a phase other than the last gate's: (status phase, gate
+    /// phase, its position in the output queue).
+    pub(crate) mismarked: Option<(Phase, Phase, usize)>,
+}
+
 /// What the machine shares with its driver between dispatches: the clock reading, the
 /// output queue, the timer table and the request counter. Passed to statig as context, so
 /// the wrapper can drain outputs without reaching into the machine.
@@ -82,6 +106,10 @@ pub(crate) struct Io {
     pub(crate) now: Timestamp,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) timers: [Option<Timestamp>; Timer::COUNT],
+    /// The earliest of `timers`, kept as they are armed and cancelled.
+    pub(crate) earliest: Option<Timestamp>,
+    /// What the outputs pushed said of the gate.
+    pub(crate) published: Published,
     next_request: u64,
     /// Set once the process asked to restart into another binary: it makes no further
     /// request, whatever it is told, so nothing of it runs beside its successor.
@@ -94,6 +122,11 @@ impl Io {
             now: Timestamp::ZERO,
             outputs: VecDeque::with_capacity(OUTPUTS_MAX),
             timers: [None; Timer::COUNT],
+            earliest: None,
+            published: Published {
+                gate: (Phase::Bootstrapping, 0),
+                dispatch: DispatchNotes::default(),
+            },
             next_request: 1,
             exiting: false,
         }
@@ -132,23 +165,90 @@ impl Io {
             return;
         }
         tracing::debug!(target: "lockstep::lifecycle", id = id.0, request = request_name(&request), "request");
-        self.push(Output::Request { id, request });
+        self.make_room();
+        self.outputs.push_back(Output::Request { id, request });
+    }
+
+    /// Asserts the driver drains ([`OUTPUTS_MAX`]), and makes room in the queue for one
+    /// more output before it is built: knowing the slot is there, the compiler builds the
+    /// output (some 260 bytes) in it rather than on the stack first and copying it over.
+    #[inline]
+    fn make_room(&mut self) {
+        let undrained = self.outputs.len();
+        assert!(
+            undrained < OUTPUTS_MAX,
+            "more than {OUTPUTS_MAX} outputs undrained: the driver must drain after every input"
+        );
+        if undrained == self.outputs.capacity() {
+            self.grow_outputs();
+        }
+        assert!(self.outputs.len() < self.outputs.capacity());
+    }
+
+    /// Only a queue that was never used has no room: `Io::new` makes room for
+    /// [`OUTPUTS_MAX`], and a clone (a model checker's) starts empty.
+    #[cold]
+    #[inline(never)]
+    fn grow_outputs(&mut self) {
+        self.outputs.reserve(1);
     }
 
     pub(crate) fn push(&mut self, output: Output) {
-        assert!(
-            self.outputs.len() < OUTPUTS_MAX,
-            "more than {OUTPUTS_MAX} outputs undrained: the driver must drain after every input"
-        );
+        self.make_room();
         self.outputs.push_back(output);
     }
 
-    pub(super) fn set_timer(&mut self, timer: Timer, after: Millis) {
-        self.timers[timer as usize] = Some(self.now + after);
+    /// Publishes a gate, noting what it says for the read-path checks.
+    pub(crate) fn push_gate(&mut self, view: GateView) {
+        let published = &mut self.published;
+        let (phase, done) = published.gate;
+        if view.phase == phase
+            && view.progress.done < done
+            && published.dispatch.regressed.is_none()
+        {
+            published.dispatch.regressed = Some((phase, done, view.progress.done));
+        }
+        published.dispatch.ready_gate |= view.phase == Phase::Ready;
+        published.gate = (view.phase, view.progress.done);
+        self.push(Output::Gate(view));
     }
 
-    pub(super) fn cancel_timer(&mut self, timer: Timer) {
-        self.timers[timer as usize] = None;
+    /// Publishes a status, noting what it says for the read-path checks.
+    pub(crate) fn push_status(&mut self, report: StatusReport) {
+        let published = &mut self.published;
+        if report.phase != published.gate.0 && published.dispatch.mismarked.is_none() {
+            published.dispatch.mismarked =
+                Some((report.phase, published.gate.0, self.outputs.len()));
+        }
+        self.push(Output::Status(report));
+    }
+
+    pub(super) fn set_timer(&mut self, timer: Timer, after: Millis) {
+        let at = self.now + after;
+        let replaced = self.timers[timer as usize].replace(at);
+        if replaced.is_some() && replaced == self.earliest {
+            self.earliest = self.find_earliest();
+        } else {
+            self.earliest = Some(self.earliest.map_or(at, |earliest| earliest.min(at)));
+        }
+    }
+
+    pub(crate) fn cancel_timer(&mut self, timer: Timer) {
+        let cancelled = self.timers[timer as usize].take();
+        if cancelled.is_some() && cancelled == self.earliest {
+            self.earliest = self.find_earliest();
+        }
+    }
+
+    fn find_earliest(&self) -> Option<Timestamp> {
+        self.timers.iter().flatten().min().copied()
+    }
+
+    /// True when an armed timer is due at `now`.
+    #[inline]
+    pub(crate) fn any_due(&self, now: Timestamp) -> bool {
+        debug_assert_eq!(self.earliest, self.find_earliest());
+        self.earliest.is_some_and(|at| at <= now)
     }
 
     pub(super) fn timer_armed(&self, timer: Timer) -> bool {
@@ -188,6 +288,7 @@ impl Machine {
     }
 
     /// True (and clears it) when `id` completes the main request of this kind.
+    #[inline]
     pub(super) fn completes(&mut self, id: RequestId, kind: Pending) -> bool {
         if self.pending == Some((id, kind)) {
             self.pending = None;
@@ -198,6 +299,7 @@ impl Machine {
     }
 
     /// True (and clears it) when `id` completes the `agent-version` write in flight.
+    #[inline]
     pub(super) fn completes_agent_version_write(&mut self, id: RequestId) -> bool {
         match self.pending {
             Some((pending_id, Pending::SetAgentVersion(_))) if pending_id == id => {
@@ -211,20 +313,22 @@ impl Machine {
     /// Reads an input as what it means before any phase sees it: a refused `agent-version`
     /// write whose refusal found the model already holding the value asked for is a write
     /// done (Juju accepts the current value back; a store that refused it anyway, or a
-    /// write another controller made first, leaves nothing to do). Every other input is
-    /// itself.
+    /// write another controller made first, leaves nothing to do): the id of the write,
+    /// to be dispatched as its `Done`. Every other input is itself (`None`), and is
+    /// dispatched as it is, without a copy.
     ///
     /// spec/lifecycle.md: "The core decides: a refusal that found the model holding the
     /// value asked for is a write done; any other is a refusal".
-    pub(crate) fn settle(&self, input: Input) -> Input {
-        match input {
+    #[inline]
+    pub(crate) fn settle(&self, input: &Input) -> Option<RequestId> {
+        match *input {
             Input::AgentVersionRefused {
                 id, agent_version, ..
             } if self.pending == Some((id, Pending::SetAgentVersion(agent_version))) => {
                 tracing::debug!(target: "lockstep::lifecycle", id = id.0, version = %agent_version, "agent-version write refused, but the model holds the value: done");
-                Input::Done { id }
+                Some(id)
             }
-            input => input,
+            _ => None,
         }
     }
 
@@ -252,22 +356,22 @@ impl Machine {
     /// Publishes a new phase's gate and its first status, before the phase's entry runs.
     pub(super) fn publish_phase(&mut self, io: &mut Io, gate: GateView, message: String) {
         self.gate = gate;
-        io.push(Output::Gate(self.gate));
-        io.push(Output::Status(StatusReport {
+        io.push_gate(self.gate);
+        io.push_status(StatusReport {
             phase: gate.phase,
             progress: gate.progress,
             message,
-        }));
+        });
     }
 
     /// A status line, marked with the phase the gate last published.
     pub(super) fn status_message(&mut self, io: &mut Io, message: String) {
         tracing::info!(target: "lockstep::lifecycle", phase = %self.gate.phase, message = %message, "status");
-        io.push(Output::Status(StatusReport {
+        io.push_status(StatusReport {
             phase: self.gate.phase,
             progress: self.gate.progress,
             message,
-        }));
+        });
     }
 
     /// Publishes progress within the phase, when it moved forward.
@@ -283,7 +387,7 @@ impl Machine {
         self.assert_progress_forward(done);
         if self.gate.progress.done != done {
             self.gate.progress.done = done;
-            io.push(Output::Gate(self.gate));
+            io.push_gate(self.gate);
         }
     }
 }

@@ -17,6 +17,12 @@
 //! - `held.rs`: StepsFailed and UpgradeFailed.
 //! - `ready.rs`: Ready: news of `agent-version`, pre-staging, records nobody else moves on.
 //!
+//! Every handler returns an `Outcome<State>`, copied on every input, so the state is kept
+//! small: the large data of RunningSteps, StepsFailed, UpgradeFailed and Upgrading is boxed
+//! (a phase change allocates once), and `Check` (CheckingAgentVersion and Ready, the boot's
+//! last phases and the agent's steady state) stays inline with its rare chosen binary
+//! boxed. With the data inline the copy was some 220 bytes per input.
+//!
 //! Rules every handler keeps:
 //! - At most one "main" request is in flight (`Machine::pending`); the lease's own requests
 //!   and the record watch run beside it. A completion whose id is not the one awaited is
@@ -34,7 +40,7 @@ use crate::lifecycle::types::*;
 use crate::lifecycle::{Mutations, Timer};
 use crate::phase::{Phase, Progress};
 use crate::role::Role;
-use crate::steps::StepRegistry;
+use crate::steps::{Plan, StepRegistry};
 use crate::version::{Binary, Version};
 
 use super::boot::BootStage;
@@ -44,14 +50,11 @@ use super::io::{Io, Pending, PersistFor};
 use super::trial::{FallBackCause, Upgrade};
 use super::version_check::Check;
 
-#[derive(Clone, PartialEq, Eq, Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "built on the stack for one dispatch and never stored; boxing would allocate \
-              on every input of the steady path"
-)]
-pub(crate) enum Event {
-    Input(Input),
+/// What one dispatch carries: the input borrowed from the caller (an input is a few hundred
+/// bytes; moving it into the event would copy it on every dispatch), or a timer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Event<'input> {
+    Input(&'input Input),
     Timer(Timer),
     /// Applied by `before_dispatch`; no state sees it.
     #[cfg_attr(not(feature = "mutations"), allow(dead_code))]
@@ -64,6 +67,8 @@ pub(crate) struct Machine {
     pub(crate) config: Config,
     pub(crate) registry: Arc<StepRegistry>,
     pub(crate) snapshot: Snapshot,
+    /// RunningSteps: the steps of the upgrade under way (see [`Machine::plan`]).
+    pub(super) plan: Option<Plan>,
     pub(crate) model: Option<ModelView>,
     pub(crate) pending: Option<(RequestId, Pending)>,
     pub(crate) gate: GateView,
@@ -107,7 +112,7 @@ impl Machine {
         &mut self,
         io: &mut Io,
         stage: &mut BootStage,
-        event: &Event,
+        event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
             Event::Input(Input::Start) if *stage == BootStage::NotStarted => {
@@ -144,6 +149,10 @@ impl Machine {
 
     #[action]
     fn enter_running_steps(&mut self, io: &mut Io, steps: &mut Steps) {
+        if self.plan.is_none() {
+            // Planned by `before_transition` on a phase change.
+            self.plan = Some(self.compute_plan());
+        }
         let next = self.reconcile_steps(io, steps);
         // An entry action cannot transition: the first reconcile only ever asks.
         assert!(next.is_none(), "RunningSteps decided {next:?} on entry");
@@ -162,7 +171,12 @@ impl Machine {
         entry_action = "enter_running_steps",
         exit_action = "exit_running_steps"
     )]
-    fn running_steps(&mut self, io: &mut Io, steps: &mut Steps, event: &Event) -> Outcome<State> {
+    fn running_steps(
+        &mut self,
+        io: &mut Io,
+        steps: &mut Box<Steps>,
+        event: &Event<'_>,
+    ) -> Outcome<State> {
         let decided = match event {
             Event::Input(Input::RecordChanged(view)) => {
                 steps.observe_record(view);
@@ -242,7 +256,7 @@ impl Machine {
         &mut self,
         io: &mut Io,
         check: &mut Check,
-        event: &Event,
+        event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
             Event::Input(Input::CatalogueFound { id, result })
@@ -295,7 +309,12 @@ impl Machine {
     /// spec/lifecycle.md, "Phases", upgrading: "stage (download, verify size and sha256),
     /// persist `previous` and the trial, restart into the new binary".
     #[state(entry_action = "enter_upgrading")]
-    fn upgrading(&mut self, io: &mut Io, upgrade: &mut Upgrade, event: &Event) -> Outcome<State> {
+    fn upgrading(
+        &mut self,
+        io: &mut Io,
+        upgrade: &mut Box<Upgrade>,
+        event: &Event<'_>,
+    ) -> Outcome<State> {
         match event {
             Event::Input(Input::Staged { id, result }) if self.completes(*id, Pending::Stage) => {
                 self.staged(io, upgrade, result)
@@ -330,7 +349,7 @@ impl Machine {
     /// After every event it handles, Ready tends the record and the news (see
     /// [`Machine::retire_doomed_record`], [`Machine::act_on_agent_version_news`]).
     #[state(entry_action = "enter_ready")]
-    fn ready(&mut self, io: &mut Io, check: &mut Check, event: &Event) -> Outcome<State> {
+    fn ready(&mut self, io: &mut Io, check: &mut Check, event: &Event<'_>) -> Outcome<State> {
         let outcome = match event {
             Event::Timer(Timer::CatalogueCheck) => {
                 self.periodic_check(io, check);
@@ -419,7 +438,12 @@ impl Machine {
     /// or aborts (record archived aborted; falls back when safe); a controller on trial
     /// also gives up at its trial deadline (falls back when safe)".
     #[state(entry_action = "enter_steps_failed")]
-    fn steps_failed(&mut self, io: &mut Io, held: &mut Held, event: &Event) -> Outcome<State> {
+    fn steps_failed(
+        &mut self,
+        io: &mut Io,
+        held: &mut Box<Held>,
+        event: &Event<'_>,
+    ) -> Outcome<State> {
         match event {
             Event::Input(Input::Operator(OperatorAction::Retry)) if self.pending.is_none() => {
                 self.retry_held(io, held)
@@ -472,8 +496,8 @@ impl Machine {
     fn upgrade_failed(
         &mut self,
         io: &mut Io,
-        failure: &mut Failure,
-        event: &Event,
+        failure: &mut Box<Failure>,
+        event: &Event<'_>,
     ) -> Outcome<State> {
         match event {
             Event::Input(Input::RecordChanged(view)) if failure.watching => {
@@ -510,7 +534,8 @@ impl Machine {
 }
 
 impl std::hash::Hash for Machine {
-    /// Everything but the registry, which is fixed for the life of the process.
+    /// Everything but the registry, which is fixed for the life of the process, and the
+    /// plan, which follows from the phase, the snapshot and the configuration.
     fn hash<H: std::hash::Hasher>(&self, hasher: &mut H) {
         self.config.hash(hasher);
         self.snapshot.hash(hasher);
@@ -540,6 +565,7 @@ impl Machine {
             config,
             registry,
             snapshot,
+            plan: None,
             model: None,
             pending: None,
             gate: GateView {
@@ -560,7 +586,12 @@ impl Machine {
 
     /// What every phase keeps before its handler runs: planted defects, the model's
     /// `agent-version` news, and the newest view of the record.
-    fn before_dispatch(&mut self, _state: StateOrSuperstate<'_, State, Superstate>, event: &Event) {
+    #[inline(never)]
+    fn before_dispatch(
+        &mut self,
+        _state: StateOrSuperstate<'_, State, Superstate>,
+        event: &Event<'_>,
+    ) {
         let view = match event {
             Event::SetMutations(mutations) => {
                 self.mutations = *mutations;
@@ -602,11 +633,14 @@ impl Machine {
             return;
         }
         let progress = match target {
-            State::RunningSteps { .. } => Progress {
-                done: 0,
-                total: self.current_plan(true).len() as u32,
-                target: Some(self.config.running.number),
-            },
+            State::RunningSteps { .. } => {
+                let plan = self.plan.insert(self.compute_plan());
+                Progress {
+                    done: 0,
+                    total: plan.len() as u32,
+                    target: Some(self.config.running.number),
+                }
+            }
             State::Upgrading { upgrade } => Progress {
                 done: 0,
                 total: 1,

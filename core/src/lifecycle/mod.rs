@@ -223,16 +223,42 @@ impl Lifecycle {
     // ------------------------------------------------------------------ input
 
     /// Feeds one input. Drain [`Lifecycle::poll_output`] afterwards.
+    // Inlined into the driver, so that the input is dispatched where it lies: it is passed
+    // on by reference, never copied (`Input` is a few hundred bytes).
+    #[inline]
     pub fn handle(&mut self, now: Timestamp, input: Input) {
+        self.handle_input(now, &input);
+    }
+
+    fn handle_input(&mut self, now: Timestamp, input: &Input) {
         self.set_now(now);
         tracing::trace!(target: "lockstep::lifecycle", ?input, "input");
-        let input = self.machine.inner().settle(input);
-        self.dispatch(&Event::Input(input));
+        match self.machine.inner().settle(input) {
+            Some(id) => self.dispatch_settled(id),
+            None => self.dispatch(&Event::Input(input)),
+        }
+    }
+
+    /// A refused `agent-version` write that `settle` reads as done, dispatched as its
+    /// `Done` (rare: out of line, so the input path keeps a small frame).
+    #[cold]
+    #[inline(never)]
+    fn dispatch_settled(&mut self, id: RequestId) {
+        self.dispatch(&Event::Input(&Input::Done { id }));
     }
 
     /// Fires every timer whose deadline is at or before `now`.
+    // Inlined into the driver: spurious wake-ups are common (a driver's tick), and with the
+    // earliest deadline kept they cost one comparison.
+    #[inline]
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.set_now(now);
+        if self.io.any_due(now) {
+            self.fire_due(now);
+        }
+    }
+
+    fn fire_due(&mut self, now: Timestamp) {
         for timer in Timer::ALL {
             let due = self.io.timers[timer as usize].is_some_and(|at| at <= now);
             if due {
@@ -252,24 +278,32 @@ impl Lifecycle {
     }
 
     fn fire(&mut self, timer: Timer) {
-        self.io.timers[timer as usize] = None;
+        self.io.cancel_timer(timer);
         tracing::debug!(target: "lockstep::lifecycle", ?timer, "timer fired");
         self.dispatch(&Event::Timer(timer));
     }
 
     /// One dispatch into the machine, then the read-path checks of what it published
     /// (`invariants.rs`: I1, I7, I9).
-    fn dispatch(&mut self, event: &Event) {
-        let published = self.machine.inner().gate;
+    ///
+    /// The checks run when the dispatch published something: every gate change, phase
+    /// change and snapshot write is an output, so a dispatch that made none left what the
+    /// driver reads back as it was when last checked (most inputs of a Ready agent: a timer
+    /// not yet due, a stale completion, a record view kept).
+    #[inline]
+    fn dispatch(&mut self, event: &Event<'_>) {
         let start = self.io.outputs.len();
         self.machine.handle_with_context(event, &mut self.io);
-        self.machine.inner().assert_after_dispatch(
-            machine::phase_of(self.machine.state()),
-            published,
-            self.io.outputs.range(start..),
-        );
+        if self.io.outputs.len() != start {
+            self.machine.inner().assert_after_dispatch(
+                machine::phase_of(self.machine.state()),
+                &mut self.io.published,
+                &self.io.outputs,
+            );
+        }
     }
 
+    #[inline]
     fn set_now(&mut self, now: Timestamp) {
         // Time never runs backwards for the core, even if the driver's clock does.
         self.io.now = self.io.now.max(now);
@@ -278,13 +312,14 @@ impl Lifecycle {
     // ------------------------------------------------------------------ output
 
     /// The next output, in the order made.
+    #[inline]
     pub fn poll_output(&mut self) -> Option<Output> {
         self.io.outputs.pop_front()
     }
 
     /// The earliest armed deadline.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.io.timers.iter().flatten().min().copied()
+        self.io.earliest
     }
 
     /// Switches planted defects on (tests that prove the checks can fail).

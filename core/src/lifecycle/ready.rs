@@ -93,7 +93,7 @@ impl Machine {
         match (&check.chosen, self.pending) {
             (Some(plan), None) => {
                 check.stage_retry_wait = false;
-                let plan = plan.clone();
+                let plan = crate::lifecycle::StagePlan::clone(plan);
                 self.request(io, Pending::Stage, Request::StageBinary(plan));
             }
             // Another request first (a record to retire): try again after it.
@@ -115,7 +115,7 @@ impl Machine {
         match result {
             Ok(()) => match check.chosen.take() {
                 Some(plan) => Transition(State::Upgrading {
-                    upgrade: Upgrade::new(plan, true),
+                    upgrade: Box::new(Upgrade::new(*plan, true)),
                 }),
                 None => Handled,
             },

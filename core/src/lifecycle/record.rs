@@ -44,17 +44,20 @@ impl ControllerSet {
     }
 
     /// This set and `id`.
+    #[inline]
     pub fn with(self, id: ControllerId) -> ControllerSet {
         assert!(id.0 < ControllerId::COUNT_MAX, "{id} out of range");
         ControllerSet(self.0 | (1 << id.0))
     }
 
     /// True when `id` is in the set.
+    #[inline]
     pub fn contains(self, id: ControllerId) -> bool {
         id.0 < ControllerId::COUNT_MAX && self.0 & (1 << id.0) != 0
     }
 
     /// True when every member of `other` is in `self`.
+    #[inline]
     pub fn covers(self, other: ControllerSet) -> bool {
         self.0 & other.0 == other.0
     }
@@ -65,6 +68,7 @@ impl ControllerSet {
     }
 
     /// True when no controller is in the set.
+    #[inline]
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -126,6 +130,7 @@ pub enum UpgradeStatus {
 
 impl UpgradeStatus {
     /// The transitions the record may take (Juju's `SetStatus` checks the same).
+    #[inline]
     pub fn may_become(self, next: UpgradeStatus) -> bool {
         use UpgradeStatus::*;
         matches!(
@@ -141,6 +146,7 @@ impl UpgradeStatus {
     }
 
     /// Complete and aborted records are archived: no longer current.
+    #[inline]
     pub fn is_final(self) -> bool {
         matches!(self, UpgradeStatus::Complete | UpgradeStatus::Aborted)
     }
@@ -181,12 +187,14 @@ pub struct UpgradeInfo {
 
 impl UpgradeInfo {
     /// True when this record describes the upgrade `previous → target`.
+    #[inline]
     pub fn describes(&self, previous: Version, target: Version) -> bool {
         self.previous_version == previous && self.target_version == target
     }
 
     /// Whether `next` is a valid successor of `self` (same upgrade, allowed status move,
     /// ready and done only grow, done only by ready controllers).
+    #[inline]
     pub fn may_become(&self, next: &UpgradeInfo) -> bool {
         self.describes(next.previous_version, next.target_version)
             && self.status.may_become(next.status)

@@ -116,7 +116,7 @@ impl Machine {
                     upgrade.plan.binary, upgrade.attempts
                 );
                 Transition(State::UpgradeFailed {
-                    failure: Failure::new(reason),
+                    failure: Box::new(Failure::new(reason)),
                 })
             }
         }
@@ -241,24 +241,24 @@ impl Machine {
         // step of the new version ran, and the new version's steps are not recorded as done.
         if !self.fall_back_locally_safe() {
             return Transition(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "{reason}; the new version's steps already ran, so it is held here \
                      rather than rolled back"
                     ),
                     RecordView::default(),
-                ),
+                )),
             });
         }
         if self.is_controller() {
             return Transition(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "{reason}; held: a controller falls back only once the upgrade-info \
                      record says no database step of the new version ran"
                     ),
                     RecordView::default(),
-                ),
+                )),
             });
         }
         // spec/lifecycle.md: "A fall back waits for a store write in flight (a record
@@ -359,14 +359,14 @@ impl Machine {
         if let Some(evidence) = self.database_steps_evidence(view) {
             self.remember_database_steps(io);
             return Some(State::StepsFailed {
-                held: Held::new(
+                held: Box::new(Held::new(
                     format!(
                         "{reason}; {evidence}: database steps of {} may have run, so it is held \
                      here rather than rolled back",
                         self.config.running.number
                     ),
                     *view,
-                ),
+                )),
             });
         }
         self.assert_fall_back_safe(view);

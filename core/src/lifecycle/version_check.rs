@@ -11,7 +11,7 @@ use statig::Outcome::{self, Handled, Transition};
 
 use crate::lifecycle::Timer;
 use crate::lifecycle::record::{ControllerSet, RecordView, Revision};
-use crate::lifecycle::types::{ModelView, Output, Request, StagePlan, StageSource};
+use crate::lifecycle::types::{ModelView, Request, StagePlan, StageSource};
 use crate::phase::Phase;
 use crate::policy::{self, Decision, Occasion, SelectionRequest, Stream};
 use crate::version::Version;
@@ -28,7 +28,7 @@ pub(crate) struct Check {
     pub(super) occasion: Option<OccasionKey>,
     pub(super) retry_wait: bool,
     /// A binary decided on, waiting for `agent-version` to be written or to be staged.
-    pub(super) chosen: Option<StagePlan>,
+    pub(super) chosen: Option<Box<StagePlan>>,
     /// Ready controllers: the record revision for which the model was read again, to
     /// learn whether `agent-version` still names the record's target.
     pub(super) model_read_for: Option<Revision>,
@@ -67,7 +67,7 @@ impl Machine {
     pub(super) fn begin_version_check(&mut self, io: &mut Io, check: &mut Check) {
         if self.mutations.gate_before_version_check {
             // Planted defect: the gate opens before the version is known.
-            io.push(Output::Gate(self.view(Phase::Ready)));
+            io.push_gate(self.view(Phase::Ready));
         }
         if check.occasion.is_none() {
             check.occasion = Some(self.occasion());
@@ -173,7 +173,7 @@ impl Machine {
                             .unwrap_or(self.config.running.number)
                     );
                     return Transition(State::UpgradeFailed {
-                        failure: Failure::new(reason),
+                        failure: Box::new(Failure::new(reason)),
                     });
                 }
                 if upgrade_available != self.upgrade_available {
@@ -192,7 +192,7 @@ impl Machine {
             Ok(decision) => {
                 let plan = stage_plan(decision);
                 let version = plan.binary.number;
-                check.chosen = Some(plan);
+                check.chosen = Some(Box::new(plan));
                 if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
                     self.request(
                         io,
@@ -203,13 +203,13 @@ impl Machine {
                 }
                 let plan = check.chosen.take().expect("just chosen");
                 Transition(State::Upgrading {
-                    upgrade: Upgrade::new(plan, false),
+                    upgrade: Box::new(Upgrade::new(*plan, false)),
                 })
             }
             Err(error) => {
                 let reason = error.to_string();
                 Transition(State::UpgradeFailed {
-                    failure: Failure::new(reason),
+                    failure: Box::new(Failure::new(reason)),
                 })
             }
         }
@@ -239,7 +239,7 @@ impl Machine {
         if self.must_upgrade() {
             let reason = format!("agent binaries could not be looked up: {reason}");
             return Transition(State::UpgradeFailed {
-                failure: Failure::new(reason),
+                failure: Box::new(Failure::new(reason)),
             });
         }
         self.status_message(
@@ -268,7 +268,7 @@ impl Machine {
             })
         } else {
             Transition(State::Upgrading {
-                upgrade: Upgrade::new(plan.clone(), false),
+                upgrade: Box::new(Upgrade::new(plan.clone(), false)),
             })
         }
     }
@@ -305,7 +305,7 @@ impl Machine {
                     model.agent_version = plan.binary.number;
                 }
                 Transition(State::Upgrading {
-                    upgrade: Upgrade::new(plan, false),
+                    upgrade: Box::new(Upgrade::new(*plan, false)),
                 })
             }
             None => Transition(State::Ready {
@@ -388,7 +388,7 @@ impl Machine {
             Ok(decision) => {
                 let plan = stage_plan(decision);
                 let version = plan.binary.number;
-                check.chosen = Some(plan.clone());
+                check.chosen = Some(Box::new(plan.clone()));
                 if self.model.as_ref().map(|model| model.agent_version) != Some(version) {
                     self.request(
                         io,
@@ -417,7 +417,7 @@ impl Machine {
         if let Some(reason) = self.refuse_downgrade(plan) {
             self.status_message(io, reason);
         } else if plan.binary.number != self.config.running.number {
-            check.chosen = Some(plan.clone());
+            check.chosen = Some(Box::new(plan.clone()));
             self.request(io, Pending::Stage, Request::StageBinary(plan.clone()));
         }
     }
@@ -439,7 +439,7 @@ impl Machine {
             if let Some(model) = &mut self.model {
                 model.agent_version = plan.binary.number;
             }
-            self.request(io, Pending::Stage, Request::StageBinary(plan));
+            self.request(io, Pending::Stage, Request::StageBinary(*plan));
         }
     }
 
