@@ -9,7 +9,8 @@ use api_support::*;
 use lockstep_agent::api::applications;
 use lockstep_core::{Binary, Phase, Role, Roles};
 
-use lockstep_store::{EntityKind, Machine, Store};
+use lockstep_agent::api::machines::MACHINE_REMOVAL_DELAY;
+use lockstep_store::{EntityKind, Life, Machine, Store};
 use lockstep_transport::charm::{Charm, Endpoint};
 use serde_json::{Map, Value, json};
 
@@ -462,11 +463,39 @@ async fn machines_are_added_as_add_machine_does_and_destroyed_with_juju_s_refusa
         json!([{"tag": "unit-web-0"}])
     );
     assert_eq!(forced["response"]["results"][0]["info"]["machine-id"], "1");
-    let remaining = read(fixture.store.as_ref(), |tx| {
-        Ok((tx.machines()?.len(), tx.unit("web/0")?))
-    })
-    .unwrap();
-    assert_eq!(remaining, (1, None));
+    // As in Juju, a destroyed machine is `dying` when the call answers (its units are gone
+    // already), and removed a moment later, so a client that waits for its `remove` delta
+    // after the answer (python-libjuju's `Machine.destroy`) sees it.
+    let lives = |fixture: &Fixture| {
+        read(fixture.store.as_ref(), |tx| {
+            Ok(tx
+                .machines()?
+                .into_iter()
+                .map(|machine| (machine.id, machine.life))
+                .collect::<Vec<_>>())
+        })
+        .unwrap()
+    };
+    assert_eq!(
+        lives(&fixture),
+        [
+            ("0".to_owned(), Life::Alive),
+            ("1".to_owned(), Life::Dying),
+            ("2".to_owned(), Life::Dying)
+        ]
+    );
+    let unit = read(fixture.store.as_ref(), |tx| tx.unit("web/0")).unwrap();
+    assert_eq!(unit, None);
+    let deadline = std::time::Instant::now() + MACHINE_REMOVAL_DELAY * 10;
+    while lives(&fixture).len() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dying machines never removed: {:?}",
+            lives(&fixture)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(lives(&fixture), [("0".to_owned(), Life::Alive)]);
 }
 
 #[tokio::test]

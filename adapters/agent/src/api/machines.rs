@@ -4,7 +4,7 @@
 
 use lockstep_core::jobs::Job;
 use lockstep_core::{Role, Roles};
-use lockstep_store::{EntityKind, Machine, Store, StoreError, Tx, Unit};
+use lockstep_store::{EntityKind, Life, Machine, Store, StoreError, Tx, Unit};
 use lockstep_transport::wire::WireError;
 use serde_json::{Value, json};
 
@@ -94,10 +94,18 @@ pub fn add_machines(store: &dyn Store, params: &Value) -> Result<Value, WireErro
 /// Machines one `DestroyMachineWithParams` may name.
 pub const MACHINES_PER_DESTROY_MAX: usize = 100;
 
+/// How long a destroyed machine stays `dying` before it is removed. Juju's provisioner
+/// removes a dying machine on a later pass, seconds after the call that destroyed it, and
+/// python-libjuju's `Machine.destroy` relies on that: it waits for the machine's `remove`
+/// delta with a watch it registers only once the call has answered, so a removal in the
+/// call's own commit can race past it and leave the client waiting forever. lockstep has
+/// no provisioner: the API removes the machine this long after the answer.
+pub const MACHINE_REMOVAL_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// `MachineManager.DestroyMachineWithParams {"machine-tags": ["machine-1"], "force",
-/// "dry-run", "keep", "max-wait"}`: each machine removed with what it hosts; lockstep runs
-/// no agents to take a machine through `dying`, so it is gone at once (watchers get its
-/// `remove` delta). Refused per machine, in its result: an unknown machine (`machine 1 not
+/// "dry-run", "keep", "max-wait"}`: each machine marked `dying` (watchers get a `change`
+/// delta), its units destroyed with it, and the machine removed [`MACHINE_REMOVAL_DELAY`]
+/// later by [`remove_dying_machines`] (watchers get its `remove` delta then). Refused per machine, in its result: an unknown machine (`machine 1 not
 /// found`, code `not found`), a controller machine, and without `force` a machine that
 /// hosts units (Juju's `machine 1 has unit "pg/0" assigned`); with `force` its units are
 /// destroyed with it. `dry-run` answers the same and writes nothing.
@@ -179,10 +187,32 @@ fn destroy_machine(
         for unit in &hosted {
             tx.remove_document(EntityKind::Unit, &unit.name)?;
         }
-        tx.remove_machine(&id)?;
+        if machine.life == Life::Alive {
+            tx.put_machine(&Machine {
+                life: Life::Dying,
+                ..machine
+            })?;
+        }
     }
     Ok(Ok(json!({"machine-id": id, "destroyed-units": destroyed,
                  "destroyed-containers": [], "destroyed-storage": [], "detached-storage": []})))
+}
+
+/// Removes every `dying` machine, in one transaction, and returns their ids: the
+/// provisioner's part of a machine's removal (see [`MACHINE_REMOVAL_DELAY`]).
+pub fn remove_dying_machines(store: &dyn Store) -> Result<Vec<String>, StoreError> {
+    let mut removed = Vec::new();
+    store.transaction(None, &mut |tx| {
+        removed.clear();
+        for machine in tx.machines()? {
+            if machine.life == Life::Dying {
+                tx.remove_machine(&machine.id)?;
+                removed.push(machine.id);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(removed)
 }
 
 /// The id after the highest numeric machine id (`0` for none).

@@ -54,11 +54,27 @@ pub const WATCH_POLL_INTERVAL: Duration = Duration::from_millis(200);
 pub struct StoreState {
     store: Arc<dyn Store>,
     jobs: JobTable,
+    /// Shared with the deferred removal of dying machines, which writes too.
+    wake: Arc<Wake>,
+}
+
+/// How blocked watchers hear of a write made through this API.
+#[derive(Debug, Default)]
+struct Wake {
     /// Woken after every write made through this API, so blocked watchers answer at once.
     changed: tokio::sync::Notify,
     /// The store's revision after the latest write made through this API (set before
     /// `changed` is woken, so a watcher that registers late still sees it).
     written: AtomicU64,
+}
+
+impl Wake {
+    fn wrote(&self, revision: Option<Revision>) {
+        if let Some(revision) = revision {
+            self.written.fetch_max(revision.0, Ordering::SeqCst);
+        }
+        self.changed.notify_waiters();
+    }
 }
 
 impl StoreState {
@@ -67,8 +83,7 @@ impl StoreState {
         StoreState {
             store,
             jobs: JobTable::lockstep(),
-            changed: tokio::sync::Notify::new(),
-            written: AtomicU64::new(0),
+            wake: Arc::new(Wake::default()),
         }
     }
 
@@ -97,12 +112,37 @@ impl StoreState {
         .await
         .map_err(|error| WireError::new("", format!("internal error: {error}")))?;
         if result.is_ok() {
-            if let Some(revision) = revision {
-                self.written.fetch_max(revision.0, Ordering::SeqCst);
-            }
-            self.changed.notify_waiters();
+            self.wake.wrote(revision);
         }
         result
+    }
+
+    /// Removes the machines a `DestroyMachineWithParams` made `dying`,
+    /// [`machines::MACHINE_REMOVAL_DELAY`] from now, in a task of its own (the provisioner's
+    /// part in Juju). A failure is logged; the machines stay `dying` until the next destroy.
+    fn remove_dying_machines_later(&self) {
+        let (store, wake) = (Arc::clone(&self.store), Arc::clone(&self.wake));
+        tokio::spawn(async move {
+            tokio::time::sleep(machines::MACHINE_REMOVAL_DELAY).await;
+            let removal = tokio::task::spawn_blocking(move || {
+                let removed = machines::remove_dying_machines(store.as_ref());
+                (removed, store.revision().ok())
+            })
+            .await;
+            match removal {
+                Ok((Ok(removed), revision)) if !removed.is_empty() => {
+                    tracing::info!(target: "lockstep::api", ?removed, "dying machines removed");
+                    wake.wrote(revision);
+                }
+                Ok((Ok(_), _)) => {}
+                Ok((Err(error), _)) => {
+                    tracing::warn!(target: "lockstep::api", %error, "cannot remove dying machines");
+                }
+                Err(error) => {
+                    tracing::warn!(target: "lockstep::api", %error, "the removal of dying machines failed");
+                }
+            }
+        });
     }
 
     /// A mutating call with its params, which go to the blocking pool (only these calls
@@ -154,7 +194,9 @@ impl SharedState for StoreState {
     }
 
     async fn destroy_machines(&self, params: &Value) -> Result<Value, WireError> {
-        self.mutation(params, machines::destroy_machines).await
+        let answer = self.mutation(params, machines::destroy_machines).await?;
+        self.remove_dying_machines_later();
+        Ok(answer)
     }
 
     async fn destroy_applications(&self, params: &Value) -> Result<Value, WireError> {
@@ -247,10 +289,10 @@ impl SharedState for StoreState {
     }
 
     async fn wait_for_change(&self, after: Revision) {
-        let notified = self.changed.notified();
+        let notified = self.wake.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if self.written.load(Ordering::SeqCst) > after.0 {
+        if self.wake.written.load(Ordering::SeqCst) > after.0 {
             return;
         }
         tokio::select! {
