@@ -278,3 +278,30 @@ async fn libjuju_connects_a_controller_and_a_model_with_no_arguments() {
         })
     );
 }
+
+#[test]
+fn c_is_refused_by_commands_that_work_on_a_data_directory() {
+    let scratch = tempfile::tempdir().unwrap();
+    let juju_data = scratch.path().join("juju");
+    write_other_controller(&juju_data);
+    let env = [("JUJU_DATA", juju_data.to_str().unwrap())];
+    let data_dir = scratch.path().join("controller");
+    for args in [
+        &["-c", "other", "kill-controller"][..],
+        &["-c", "other", "bootstrap", "--api-port", "0"][..],
+    ] {
+        let output = lockstep(&data_dir, args, &env);
+        assert!(!output.status.success(), "{args:?}: {}", text(&output));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("-c \"other\""),
+            "{args:?}: {}",
+            text(&output)
+        );
+        assert!(!data_dir.exists(), "{args:?} wrote {}", data_dir.display());
+    }
+    assert_eq!(
+        std::fs::read_to_string(juju_data.join("controllers.yaml")).unwrap(),
+        OTHER_CONTROLLERS
+    );
+}

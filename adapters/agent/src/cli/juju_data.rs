@@ -394,3 +394,148 @@ fn section<'a>(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn controller(name: &str, uuid: &str) -> ControllerFile {
+        ControllerFile {
+            name: name.to_owned(),
+            uuid: uuid.to_owned(),
+            model_uuid: format!("model-of-{uuid}"),
+            api_endpoints: vec!["127.0.0.1:17070".to_owned()],
+            ca_cert: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_owned(),
+            user: "admin".to_owned(),
+            password: format!("password-of-{uuid}"),
+        }
+    }
+
+    fn add(store: &JujuData, file: &ControllerFile) {
+        store
+            .add_controller(&Registration {
+                controller: file,
+                agent_version: "0.1.0",
+            })
+            .unwrap();
+    }
+
+    fn yaml(store: &JujuData, file: &str) -> Value {
+        serde_saphyr::from_str(&std::fs::read_to_string(store.path(file)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_controller_added_reads_back_as_the_controller_file_it_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JujuData::new(dir.path().join("juju"));
+        let file = controller("one", "u1");
+        add(&store, &file);
+        let read = store.controller("one").unwrap();
+        assert_eq!(
+            serde_json::to_value(&read).unwrap(),
+            serde_json::to_value(&file).unwrap()
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(store.dir()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn adding_keeps_other_controllers_and_unknown_keys_and_replaces_its_own_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JujuData::new(dir.path());
+        std::fs::write(
+            store.path(CONTROLLERS_FILE),
+            "controllers:\n  other:\n    uuid: u0\n    api-endpoints: [10.0.0.1:17070]\n    \
+             ca-cert: x\n    cloud: aws\n    some-future-key: kept\ncurrent-controller: other\n",
+        )
+        .unwrap();
+        add(&store, &controller("one", "u1"));
+        add(&store, &controller("one", "u2"));
+        let controllers = yaml(&store, CONTROLLERS_FILE);
+        assert_eq!(
+            controllers["controllers"]["other"]["some-future-key"],
+            "kept"
+        );
+        assert_eq!(controllers["controllers"]["one"]["uuid"], "u2");
+        assert_eq!(controllers["current-controller"], "one");
+        let accounts = yaml(&store, ACCOUNTS_FILE);
+        assert_eq!(accounts["controllers"]["one"]["password"], "password-of-u2");
+    }
+
+    #[test]
+    fn removing_takes_only_the_entries_with_the_same_name_and_uuid() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JujuData::new(dir.path());
+        add(&store, &controller("one", "u1"));
+        add(&store, &controller("two", "u2"));
+        // "one" was re-bootstrapped elsewhere: another uuid under the name is not ours.
+        assert!(!store.remove_controller("one", "not-u1").unwrap());
+        assert!(store.controller("one").is_ok());
+        assert!(store.remove_controller("two", "u2").unwrap());
+        assert!(matches!(
+            store.controller("two"),
+            Err(JujuDataError::UnknownController { .. })
+        ));
+        assert!(!store.cookie_jar_path("two").exists());
+        assert!(store.cookie_jar_path("one").exists());
+        // "two" was current: no current controller is left, as Juju leaves none.
+        assert!(
+            yaml(&store, CONTROLLERS_FILE)
+                .get("current-controller")
+                .is_none()
+        );
+        assert!(
+            yaml(&store, MODELS_FILE)["controllers"]
+                .get("two")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_mapping_of_controllers_is_refused_and_left_as_it_was() {
+        for text in [
+            "- a list\n",
+            "controllers: [a, b]\n",
+            "controllers: {unclosed\n",
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = JujuData::new(dir.path());
+            std::fs::write(store.path(ACCOUNTS_FILE), text).unwrap();
+            let error = store
+                .add_controller(&Registration {
+                    controller: &controller("one", "u1"),
+                    agent_version: "0.1.0",
+                })
+                .unwrap_err();
+            assert!(
+                matches!(&error, JujuDataError::Malformed { path, .. } if path == &store.path(ACCOUNTS_FILE)),
+                "{text:?}: {error}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(store.path(ACCOUNTS_FILE)).unwrap(),
+                text
+            );
+            assert!(!store.path(CONTROLLERS_FILE).exists(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_or_incomplete_controller_is_an_error_naming_the_file_and_the_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JujuData::new(dir.path());
+        add(&store, &controller("one", "u1"));
+        let error = store.controller("absent").unwrap_err().to_string();
+        assert!(
+            error.contains("\"absent\"") && error.contains("controllers.yaml"),
+            "{error}"
+        );
+        assert!(error.contains("known: one"), "{error}");
+        std::fs::write(store.path(ACCOUNTS_FILE), "controllers: {}\n").unwrap();
+        let error = store.controller("one").unwrap_err().to_string();
+        assert!(
+            error.contains("accounts.yaml") && error.contains("\"one\""),
+            "{error}"
+        );
+    }
+}
