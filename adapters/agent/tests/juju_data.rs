@@ -305,3 +305,104 @@ fn c_is_refused_by_commands_that_work_on_a_data_directory() {
         OTHER_CONTROLLERS
     );
 }
+
+/// `interop/libjuju_everyday.py --juju-data` against a real lockstepd: libjuju's everyday
+/// work after connecting with no arguments, and an observer that sees every delta once, in
+/// the order the calls made them.
+///
+/// Ignored: it fails in about one run in six, inside libjuju. `Machine.destroy` reads
+/// `self.id` after `DestroyMachineWithParams` returns, and lockstepd removes a machine at
+/// once, so the `remove` delta can be processed first and libjuju raises
+/// `DeadEntityException` (against Juju the machine goes dying, then dead, seconds later).
+/// Run it with `--ignored` once lockstepd's machine removal gives libjuju that time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "libjuju's Machine.destroy races lockstepd's immediate machine removal (see the doc)"]
+async fn libjuju_everyday_work_against_lockstepd_found_through_the_client_store() {
+    let python = tokio::task::spawn_blocking(python::python).await.unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let juju_data = scratch.path().join("juju");
+    let env = [("JUJU_DATA", juju_data.to_str().unwrap())];
+    let controller = Controller::bootstrap(&["--name", "everyday"], &env);
+    controller.assert_bootstrapped();
+    let file = controller.controller_file();
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/libjuju_everyday.py");
+    let output = tokio::task::spawn_blocking({
+        let home = scratch.path().to_path_buf();
+        move || {
+            Command::new(python)
+                .arg(script)
+                .arg("--juju-data")
+                .env("JUJU_DATA", juju_data)
+                .env("HOME", home)
+                .env_remove("XDG_DATA_HOME")
+                .output()
+                .expect("python runs")
+        }
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|error| panic!("{error}: {}", text(&output)));
+
+    assert_eq!(
+        (&seen["model_name"], &seen["model_uuid"]),
+        (&json!("controller"), &json!(file.model_uuid)),
+        "{seen}"
+    );
+    assert_eq!(seen["status_machines"], json!(["0"]), "{seen}");
+    assert_eq!(seen["added_machine"], "1", "{seen}");
+    assert_eq!(seen["machines_after_destroy"], json!(["0"]), "{seen}");
+    assert_eq!(seen["config_before"], common::own().to_string(), "{seen}");
+    assert_eq!(
+        (&seen["logging_config"], &seen["logging_config_source"]),
+        (&json!("<root>=DEBUG"), &json!("model")),
+        "{seen}"
+    );
+    assert_eq!(seen["deployed"], json!(["db", "web"]), "{seen}");
+    assert_eq!(seen["web_charm_url"], "local:jammy/web-0", "{seen}");
+    assert_eq!(seen["relation_key"], "db:db web:db", "{seen}");
+    assert_eq!(seen["port_set"], 8080, "{seen}");
+    assert_eq!(seen["added_units"], json!(["web/1"]), "{seen}");
+    assert_eq!(seen["web_exposed"], true, "{seen}");
+    assert_eq!(seen["status_applications"], json!(["web"]), "{seen}");
+    let refused = seen["store_deploy"].as_str().unwrap_or("");
+    assert!(
+        refused.contains("this controller has no charm store"),
+        "{seen}"
+    );
+    assert_eq!(seen["models"], json!(["controller"]), "{seen}");
+    assert_eq!(
+        seen["controller_endpoints"],
+        json!(file.api_endpoints),
+        "{seen}"
+    );
+
+    // Every delta once, in the order the script's calls committed them.
+    let model = file.model_uuid.as_str();
+    let expected = json!([
+        ["model", "add", model],
+        ["machine", "add", "0"],
+        ["machine", "add", "1"],
+        ["machine", "remove", "1"],
+        ["model", "change", model],
+        ["application", "add", "web"],
+        ["machine", "add", "1"],
+        ["unit", "add", "web/0"],
+        ["application", "add", "db"],
+        ["machine", "add", "2"],
+        ["unit", "add", "db/0"],
+        ["relation", "add", "0"],
+        ["application", "change", "web"],
+        ["application", "change", "web"],
+        ["machine", "add", "3"],
+        ["unit", "add", "web/1"],
+        ["unit", "remove", "web/1"],
+        ["relation", "remove", "0"],
+        ["unit", "remove", "db/0"],
+        ["application", "remove", "db"],
+    ]);
+    assert_eq!(seen["deltas"], expected, "{seen}");
+}
