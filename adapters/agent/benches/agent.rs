@@ -62,6 +62,8 @@ fn bootstrap(data_dir: &Path, args: &[&str]) -> Duration {
     let output = Command::new(LOCKSTEP)
         .arg("--data-dir")
         .arg(data_dir)
+        // Juju's client store beside the temporary data dir, never the real one.
+        .env("JUJU_DATA", data_dir.with_file_name("juju"))
         .args(["bootstrap", "--api-port", "0"])
         .args(args)
         .output()

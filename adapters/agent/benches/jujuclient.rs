@@ -207,6 +207,8 @@ async fn round(source: &str, python: &Path, script: &Path) -> Round {
             Command::new(LOCKSTEP)
                 .arg("--data-dir")
                 .arg(&data_dir)
+                // Juju's client store beside the temporary data dir, never the real one.
+                .env("JUJU_DATA", data_dir.with_file_name("juju"))
                 .args(["bootstrap", "--api-port", "0", "--auto-upgrade"])
                 .args(["--metadata-source", &source])
                 .output()

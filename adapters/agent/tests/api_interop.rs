@@ -18,68 +18,18 @@
 //! installed already; otherwise the virtualenv is built.
 
 mod api_support;
+#[path = "common/python.rs"]
+mod python;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use api_support::*;
 use lockstep_core::Phase;
+use python::python;
 use serde_json::{Value, json};
-
-const CLIENTS: [&str; 2] = ["jujuclient==0.54.0", "juju==3.6.1.3"];
-
-/// Creates the virtualenv once per test process (tests share it); later runs reuse it.
-fn python() -> PathBuf {
-    static VENV: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut venv = VENV.lock().expect("not poisoned");
-    if let Some(python) = &*venv {
-        return python.clone();
-    }
-    if let Some(python) = std::env::var_os("LOCKSTEP_INTEROP_PYTHON") {
-        let python = PathBuf::from(python);
-        *venv = Some(python.clone());
-        return python;
-    }
-    let directory = Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-venv");
-    let python = directory.join("bin/python");
-    let marker = directory.join("installed.txt");
-    let wanted = CLIENTS.join(" ");
-    if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) {
-        let _ = std::fs::remove_dir_all(&directory);
-        run(Command::new("python3").args(["-m", "venv"]).arg(&directory));
-        let constraints =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/constraints.txt");
-        run(Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-c",
-            ])
-            .arg(&constraints)
-            .args(CLIENTS));
-        std::fs::write(&marker, &wanted).expect("write the venv marker");
-    }
-    *venv = Some(python.clone());
-    python
-}
-
-fn run(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|error| panic!("{command:?}: {error}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
 
 /// Where a client finds the fixture's CA (written when a client starts).
 fn ca_path(fixture: &Fixture) -> PathBuf {

@@ -407,6 +407,7 @@ async fn kill_9_while_checking_upgrading_and_running_steps_converges_ready_with_
     let mut bootstrap = std::process::Command::new(common::LOCKSTEP)
         .arg("--data-dir")
         .arg(&data_dir)
+        .env("JUJU_DATA", common::juju_data_beside(&data_dir))
         .args([
             "bootstrap",
             "--api-port",

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use lockstep_agent::cli::bootstrap::BootstrapOptions;
 use lockstep_agent::cli::commands::{self, Session};
 use lockstep_agent::cli::error::CliError;
+use lockstep_agent::cli::juju_data::{JujuData, Registration};
 use lockstep_agent::cli::status::Format;
 use lockstep_agent::logging::{self, LogFormat, complain, say};
 use lockstep_agent::store::StoreEngine;
@@ -24,6 +25,10 @@ struct Args {
     /// The controller's data directory.
     #[arg(long, global = true, env = "LOCKSTEP_DATA_DIR", default_value_os_t = lockstep_agent::paths::default_data_dir())]
     data_dir: PathBuf,
+    /// A controller by name from Juju's client store (`$JUJU_DATA/controllers.yaml`,
+    /// written by bootstrap), instead of --data-dir, for commands that talk to it.
+    #[arg(short = 'c', long, global = true)]
+    controller: Option<String>,
     /// Give up after this many seconds (commands wait through an upgrade until then).
     #[arg(long, global = true, default_value_t = 600)]
     timeout: u64,
@@ -158,7 +163,19 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
-    let session = || Session::open(&args.data_dir, timeout);
+    let session = || Session::resolve(args.controller.as_deref(), &args.data_dir, timeout);
+    let talks_to_a_controller = matches!(
+        args.command,
+        Command::Status { .. }
+            | Command::Deploy { .. }
+            | Command::AddMachine { .. }
+            | Command::Watch { .. }
+            | Command::UpgradeController { .. }
+            | Command::AbortUpgrade
+    );
+    if let (Some(name), false) = (&args.controller, talks_to_a_controller) {
+        return Err(CliError::ControllerFlag { name: name.clone() });
+    }
     match args.command {
         Command::Bootstrap {
             auto_upgrade,
@@ -225,6 +242,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
         }
         Command::KillController => Ok(commands::kill_controller(
             &args.data_dir,
+            &JujuData::from_env()?,
             Duration::from_secs(60),
         )?),
         Command::Metadata {
@@ -236,7 +254,15 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
 
 async fn bootstrap_command(options: &BootstrapOptions, timeout: Duration) -> Result<(), CliError> {
     let started = Instant::now();
+    // Juju's client store is read first: a file that would refuse the new controller's
+    // entries stops bootstrap before it starts anything.
+    let juju_data = JujuData::from_env()?;
+    juju_data.check()?;
     let outcome = lockstep_agent::cli::bootstrap::bootstrap(options, timeout, say).await?;
+    juju_data.add_controller(&Registration {
+        controller: &outcome.controller,
+        agent_version: &outcome.agent_version,
+    })?;
     say(&format!(
         "Bootstrap complete, controller {:?} is now available ({:.1}s{})",
         options.name,

@@ -733,6 +733,8 @@ pub struct Outcome {
     pub controller: ControllerFile,
     /// The versions before and after, when bootstrap upgraded.
     pub upgraded: Option<(String, String)>,
+    /// The agent version the controller runs when bootstrap returns.
+    pub agent_version: String,
     /// Every progress seen, in order.
     pub progress: Vec<Progress>,
 }
@@ -792,6 +794,11 @@ pub async fn bootstrap(
                 pid,
                 data: prepared.data,
                 controller: prepared.controller,
+                agent_version: if running.is_empty() {
+                    initial.clone()
+                } else {
+                    running.clone()
+                },
                 upgraded: (running != initial && !running.is_empty()).then_some((initial, running)),
                 progress: seen,
             })

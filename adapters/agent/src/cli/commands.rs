@@ -16,6 +16,7 @@ use crate::cli::bootstrap::{
     ControllerFile, ControllerFileError, Progress, WaitError, wait_until_ready,
 };
 use crate::cli::bundle::{Bundle, BundleChange, BundleError};
+use crate::cli::juju_data::{JujuData, JujuDataError};
 use crate::cli::status::{self, Format, StatusError};
 use crate::datadir::DataDir;
 use crate::logging::{complain, say};
@@ -42,6 +43,8 @@ pub enum CallError {
 pub enum CommandError {
     #[error(transparent)]
     ControllerFile(#[from] ControllerFileError),
+    #[error(transparent)]
+    JujuData(#[from] JujuDataError),
     #[error(transparent)]
     Call(#[from] CallError),
     #[error(transparent)]
@@ -95,12 +98,33 @@ pub struct Session {
 impl Session {
     pub fn open(data_dir: &Path, timeout: Duration) -> Result<Session, ControllerFileError> {
         let controller = ControllerFile::read(&DataDir::new(data_dir))?;
+        Ok(Session::of(controller, timeout))
+    }
+
+    /// A session with the controller `-c NAME` names in Juju's client store, or else with
+    /// the one whose data directory is `data_dir`.
+    pub fn resolve(
+        name: Option<&str>,
+        data_dir: &Path,
+        timeout: Duration,
+    ) -> Result<Session, CommandError> {
+        match name {
+            Some(name) => Ok(Session::of(
+                JujuData::from_env()?.controller(name)?,
+                timeout,
+            )),
+            None => Ok(Session::open(data_dir, timeout)?),
+        }
+    }
+
+    /// A session with a controller found elsewhere (`-c NAME`, through Juju's client store).
+    pub fn of(controller: ControllerFile, timeout: Duration) -> Session {
         let client = controller.client(RetryPolicy::default());
-        Ok(Session {
+        Session {
             controller,
             client,
             deadline: Instant::now() + timeout,
-        })
+        }
     }
 
     pub fn left(&self) -> Duration {
@@ -394,14 +418,31 @@ pub async fn upgrade_controller(
 
 /// `kill-controller`: SIGTERM to the launcher of the controller in `data_dir` and of every
 /// controller `enable-ha` added beside it, then waits for them to exit.
-pub fn kill_controller(data_dir: &Path, timeout: Duration) -> Result<(), CommandError> {
+pub fn kill_controller(
+    data_dir: &Path,
+    juju_data: &JujuData,
+    timeout: Duration,
+) -> Result<(), CommandError> {
     let data = DataDir::new(data_dir);
+    // Read before stopping: the entries to remove from Juju's client store are the ones
+    // with this controller's name and uuid.
+    let controller = ControllerFile::read(&data).ok();
     for (_, member) in crate::cli::ha::members(&data) {
         if member.pid_path().exists() {
             stop_daemon(&member, timeout)?;
         }
     }
-    stop_daemon(&data, timeout)
+    stop_daemon(&data, timeout)?;
+    if let Some(controller) = controller
+        && juju_data.remove_controller(&controller.name, &controller.uuid)?
+    {
+        say(&format!(
+            "Removed controller {:?} from {}",
+            controller.name,
+            juju_data.dir().display()
+        ));
+    }
+    Ok(())
 }
 
 fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), CommandError> {
@@ -496,14 +537,24 @@ mod tests {
     #[test]
     fn kill_controller_names_the_pid_file_and_its_text() {
         let root = tempfile::tempdir().unwrap();
-        let error = kill_controller(root.path(), Duration::from_secs(1)).unwrap_err();
+        let error = kill_controller(
+            root.path(),
+            &JujuData::new(root.path().join("juju")),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
         assert!(
             matches!(&error, CommandError::NotRunning { data_dir, .. } if data_dir == root.path()),
             "{error:?}"
         );
         let data = DataDir::new(root.path());
         std::fs::write(data.pid_path(), "12ab\n").unwrap();
-        let error = kill_controller(root.path(), Duration::from_secs(1)).unwrap_err();
+        let error = kill_controller(
+            root.path(),
+            &JujuData::new(root.path().join("juju")),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
         assert!(
             matches!(&error, CommandError::NotAPid { path, text } if *path == data.pid_path() && text == "12ab"),
             "{error:?}"

@@ -6,6 +6,7 @@ use crate::cli::bootstrap::{BootstrapError, ControllerFileError};
 use crate::cli::commands::CommandError;
 use crate::cli::demo::DemoError;
 use crate::cli::ha::HaError;
+use crate::cli::juju_data::JujuDataError;
 use crate::paths::ExecutableError;
 
 /// Why a `lockstep` command failed.
@@ -25,4 +26,12 @@ pub enum CliError {
     Ha(#[from] HaError),
     #[error(transparent)]
     Demo(#[from] DemoError),
+    /// `-c NAME` given to a command that works on a data directory.
+    #[error(
+        "-c {name:?}: this command works on a controller's data directory (--data-dir); -c names a controller only for commands that talk to it (status, deploy, add-machine, watch, upgrade-controller, abort-upgrade)"
+    )]
+    ControllerFlag { name: String },
+    /// Juju's client store (`$JUJU_DATA`) cannot be read or written.
+    #[error(transparent)]
+    JujuData(#[from] JujuDataError),
 }

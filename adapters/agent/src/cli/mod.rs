@@ -10,6 +10,8 @@
 //! - [`bundle`]: Juju bundles (parse, validate, plan).
 //! - [`status`]: `FullStatus` rendered as Juju renders it (tabular, YAML, JSON).
 //! - [`demo`]: `lockstep demo`, the seed's scenario with its claims computed.
+//! - [`juju_data`]: Juju's client store (`controllers.yaml`, `models.yaml`, `accounts.yaml`
+//!   under `$JUJU_DATA`), written by bootstrap and read by `-c NAME`.
 //! - [`error`]: [`CliError`](error::CliError), every command's failure, typed until the
 //!   binary prints it.
 //!
@@ -23,4 +25,5 @@ pub mod commands;
 pub mod demo;
 pub mod error;
 pub mod ha;
+pub mod juju_data;
 pub mod status;

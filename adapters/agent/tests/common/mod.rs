@@ -111,10 +111,21 @@ pub struct Controller {
     pub children: std::sync::Mutex<Vec<std::process::Child>>,
 }
 
-/// Runs `lockstep` with `--data-dir` and returns its output.
+/// Juju's client store for a controller in `<tmp>/controller`: `<tmp>/juju`, beside it, so
+/// that no test's bootstrap or kill-controller ever touches the real `~/.local/share/juju`.
+pub fn juju_data_beside(data_dir: &Path) -> PathBuf {
+    data_dir.with_file_name("juju")
+}
+
+/// Runs `lockstep` with `--data-dir` (and `JUJU_DATA` beside it, unless `env` sets it) and
+/// returns its output.
 pub fn lockstep(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(LOCKSTEP);
-    command.arg("--data-dir").arg(data_dir).args(args);
+    command
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .env("JUJU_DATA", juju_data_beside(data_dir));
     for (key, value) in env {
         command.env(key, value);
     }
@@ -164,7 +175,8 @@ impl Controller {
         command
             .arg("--data-dir")
             .arg(&data_dir)
-            .args(["bootstrap", "--api-port", "0"]);
+            .args(["bootstrap", "--api-port", "0"])
+            .env("JUJU_DATA", juju_data_beside(&data_dir));
         if !args.contains(&"--timeout") {
             command.args(["--timeout", "180"]);
         }

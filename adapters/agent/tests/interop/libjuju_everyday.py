@@ -7,6 +7,10 @@ upload, then `Application.Deploy`), `integrate` by application names, applicatio
 get/set, `expose`, `add_unit`, `Unit.destroy`, `Application.destroy`, a charm-store deploy
 (refused with libjuju's own error), `Controller.connect` and `list_models`. Prints one JSON
 line with what it saw.
+
+With `--juju-data` instead of the four connection arguments, `Model().connect()` and
+`Controller().connect()` take no arguments: libjuju finds the current controller and model
+in `$JUJU_DATA` (written by `lockstep bootstrap`), as its users' scripts do.
 """
 import asyncio
 import json
@@ -30,10 +34,19 @@ def charm_dir(root, name, metadata, config=""):
 
 
 async def main():
-    port, ca_path, uuid, password = sys.argv[1:5]
-    with open(ca_path) as ca:
-        cacert = ca.read()
-    endpoint = "127.0.0.1:%s" % port
+    from_juju_data = sys.argv[1:] == ["--juju-data"]
+    if from_juju_data:
+        connection = {}
+    else:
+        port, ca_path, uuid, password = sys.argv[1:5]
+        with open(ca_path) as ca:
+            cacert = ca.read()
+        connection = {
+            "endpoint": "127.0.0.1:%s" % port,
+            "username": "admin",
+            "password": password,
+            "cacert": cacert,
+        }
     seen = []
 
     async def observe(delta, old, new, model):
@@ -41,9 +54,10 @@ async def main():
 
     model = Model()
     model.add_observer(observe)
-    await model.connect(
-        endpoint=endpoint, uuid=uuid, username="admin", password=password, cacert=cacert
-    )
+    if from_juju_data:
+        await model.connect()
+    else:
+        await model.connect(uuid=uuid, **connection)
     result = {"model_name": model.info.name, "model_uuid": model.info.uuid}
 
     status = await model.get_status()
@@ -119,6 +133,8 @@ async def main():
     result["added_units"] = [unit.name for unit in units]
     await units[0].destroy()
     await db_app.destroy()
+    # Application.destroy returns once the call is answered; the removal's delta follows.
+    await model.block_until(lambda: "db" not in model.applications, timeout=60)
 
     status = await model.get_status()
     unit = status.applications["web"].units["web/0"]
@@ -138,9 +154,7 @@ async def main():
     result["deltas"] = seen
 
     controller = Controller()
-    await controller.connect(
-        endpoint=endpoint, username="admin", password=password, cacert=cacert
-    )
+    await controller.connect(**connection)
     result["models"] = await controller.list_models()
     result["controller_endpoints"] = [
         address for address, _ in controller._connector._connection.endpoints
