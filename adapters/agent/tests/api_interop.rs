@@ -234,6 +234,7 @@ async fn libjuju_connects_watches_adds_machines_configures_deploys_and_lists_mod
         ("model", "add", MODEL_UUID),
         ("machine", "add", "0"),
         ("machine", "add", "1"),
+        ("machine", "change", "1"),
         ("machine", "remove", "1"),
         ("application", "add", "web"),
         ("unit", "add", "web/0"),

@@ -308,15 +308,10 @@ fn c_is_refused_by_commands_that_work_on_a_data_directory() {
 
 /// `interop/libjuju_everyday.py --juju-data` against a real lockstepd: libjuju's everyday
 /// work after connecting with no arguments, and an observer that sees every delta once, in
-/// the order the calls made them.
-///
-/// Ignored: it fails in about one run in six, inside libjuju. `Machine.destroy` reads
-/// `self.id` after `DestroyMachineWithParams` returns, and lockstepd removes a machine at
-/// once, so the `remove` delta can be processed first and libjuju raises
-/// `DeadEntityException` (against Juju the machine goes dying, then dead, seconds later).
-/// Run it with `--ignored` once lockstepd's machine removal gives libjuju that time.
+/// the order the calls made them. `Machine.destroy` waits for the machine's `remove` delta
+/// after the call answers: lockstepd answers with the machine `dying` and removes it a
+/// moment later (`MACHINE_REMOVAL_DELAY`), as Juju's provisioner does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "libjuju's Machine.destroy races lockstepd's immediate machine removal (see the doc)"]
 async fn libjuju_everyday_work_against_lockstepd_found_through_the_client_store() {
     let python = tokio::task::spawn_blocking(python::python).await.unwrap();
     let scratch = tempfile::tempdir().unwrap();
@@ -386,6 +381,8 @@ async fn libjuju_everyday_work_against_lockstepd_found_through_the_client_store(
         ["model", "add", model],
         ["machine", "add", "0"],
         ["machine", "add", "1"],
+        // Destroyed: dying when the call answers, removed a moment later.
+        ["machine", "change", "1"],
         ["machine", "remove", "1"],
         ["model", "change", model],
         ["application", "add", "web"],
