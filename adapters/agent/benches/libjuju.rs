@@ -16,7 +16,6 @@
 #![allow(clippy::print_stdout)]
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 #[path = "../tests/common/python.rs"]
 mod python;
