@@ -34,6 +34,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+#[path = "../tests/common/python.rs"]
+mod python;
+
 use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::DataDir;
 use lockstep_core::client::RetryPolicy;
@@ -41,48 +44,7 @@ use serde_json::{Value, json};
 
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
 const LOCKSTEPD: &str = env!("CARGO_BIN_EXE_lockstepd");
-const JUJUCLIENT: &str = "jujuclient==0.54.0";
 const ROUND_DEADLINE: Duration = Duration::from_secs(120);
-
-/// The virtualenv with jujuclient, made once (its dependencies pinned by the interop
-/// tests' constraints, `tests/interop/constraints.txt`) and reused while its marker names
-/// the same version.
-fn python() -> PathBuf {
-    let directory = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jujuclient-bench-venv");
-    let python = directory.join("bin/python");
-    let marker = directory.join("installed.txt");
-    if std::fs::read_to_string(&marker).ok().as_deref() != Some(JUJUCLIENT) {
-        let _ = std::fs::remove_dir_all(&directory);
-        run(Command::new("python3").args(["-m", "venv"]).arg(&directory));
-        let constraints =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/constraints.txt");
-        run(Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-c",
-            ])
-            .arg(&constraints)
-            .arg(JUJUCLIENT));
-        std::fs::write(&marker, JUJUCLIENT).expect("write the venv marker");
-    }
-    python
-}
-
-fn run(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|error| panic!("{command:?}: {error}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
 
 fn unix_micros(at: SystemTime) -> i64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
@@ -285,7 +247,9 @@ async fn main() {
         .ok()
         .and_then(|text| text.parse().ok())
         .unwrap_or(if quick { 1 } else { 11 });
-    let python = tokio::task::spawn_blocking(python).await.expect("venv");
+    let python = tokio::task::spawn_blocking(python::python)
+        .await
+        .expect("venv");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/jujuclient_first_call.py");
     let own = lockstep_agent::steps::build_version();
     let next = lockstep_agent::steps::next_patch();

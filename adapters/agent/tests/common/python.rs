@@ -1,7 +1,8 @@
 //! python-jujuclient 0.54.0 and python-libjuju (PyPI `juju`) 3.6.1.3 in a throwaway
 //! virtualenv under the target directory, their dependencies pinned by
 //! `tests/interop/constraints.txt`; shared by the interop tests (`api_interop.rs`,
-//! `juju_data.rs`). `LOCKSTEP_INTEROP_PYTHON` may name a Python that has both already.
+//! `juju_data.rs`) and the benches (`jujuclient.rs`, `libjuju.rs`).
+//! `LOCKSTEP_INTEROP_PYTHON` may name a Python that has both already.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
