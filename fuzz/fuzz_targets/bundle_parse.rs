@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lockstep_agent::bundle::{Bundle, BundleChange};
+use lockstep_agent::cli::bundle::{Bundle, BundleChange};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
