@@ -80,11 +80,17 @@ impl Wake {
 impl StoreState {
     /// The API's state over `store`, with lockstep's job table.
     pub fn new(store: Arc<dyn Store>) -> StoreState {
-        StoreState {
+        let state = StoreState {
             store,
             jobs: JobTable::lockstep(),
             wake: Arc::new(Wake::default()),
+        };
+        // A machine a previous process made `dying` and could not remove before it ended
+        // (a re-exec into a new binary within the delay) is removed by this one.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            state.remove_dying_machines_later();
         }
+        state
     }
 
     /// Runs a read on the blocking pool.
@@ -119,7 +125,8 @@ impl StoreState {
 
     /// Removes the machines a `DestroyMachineWithParams` made `dying`,
     /// [`machines::MACHINE_REMOVAL_DELAY`] from now, in a task of its own (the provisioner's
-    /// part in Juju). A failure is logged; the machines stay `dying` until the next destroy.
+    /// part in Juju). A failure is logged; the machines stay `dying` until the next destroy
+    /// or the next start of the API.
     fn remove_dying_machines_later(&self) {
         let (store, wake) = (Arc::clone(&self.store), Arc::clone(&self.wake));
         tokio::spawn(async move {
@@ -313,6 +320,41 @@ mod tests {
     use super::*;
     use lockstep_store::{Durability, MemoryStore};
     use serde_json::json;
+
+    /// A machine left `dying` by a previous process (re-executed within the removal delay)
+    /// is removed by the next one's API, and an alive machine is not.
+    #[tokio::test]
+    async fn a_machine_left_dying_is_removed_when_the_api_starts() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Durability::Full));
+        let roles = lockstep_core::Roles::of(&[lockstep_core::Role::HostMachine]);
+        let mut dying = lockstep_store::Machine::with_roles("1", roles);
+        dying.life = lockstep_store::Life::Dying;
+        store.add_machine(&dying).unwrap();
+        store
+            .add_machine(&lockstep_store::Machine::with_roles("2", roles))
+            .unwrap();
+        let _state = StoreState::new(Arc::clone(&store));
+        let ids = || {
+            let mut ids = Vec::new();
+            store
+                .snapshot(&mut |tx| {
+                    ids = tx.machines()?.into_iter().map(|m| m.id).collect();
+                    Ok(())
+                })
+                .unwrap();
+            ids
+        };
+        let deadline = std::time::Instant::now() + machines::MACHINE_REMOVAL_DELAY * 10;
+        while ids().len() > 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never removed: {:?}",
+                ids()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(ids(), ["2"]);
+    }
 
     /// A write made through the state between a watcher's read and its wait is not
     /// missed: the wait returns at once instead of after a poll interval; with nothing new
