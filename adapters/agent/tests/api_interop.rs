@@ -195,6 +195,11 @@ struct HeldBootstrap {
 }
 
 impl HeldBootstrap {
+    /// Juju's client store the bootstrap writes.
+    fn juju_data(&self) -> PathBuf {
+        common::juju_data_beside(&self.controller.data_dir)
+    }
+
     fn start(mirror: Mirror, back: HoldBack) -> HeldBootstrap {
         let served = HttpMirror::serve_holding(mirror.path(), Duration::ZERO, back);
         let dir = tempfile::tempdir().expect("a temporary directory");
@@ -259,9 +264,8 @@ impl HeldBootstrap {
 
 /// libjuju connects, reads status and config and gets the watcher's first batch while the
 /// controller is `upgrading` during `bootstrap --auto-upgrade`; its two writes are refused
-/// with Juju's code and leave nothing behind. Juju's client store is written once the
-/// controller is Ready, so libjuju is given the endpoint, CA and credentials of
-/// `controller.yaml`.
+/// with Juju's code and leave nothing behind. libjuju connects with no arguments, through
+/// Juju's client store, which bootstrap wrote when it started the controller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn libjuju_connects_reads_and_watches_while_bootstrap_auto_upgrades_and_its_writes_get_upgrade_in_progress()
  {
@@ -274,9 +278,13 @@ async fn libjuju_connects_reads_and_watches_while_bootstrap_auto_upgrades_and_it
     let file = held.controller.controller_file();
 
     let seen = json_line(
-        &start_client("libjuju_limited.py", &held.controller, &[])
-            .finish()
-            .await,
+        &start_client(
+            "libjuju_limited.py",
+            &held.controller,
+            &[("JUJU_DATA", &held.juju_data())],
+        )
+        .finish()
+        .await,
     );
     // The controller was upgrading all along: the mirror still holds its new binary back.
     assert_eq!(held.phase().await, "upgrading", "{seen}");

@@ -33,7 +33,8 @@ pub struct ApiLimits {
     /// included (`--max-pre-login-bytes`).
     pub pre_login_bytes_max: usize,
     /// Password checks running at once, each on a thread of the login pool
-    /// (`--login-concurrency`).
+    /// (`--login-concurrency`); by default the number of cores, at most
+    /// [`LOGIN_CONCURRENCY_DEFAULT_MAX`]. Each thread keeps 19 MiB of argon2 memory.
     pub login_concurrency: usize,
     /// Password checks waiting for a thread, per source address
     /// (`--max-queued-logins-per-source`); beyond it a login is told to try again.
@@ -58,6 +59,10 @@ pub struct ApiLimits {
     pub watchers_max: usize,
 }
 
+/// The default login concurrency is the number of cores, up to this: each login thread
+/// keeps 19 MiB of argon2 memory.
+pub const LOGIN_CONCURRENCY_DEFAULT_MAX: usize = 4;
+
 /// Refusals in progress at once (a TLS handshake and an HTTP 503 each); a connection over
 /// a cap beyond these is closed without a word.
 pub const REFUSALS_IN_PROGRESS_MAX: usize = 16;
@@ -81,7 +86,9 @@ impl Default for ApiLimits {
             tls_handshake_timeout: Duration::from_secs(10),
             login_timeout: Duration::from_secs(30),
             pre_login_bytes_max: 64 << 10,
-            login_concurrency: std::thread::available_parallelism().map_or(2, usize::from),
+            login_concurrency: std::thread::available_parallelism()
+                .map_or(2, usize::from)
+                .clamp(1, LOGIN_CONCURRENCY_DEFAULT_MAX),
             queued_logins_per_source_max: 16,
             login_failures_before_throttle: 5,
             login_throttle_max: Duration::from_secs(60),

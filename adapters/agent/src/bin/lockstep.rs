@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use lockstep_agent::cli::bootstrap::BootstrapOptions;
 use lockstep_agent::cli::commands::{self, Session};
 use lockstep_agent::cli::error::CliError;
-use lockstep_agent::cli::juju_data::{JujuData, Registration};
+use lockstep_agent::cli::juju_data::{JujuData, JujuDataError, Registration};
 use lockstep_agent::cli::status::Format;
 use lockstep_agent::logging::{self, LogFormat, complain, say};
 use lockstep_agent::store::StoreEngine;
@@ -258,7 +258,28 @@ async fn bootstrap_command(options: &BootstrapOptions, timeout: Duration) -> Res
     // entries stops bootstrap before it starts anything.
     let juju_data = JujuData::from_env()?;
     juju_data.check()?;
-    let outcome = lockstep_agent::cli::bootstrap::bootstrap(options, timeout, say).await?;
+    let mut registered = None;
+    let bootstrapped =
+        lockstep_agent::cli::bootstrap::bootstrap(options, timeout, say, |controller, version| {
+            juju_data.add_controller(&Registration {
+                controller,
+                agent_version: version,
+            })?;
+            registered = Some((controller.name.clone(), controller.uuid.clone()));
+            Ok::<(), JujuDataError>(())
+        })
+        .await;
+    let outcome = match bootstrapped {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            // A controller that never became ready is not left in the client store.
+            if let Some((name, uuid)) = registered {
+                let _ = juju_data.remove_controller(&name, &uuid);
+            }
+            return Err(error.into());
+        }
+    };
+    // The version it runs now (an upgrade during bootstrap changes it).
     juju_data.add_controller(&Registration {
         controller: &outcome.controller,
         agent_version: &outcome.agent_version,

@@ -204,6 +204,8 @@ pub enum BootstrapError {
     },
     #[error(transparent)]
     Download(#[from] DownloadError),
+    #[error("adding the controller to the client store: {0}")]
+    ClientStore(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("no agent binaries for {version} found at {url}")]
     NotPublished { version: Version, url: String },
     #[error(
@@ -739,13 +741,23 @@ pub struct Outcome {
     pub progress: Vec<Progress>,
 }
 
-/// `lockstep bootstrap`: prepares the data dir, starts `lockstepd`, and waits until its API
-/// is fully available, drawing progress on stderr. On failure the daemon is stopped and
-/// the error names the phase, the reason and the end of the daemon's log.
-pub async fn bootstrap(
+/// Stops the daemon bootstrap started (SIGTERM to the launcher).
+fn stop_daemon(pid: u32) {
+    if let Some(target) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(target, rustix::process::Signal::TERM);
+    }
+}
+
+/// `lockstep bootstrap`: prepares the data dir, starts `lockstepd`, calls `on_started` with
+/// the controller and the version it starts on (the CLI adds it to Juju's client store
+/// there), and waits until its API is fully available, drawing progress on stderr. On
+/// failure the daemon is stopped and the error names the phase, the reason and the end of
+/// the daemon's log.
+pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
     options: &BootstrapOptions,
     timeout: Duration,
     mut on_line: impl FnMut(&str),
+    on_started: impl FnOnce(&ControllerFile, &str) -> Result<(), E>,
 ) -> Result<Outcome, BootstrapError> {
     let prepared = prepare(options).await?;
     on_line(&format!(
@@ -758,6 +770,12 @@ pub async fn bootstrap(
         "Started lockstepd (pid {pid}) on {}; waiting for its API",
         prepared.controller.api_endpoints[0]
     ));
+    // Clients may connect from now on (and are served reads while it is limited), as
+    // `juju bootstrap` adds the controller to the client store before it is ready.
+    if let Err(error) = on_started(&prepared.controller, &prepared.binary.number.to_string()) {
+        stop_daemon(pid);
+        return Err(BootstrapError::ClientStore(Box::new(error)));
+    }
     let client = prepared
         .controller
         .client(lockstep_core::client::RetryPolicy::default());
@@ -804,9 +822,7 @@ pub async fn bootstrap(
             })
         }
         Err(error) => {
-            if let Some(target) = rustix::process::Pid::from_raw(pid as i32) {
-                let _ = rustix::process::kill_process(target, rustix::process::Signal::TERM);
-            }
+            stop_daemon(pid);
             Err(BootstrapError::NotReady {
                 error,
                 log: prepared.data.logs_dir().join("lockstepd.log"),

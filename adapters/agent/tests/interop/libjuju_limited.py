@@ -7,12 +7,13 @@ writes, `set_config` (`ModelConfig.ModelSet`) and `add_machine` (`MachineManager
 each of which must fail with Juju's error code `upgrade in progress`: libjuju raises
 `JujuAPIError` and does not retry. Prints one JSON line with what it saw.
 
-Arguments: the API port, a file holding the controller's CA, the model's uuid, the admin
-password (libjuju is given them explicitly).
+It connects with no arguments, as a user's script does: libjuju reads the controller from
+Juju's client store ($JUJU_DATA), which `lockstep bootstrap` writes as soon as it has started
+the controller, before it is ready. The command-line arguments (API port, CA file, model
+uuid, password) are not used.
 """
 import asyncio
 import json
-import sys
 
 from juju.errors import JujuAPIError
 from juju.model import Model
@@ -28,9 +29,6 @@ async def write_refused(write):
 
 
 async def main():
-    port, ca_path, uuid, password = sys.argv[1:5]
-    with open(ca_path) as ca:
-        cacert = ca.read()
     seen = []
 
     async def observe(delta, old, new, model):
@@ -38,13 +36,7 @@ async def main():
 
     model = Model()
     model.add_observer(observe)
-    await model.connect(
-        endpoint="127.0.0.1:%s" % port,
-        uuid=uuid,
-        username="admin",
-        password=password,
-        cacert=cacert,
-    )
+    await model.connect()
     result = {"model_name": model.info.name, "model_uuid": model.info.uuid}
     status = await model.get_status()
     result["status_model"] = status.model.name
