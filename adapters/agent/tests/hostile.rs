@@ -698,11 +698,14 @@ async fn clients_that_never_read_are_closed_and_leave_the_admin_served() {
 const MAX_WATCHERS: usize = 64;
 /// Connections beyond those the cap of all connections needs, before the test gives up.
 const WATCHER_CONNECTIONS_SPARE: usize = 4;
+/// How long the attackers hold every watcher once refused, the legitimate client calling.
+const WATCHERS_HOLD: Duration = Duration::from_secs(3);
 
 /// Connections from 127.0.0.2 log in as admin and call `Client.WatchAll` until refused, each
-/// kept open, until a new connection's first call is refused: every refusal is `quota limit
-/// exceeded`, a connection holds 16, all together exactly the cap (64 here), the controller
-/// counts `watchers` refusals, and the admin is served throughout.
+/// kept open, until a new connection's first call is refused, then hold them all for 3 s:
+/// every refusal is `quota limit exceeded`, a connection holds 16, all together exactly the
+/// cap (64 here), the controller counts `watchers` refusals, and the admin is served
+/// throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_opened_until_refused_stop_at_both_caps_and_leave_the_admin_served() {
     let _one = ONE_LOAD_AT_A_TIME.lock().await;
@@ -745,6 +748,7 @@ async fn watchers_opened_until_refused_stop_at_both_caps_and_leave_the_admin_ser
             break;
         }
     }
+    tokio::time::sleep(WATCHERS_HOLD).await;
     let attack = Attack {
         began,
         ended: Instant::now(),
