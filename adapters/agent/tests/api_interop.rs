@@ -1,284 +1,439 @@
-//! Real Juju clients against lockstep's API, unchanged: python-jujuclient 0.54.0 and
-//! python-libjuju (PyPI `juju`) 3.6.1.3, installed into a throwaway virtualenv under the
-//! target directory with their dependencies pinned by `tests/interop/constraints.txt`.
+//! Real Juju clients, unchanged, against real `lockstepd` processes started with `lockstep
+//! bootstrap`: python-jujuclient 0.54.0 and python-libjuju (PyPI `juju`) 3.6.1.3, from the
+//! interop tests' one virtualenv (`common/python.rs`). libjuju's everyday work on a Ready
+//! controller found through Juju's client store is `juju_data.rs`'s.
 //!
-//! - jujuclient logs in and reads status and model config while the agent is limited
-//!   (reads are served in every phase); a write (`ModelSet`) is refused with `upgrade in
-//!   progress` and jujuclient retries it (about once a second) until the test turns the
-//!   agent Ready, then it succeeds.
-//! - libjuju connects, reads status into its typed objects and the model config, and sees
-//!   error code `upgrade in progress` on a write (it does not retry).
-//! - libjuju's everyday work (`interop/libjuju_everyday.py`): `Model.connect` with an
-//!   observer, status, machines, model config, local charm deploys, relations, application
-//!   config, removals, a refused charm-store deploy, `Controller.connect` and `list_models`.
-//! - jujuclient's deployer work (`interop/jujuclient_everyday.py`): local charm uploads,
-//!   deploy, add units, relate, status, application config.
+//! - libjuju while `lockstep bootstrap --auto-upgrade` holds the controller `upgrading` (the
+//!   mirror holds the new binary's download until the test releases it): connect, status,
+//!   the watcher's first batch, model config, all served; `set_config` and `add_machine`
+//!   refused with Juju's code `upgrade in progress` and nothing written.
+//! - jujuclient's deployer work by explicit endpoint on a Ready controller
+//!   (`interop/jujuclient_everyday.py`): local charm uploads, deploy, add units, relate,
+//!   status, application config.
+//! - jujuclient started while the controller is held `checking-agent-version`: it reads, and
+//!   resends a refused `AddMachines` about once a second until Ready, when it is applied
+//!   exactly once.
 //!
-//! `LOCKSTEP_INTEROP_PYTHON` may name a Python that has both clients at these versions
-//! installed already; otherwise the virtualenv is built.
+//! The controller says which phase it is in (`Upgrade.Status`, served in every phase) before
+//! a client starts and after it has finished, while the mirror still holds it there; its
+//! `/metrics` count the calls it refused.
 
-mod api_support;
+mod common;
 #[path = "common/python.rs"]
 mod python;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use api_support::*;
-use lockstep_core::Phase;
-use python::python;
+use common::http_mirror::{HoldBack, HttpMirror};
+use common::{Controller, Mirror, Published, next, own, text};
+use lockstep_agent::cli::bootstrap::ControllerFile;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Where a client finds the fixture's CA (written when a client starts).
-fn ca_path(fixture: &Fixture) -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("interop-ca-{}.pem", fixture.port))
+/// How long a client or a bootstrap may take before the test gives up on it.
+const BOUND: Duration = Duration::from_secs(120);
+
+/// A process the test started, killed by its id if the test ends before it does; its
+/// standard output and error go to files (a full pipe cannot stall it).
+struct Process {
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
 }
 
-/// A client process, killed by its id if the test ends before it does.
-struct Client(Child);
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl Client {
-    fn start(script: &str, fixture: &Fixture) -> Client {
-        Client::start_with(script, fixture, &[])
-    }
-
-    /// Starts `script` with `environment` added to the test's.
-    fn start_with(script: &str, fixture: &Fixture, environment: &[(&str, &Path)]) -> Client {
-        let ca = ca_path(fixture);
-        std::fs::write(&ca, &fixture.ca_pem).expect("write the CA");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/interop")
-            .join(script);
-        let child = Command::new(python())
-            .envs(environment.iter().copied())
-            .arg(script)
-            .arg(fixture.port.to_string())
-            .arg(&ca)
-            .arg(MODEL_UUID)
-            .arg(PASSWORD)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+impl Process {
+    fn spawn(command: &mut Command, dir: &Path, name: &str) -> Process {
+        let stdout = dir.join(format!("{name}.stdout"));
+        let stderr = dir.join(format!("{name}.stderr"));
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("create the stdout file"))
+            .stderr(std::fs::File::create(&stderr).expect("create the stderr file"))
             .spawn()
-            .expect("start the client");
-        Client(child)
+            .unwrap_or_else(|error| panic!("{command:?}: {error}"));
+        Process {
+            child,
+            stdout,
+            stderr,
+        }
     }
 
     fn running(&mut self) -> bool {
-        matches!(self.0.try_wait(), Ok(None))
+        matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Waits for the client to exit (at most `bound`) and returns its JSON line.
-    async fn finish(mut self, bound: Duration) -> Value {
-        let deadline = Instant::now() + bound;
+    /// Waits for the process to exit (at most [`BOUND`]) and returns what it wrote.
+    async fn finish(mut self) -> Output {
+        let started = Instant::now();
         while self.running() {
             assert!(
-                Instant::now() < deadline,
-                "the client did not finish within {bound:?}"
+                started.elapsed() < BOUND,
+                "{:?} did not finish within {BOUND:?}",
+                self.stdout
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let status = self.0.wait().expect("reaped");
-        let (mut stdout, mut stderr) = (String::new(), String::new());
-        self.0
-            .stdout
-            .take()
-            .expect("piped")
-            .read_to_string(&mut stdout)
-            .unwrap();
-        self.0
-            .stderr
-            .take()
-            .expect("piped")
-            .read_to_string(&mut stderr)
-            .unwrap();
-        assert!(
-            status.success(),
-            "client failed ({status}):\n{stdout}\n{stderr}"
-        );
-        serde_json::from_str(stdout.trim())
-            .unwrap_or_else(|error| panic!("{error}: {stdout:?}\n{stderr}"))
+        Output {
+            status: self.child.wait().expect("reaped"),
+            stdout: std::fs::read(&self.stdout).unwrap_or_default(),
+            stderr: std::fs::read(&self.stderr).unwrap_or_default(),
+        }
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn jujuclient_retries_upgrade_in_progress_until_the_agent_is_ready() {
-    tokio::task::spawn_blocking(python).await.unwrap();
-    let fixture = start(Phase::RunningSteps).await;
-    let mut client = Client::start("jujuclient_check.py", &fixture);
-    // Wait until jujuclient has been turned away three times, then open the API.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while fixture.api.gate_rejections() < 3 {
-        assert!(
-            client.running(),
-            "jujuclient exited while the agent was limited"
-        );
-        assert!(Instant::now() < deadline, "jujuclient never retried");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
-    fixture.gate.send(view(Phase::Ready)).unwrap();
-    let seen = client.finish(Duration::from_secs(60)).await;
-    assert_eq!(seen["redirect"], Value::Null, "{seen}");
-    assert_eq!(seen["status_model"], "controller");
-    assert_eq!(
-        seen["limited_agent_version"], "2.9.43",
-        "read while limited"
-    );
-    assert_eq!(seen["agent_version"], "2.9.43");
-    assert_eq!(
-        seen["logging_config"], "<root>=DEBUG",
-        "the write landed once Ready"
-    );
-    let sends = seen["model_set_sends"].as_u64().unwrap();
-    assert!(
-        sends >= 4,
-        "three refusals and a success, got {sends} sends"
-    );
-    assert_eq!(
-        sends,
-        fixture.api.gate_rejections() + 1,
-        "every refusal was retried"
-    );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn libjuju_reads_status_and_config_while_limited_and_a_write_gets_the_upgrade_error_code() {
-    tokio::task::spawn_blocking(python).await.unwrap();
-    let fixture = start(Phase::CheckingAgentVersion).await;
-    let client = Client::start("libjuju_check.py", &fixture);
-    let seen = client.finish(Duration::from_secs(60)).await;
-    assert_eq!(seen["status_model"], "controller", "{seen}");
-    assert_eq!(seen["agent_version"], "2.9.43", "{seen}");
-    assert_eq!(seen["error_code"], "upgrade in progress");
-    assert_eq!(fixture.api.gate_rejections(), 1);
+/// A client script of `tests/interop/`, given the controller's port, CA file, model uuid
+/// and admin password, as `controller.yaml` holds them.
+fn start_client(script: &str, controller: &Controller, env: &[(&str, &Path)]) -> Process {
+    let file = controller.controller_file();
+    let endpoint = &file.api_endpoints[0];
+    let port = endpoint.rsplit(':').next().expect("host:port");
+    let ca = ca_file(controller);
+    let script_path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(script);
+    Process::spawn(
+        Command::new(python::python())
+            .arg(script_path)
+            .arg(port)
+            .arg(&ca)
+            .arg(&file.model_uuid)
+            .arg(&file.password)
+            .envs(env.iter().copied()),
+        controller.dir.path(),
+        script,
+    )
 }
 
-/// The controller machine as bootstrap records it: its agent runs a known binary.
-fn add_controller_machine(fixture: &Fixture) {
-    let mut machine = lockstep_store::Machine::with_roles(
-        "0",
-        lockstep_core::Roles::of(&[lockstep_core::Role::Controller]),
+/// The controller's CA in a file of the test's scratch directory.
+fn ca_file(controller: &Controller) -> PathBuf {
+    let ca = controller.dir.path().join("ca.pem");
+    std::fs::write(&ca, controller.controller_file().ca_cert).expect("write the CA");
+    ca
+}
+
+/// The one JSON line a client script prints on success.
+fn json_line(output: &Output) -> Value {
+    assert!(output.status.success(), "{}", text(output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|error| panic!("{error}: {}", text(output)))
+}
+
+/// `GET /metrics` of the controller (HTTPS, verified with its CA).
+async fn metrics(file: &ControllerFile) -> String {
+    let config = lockstep_transport::tls::client_config(
+        &file.ca_cert,
+        &[&rustls::version::TLS13, &rustls::version::TLS12],
+    )
+    .expect("a TLS client configuration");
+    let tcp = tokio::net::TcpStream::connect(&file.api_endpoints[0])
+        .await
+        .expect("the controller listens");
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .expect("a TLS connection");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    // A server may close a TLS connection without close_notify once it has answered.
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8(answer).expect("UTF-8");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer
+}
+
+/// `lockstep_gate_rejections_total{facade="<facade>"}` of a `/metrics` text (0 if absent).
+fn rejections(metrics: &str, facade: &str) -> u64 {
+    let series = format!("lockstep_gate_rejections_total{{facade=\"{facade}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .map(|count| count.trim().parse().expect("a count"))
+        .unwrap_or(0)
+}
+
+/// Every `lockstep_gate_rejections_total` series of a `/metrics` text, by facade.
+fn all_rejections(metrics: &str) -> Value {
+    let mut by_facade = serde_json::Map::new();
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix("lockstep_gate_rejections_total{facade=\"")
+            && let Some((facade, count)) = rest.split_once("\"} ")
+        {
+            by_facade.insert(
+                facade.to_owned(),
+                json!(count.trim().parse::<u64>().unwrap()),
+            );
+        }
+    }
+    Value::Object(by_facade)
+}
+
+/// `lockstep bootstrap --auto-upgrade` from a mirror served over HTTP that holds back the
+/// requests `back` names, still running: the controller it started waits in a limited
+/// phase until the test calls [`HeldBootstrap::release`].
+struct HeldBootstrap {
+    // Dropped in this order: bootstrap killed, lockstepd stopped, the mirror released.
+    bootstrap: Option<Process>,
+    controller: Controller,
+    served: HttpMirror,
+    _mirror: Mirror,
+}
+
+impl HeldBootstrap {
+    fn start(mirror: Mirror, back: HoldBack) -> HeldBootstrap {
+        let served = HttpMirror::serve_holding(mirror.path(), Duration::ZERO, back);
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let data_dir = dir.path().join("controller");
+        let bootstrap = Process::spawn(
+            Command::new(common::LOCKSTEP)
+                .arg("--data-dir")
+                .arg(&data_dir)
+                .env("JUJU_DATA", common::juju_data_beside(&data_dir))
+                .args(["bootstrap", "--api-port", "0", "--timeout", "180"])
+                .args(["--auto-upgrade", "--metadata-source", &served.tools_url()]),
+            dir.path(),
+            "bootstrap",
+        );
+        HeldBootstrap {
+            bootstrap: Some(bootstrap),
+            controller: Controller {
+                dir,
+                data_dir,
+                bootstrap: Command::new("true").output().expect("true runs"),
+                children: std::sync::Mutex::default(),
+            },
+            served,
+            _mirror: mirror,
+        }
+    }
+
+    /// Waits until the mirror holds a request back and the controller reports `phase`.
+    async fn wait_held_in(&mut self, phase: &str) {
+        let started = Instant::now();
+        while self.served.held() == 0 {
+            let bootstrap = self.bootstrap.as_mut().expect("not finished");
+            assert!(
+                bootstrap.running(),
+                "bootstrap exited before the mirror held anything back:\n{}",
+                self.controller.log()
+            );
+            assert!(
+                started.elapsed() < BOUND,
+                "the mirror held nothing back within {BOUND:?}:\n{}",
+                self.controller.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.controller.wait_phase(phase, BOUND).await;
+    }
+
+    /// The controller's phase, from `Upgrade.Status`.
+    async fn phase(&self) -> Value {
+        self.controller.status().await["phase"].clone()
+    }
+
+    /// Answers what the mirror held back, and waits for bootstrap to report the controller
+    /// available.
+    async fn release(&mut self) {
+        self.served.release();
+        let bootstrap = self.bootstrap.take().expect("not finished");
+        self.controller.bootstrap = bootstrap.finish().await;
+        self.controller.assert_bootstrapped();
+    }
+}
+
+/// libjuju connects, reads status and config and gets the watcher's first batch while the
+/// controller is `upgrading` during `bootstrap --auto-upgrade`; its two writes are refused
+/// with Juju's code and leave nothing behind. Juju's client store is written once the
+/// controller is Ready, so libjuju is given the endpoint, CA and credentials of
+/// `controller.yaml`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libjuju_connects_reads_and_watches_while_bootstrap_auto_upgrades_and_its_writes_get_upgrade_in_progress()
+ {
+    tokio::task::spawn_blocking(python::python).await.unwrap();
+    let mut held = HeldBootstrap::start(
+        Mirror::n_and_next(Published::Lockstepd),
+        HoldBack::Binary(lockstep_agent::datadir::host_binary(next()).to_string()),
     );
-    machine.agent_binary = Some(lockstep_core::Binary::parse("2.9.43-ubuntu-amd64").unwrap());
-    fixture.store.add_machine(&machine).unwrap();
-}
+    held.wait_held_in("upgrading").await;
+    let file = held.controller.controller_file();
 
-#[tokio::test(flavor = "multi_thread")]
-async fn libjuju_connects_watches_adds_machines_configures_deploys_and_lists_models() {
-    tokio::task::spawn_blocking(python).await.unwrap();
-    let fixture = start(Phase::Ready).await;
-    add_controller_machine(&fixture);
-    let client = Client::start("libjuju_everyday.py", &fixture);
-    let seen = client.finish(Duration::from_secs(120)).await;
+    let seen = json_line(
+        &start_client("libjuju_limited.py", &held.controller, &[])
+            .finish()
+            .await,
+    );
+    // The controller was upgrading all along: the mirror still holds its new binary back.
+    assert_eq!(held.phase().await, "upgrading", "{seen}");
+    let refused = all_rejections(&metrics(&file).await);
 
     assert_eq!(
         (&seen["model_name"], &seen["model_uuid"]),
-        (&json!("controller"), &json!(MODEL_UUID)),
+        (&json!("controller"), &json!(file.model_uuid)),
         "{seen}"
     );
-    assert_eq!(seen["status_model"], "controller");
-    assert_eq!(seen["status_machines"], json!(["0"]));
-    // add_machine returned once the machine's delta arrived; destroy once its removal did.
-    assert_eq!(seen["added_machine"], "1");
-    assert_eq!(seen["machine_agent_status"], "pending");
-    assert_eq!(seen["machines_after_destroy"], json!(["0"]));
-    assert_eq!(seen["config_before"], "2.9.43");
+    assert_eq!(seen["status_model"], "controller", "{seen}");
+    assert_eq!(seen["status_machines"], json!(["0"]), "{seen}");
+    // The model already names the version being downloaded.
+    assert_eq!(seen["agent_version"], next().to_string(), "{seen}");
     assert_eq!(
-        (&seen["logging_config"], &seen["logging_config_source"]),
-        (&json!("<root>=DEBUG"), &json!("model"))
+        seen["first_deltas"],
+        json!([["model", "add", file.model_uuid], ["machine", "add", "0"]]),
+        "{seen}"
     );
-    // Two local charm directories uploaded and deployed, one unit each.
-    assert_eq!(seen["deployed"], json!(["db", "web"]));
-    assert_eq!(seen["web_charm_url"], "local:jammy/web-0");
-    assert_eq!(seen["web_units"], json!(["web/0"]));
-    // integrate("web", "db") found the one pgsql pair from the charms' metadata.
-    assert_eq!(seen["relation_key"], "db:db web:db");
-    assert_eq!(seen["relation_id"], 0);
-    assert_eq!(
-        seen["relation_endpoints"],
-        json!(["db:db:provider:pgsql", "web:db:requirer:pgsql"])
-    );
-    assert_eq!(seen["port_default"], 80);
-    assert_eq!(seen["port_set"], 8080);
-    assert_eq!(seen["added_units"], json!(["web/1"]));
-    // What lockstep knows of a unit, in Juju's words.
-    assert_eq!(
-        seen["unit_workload"],
-        json!(["unknown", "lockstep runs no charms"])
-    );
-    assert_eq!(
-        seen["unit_agent"],
-        json!(["allocating", "lockstep runs no unit agents"])
-    );
-    assert_eq!(seen["web_exposed"], true);
-    assert_eq!(seen["status_applications"], json!(["web"]));
-    let refused = seen["store_deploy"].as_str().unwrap();
-    assert!(
-        refused.contains("this controller has no charm store"),
-        "{refused}"
-    );
-    // The observer saw every entity arrive, and the removals.
-    let deltas: Vec<(String, String, String)> =
-        serde_json::from_value(seen["deltas"].clone()).unwrap();
-    for expected in [
-        ("model", "add", MODEL_UUID),
-        ("machine", "add", "0"),
-        ("machine", "add", "1"),
-        ("machine", "change", "1"),
-        ("machine", "remove", "1"),
-        ("application", "add", "web"),
-        ("unit", "add", "web/0"),
-        ("relation", "add", "0"),
-        ("unit", "remove", "web/1"),
-        ("application", "remove", "db"),
-    ] {
-        assert!(
-            deltas
-                .iter()
-                .any(|(kind, verb, id)| (kind.as_str(), verb.as_str(), id.as_str()) == expected),
-            "{expected:?} not in {deltas:?}"
+    for write in ["set_config", "add_machine"] {
+        assert_eq!(
+            seen[write],
+            json!({"code": "upgrade in progress", "message": "upgrade in progress", "phase": "upgrading"}),
+            "{write}: {seen}"
         );
     }
-    assert_eq!(seen["models"], json!(["controller"]));
+    assert_eq!(seen["machines"], json!(["0"]), "{seen}");
+    // Each write was refused once by the gate, and nothing else was.
     assert_eq!(
-        seen["controller_endpoints"],
-        json!([format!("127.0.0.1:{}", fixture.port)])
+        refused,
+        json!({"MachineManager": 1, "ModelConfig": 1}),
+        "{seen}"
+    );
+
+    held.release().await;
+    let status = held.controller.status().await;
+    assert_eq!(
+        (&status["phase"], &status["agent-version"]),
+        (&json!("ready"), &json!(next().to_string())),
+        "{status:#}"
+    );
+    // The refused writes left nothing behind.
+    let full = held.controller.full_status().await;
+    let machines: Vec<&String> = full["machines"].as_object().unwrap().keys().collect();
+    assert_eq!(machines, ["0"], "{full:#}");
+    let config = held
+        .controller
+        .client()
+        .call("ModelConfig", 3, "ModelGet", json!({}), BOUND)
+        .await
+        .expect("ModelConfig.ModelGet");
+    assert_ne!(
+        config["config"]["logging-config"]["value"], "<root>=DEBUG",
+        "{config:#}"
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
+/// python-jujuclient's deployer work by explicit endpoint against a Ready lockstepd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jujuclient_uploads_deploys_adds_units_relates_and_reads_status() {
-    tokio::task::spawn_blocking(python).await.unwrap();
-    let fixture = start(Phase::Ready).await;
-    add_controller_machine(&fixture);
-    let ca = ca_path(&fixture);
-    let client = Client::start_with(
-        "jujuclient_everyday.py",
-        &fixture,
-        &[("SSL_CERT_FILE", ca.as_path())],
+    tokio::task::spawn_blocking(python::python).await.unwrap();
+    let controller = Controller::bootstrap(&[], &[]);
+    controller.assert_bootstrapped();
+    let ca = ca_file(&controller);
+    // Its charm upload verifies the server with Python's default trust store.
+    let seen = json_line(
+        &start_client(
+            "jujuclient_everyday.py",
+            &controller,
+            &[("SSL_CERT_FILE", ca.as_path())],
+        )
+        .finish()
+        .await,
     );
-    let seen = client.finish(Duration::from_secs(120)).await;
     assert_eq!(seen["redirect"], Value::Null, "{seen}");
-    assert_eq!(seen["upload_web"], "local:jammy/web-0");
-    assert_eq!(seen["upload_db"], "local:jammy/db-0");
-    assert_eq!(seen["added_units"], json!(["web/1", "web/2"]));
-    assert_eq!(seen["relation"]["web"]["role"], "requirer");
-    assert_eq!(seen["relation"]["db"]["interface"], "pgsql");
-    assert_eq!(seen["status_model"], "controller");
-    assert_eq!(seen["status_applications"], json!(["db", "web"]));
-    assert_eq!(seen["web_units"], json!(["web/0", "web/1", "web/2"]));
-    assert_eq!(seen["status_relations"], json!(["db:db web:db"]));
+    assert_eq!(seen["upload_web"], "local:jammy/web-0", "{seen}");
+    assert_eq!(seen["upload_db"], "local:jammy/db-0", "{seen}");
+    assert_eq!(seen["added_units"], json!(["web/1", "web/2"]), "{seen}");
+    assert_eq!(seen["relation"]["web"]["role"], "requirer", "{seen}");
+    assert_eq!(seen["relation"]["db"]["interface"], "pgsql", "{seen}");
+    assert_eq!(seen["status_model"], "controller", "{seen}");
+    assert_eq!(seen["status_applications"], json!(["db", "web"]), "{seen}");
+    assert_eq!(
+        seen["web_units"],
+        json!(["web/0", "web/1", "web/2"]),
+        "{seen}"
+    );
+    assert_eq!(seen["status_relations"], json!(["db:db web:db"]), "{seen}");
     // Deployed with {"port": "81"}, typed by the charm's option.
-    assert_eq!(seen["port"], 81);
-    assert_eq!(seen["port_set"], 8080);
+    assert_eq!(seen["port"], 81, "{seen}");
+    assert_eq!(seen["port_set"], 8080, "{seen}");
+
+    // The controller's own account of it: one unit of db, three of web, one relation.
+    let full = controller.full_status().await;
+    let units = |application: &str| -> Vec<String> {
+        full["applications"][application]["units"]
+            .as_object()
+            .map(|units| units.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(units("web"), ["web/0", "web/1", "web/2"], "{full:#}");
+    assert_eq!(units("db"), ["db/0"], "{full:#}");
+    assert_eq!(
+        full["relations"].as_array().map(Vec::len),
+        Some(1),
+        "{full:#}"
+    );
+}
+
+/// jujuclient started while `bootstrap --auto-upgrade` holds the controller
+/// `checking-agent-version` (no newer binary: it will not restart, so jujuclient's one
+/// connection lives on into Ready): reads served, `AddMachines` refused and resent by
+/// jujuclient until the test lets the controller reach Ready, then applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jujuclient_resends_a_refused_add_machine_through_a_limited_phase_and_it_is_applied_once() {
+    tokio::task::spawn_blocking(python::python).await.unwrap();
+    let mut held = HeldBootstrap::start(
+        Mirror::new(&[(own(), Published::Lockstepd)]),
+        HoldBack::MetadataAfterABinary,
+    );
+    held.wait_held_in("checking-agent-version").await;
+    let file = held.controller.controller_file();
+
+    let mut client = start_client("jujuclient_retries.py", &held.controller, &[]);
+    // Release only once the controller has turned jujuclient's write away three times.
+    let started = Instant::now();
+    while rejections(&metrics(&file).await, "Client") < 3 {
+        assert!(
+            client.running(),
+            "jujuclient exited while the controller was limited"
+        );
+        assert!(
+            started.elapsed() < BOUND,
+            "jujuclient's write was not refused three times within {BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(client.running(), "jujuclient gave up while limited");
+    assert_eq!(held.phase().await, "checking-agent-version");
+    held.release().await;
+    let seen = json_line(&client.finish().await);
+
+    assert_eq!(seen["redirect"], Value::Null, "{seen}");
+    assert_eq!(seen["limited_status_model"], "controller", "{seen}");
+    assert_eq!(seen["limited_machines"], json!(["0"]), "{seen}");
+    assert_eq!(seen["limited_agent_version"], own().to_string(), "{seen}");
+    assert_eq!(seen["added_machine"], "1", "{seen}");
+    assert_eq!(seen["logging_config"], "<root>=DEBUG", "{seen}");
+    assert_eq!(seen["machines"], json!(["0", "1"]), "{seen}");
+    // Every refusal was resent, and only the last send, once Ready, was applied. The
+    // controller never restarted, so its counters cover the whole run.
+    let refused = all_rejections(&metrics(&file).await);
+    let sends = seen["add_machines_sends"].as_u64().unwrap();
+    assert_eq!(refused, json!({"Client": sends - 1}), "{seen}");
+    let status = held.controller.status().await;
+    assert_eq!(status["phase"], "ready", "{status:#}");
+    let full = held.controller.full_status().await;
+    let machines: Vec<&String> = full["machines"].as_object().unwrap().keys().collect();
+    assert_eq!(machines, ["0", "1"], "{full:#}");
 }

@@ -306,9 +306,10 @@ fn c_is_refused_by_commands_that_work_on_a_data_directory() {
     );
 }
 
-/// `interop/libjuju_everyday.py --juju-data` against a real lockstepd: libjuju's everyday
-/// work after connecting with no arguments, and an observer that sees every delta once, in
-/// the order the calls made them. `Machine.destroy` waits for the machine's `remove` delta
+/// `interop/libjuju_everyday.py` against a real lockstepd: libjuju's everyday work after
+/// connecting with no arguments, what its typed objects read of machines, relations,
+/// application config and units (lockstep runs no charms and says so in Juju's words), and
+/// an observer that sees every delta once, in the order the calls made them. `Machine.destroy` waits for the machine's `remove` delta
 /// after the call answers: lockstepd answers with the machine `dying` and removes it a
 /// moment later (`MACHINE_REMOVAL_DELAY`), as Juju's provisioner does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +328,6 @@ async fn libjuju_everyday_work_against_lockstepd_found_through_the_client_store(
         move || {
             Command::new(python)
                 .arg(script)
-                .arg("--juju-data")
                 .env("JUJU_DATA", juju_data)
                 .env("HOME", home)
                 .env_remove("XDG_DATA_HOME")
@@ -347,8 +347,11 @@ async fn libjuju_everyday_work_against_lockstepd_found_through_the_client_store(
         (&json!("controller"), &json!(file.model_uuid)),
         "{seen}"
     );
+    assert_eq!(seen["status_model"], "controller", "{seen}");
     assert_eq!(seen["status_machines"], json!(["0"]), "{seen}");
+    // add_machine returned once the machine's delta arrived; destroy once its removal did.
     assert_eq!(seen["added_machine"], "1", "{seen}");
+    assert_eq!(seen["machine_agent_status"], "pending", "{seen}");
     assert_eq!(seen["machines_after_destroy"], json!(["0"]), "{seen}");
     assert_eq!(seen["config_before"], common::own().to_string(), "{seen}");
     assert_eq!(
@@ -356,11 +359,32 @@ async fn libjuju_everyday_work_against_lockstepd_found_through_the_client_store(
         (&json!("<root>=DEBUG"), &json!("model")),
         "{seen}"
     );
+    // Two local charm directories uploaded and deployed, one unit each.
     assert_eq!(seen["deployed"], json!(["db", "web"]), "{seen}");
     assert_eq!(seen["web_charm_url"], "local:jammy/web-0", "{seen}");
+    assert_eq!(seen["web_units"], json!(["web/0"]), "{seen}");
+    // integrate("web", "db") found the one pgsql pair from the charms' metadata.
     assert_eq!(seen["relation_key"], "db:db web:db", "{seen}");
+    assert_eq!(seen["relation_id"], 0, "{seen}");
+    assert_eq!(
+        seen["relation_endpoints"],
+        json!(["db:db:provider:pgsql", "web:db:requirer:pgsql"]),
+        "{seen}"
+    );
+    assert_eq!(seen["port_default"], 80, "{seen}");
     assert_eq!(seen["port_set"], 8080, "{seen}");
     assert_eq!(seen["added_units"], json!(["web/1"]), "{seen}");
+    // What lockstep knows of a unit, in Juju's words.
+    assert_eq!(
+        seen["unit_workload"],
+        json!(["unknown", "lockstep runs no charms"]),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["unit_agent"],
+        json!(["allocating", "lockstep runs no unit agents"]),
+        "{seen}"
+    );
     assert_eq!(seen["web_exposed"], true, "{seen}");
     assert_eq!(seen["status_applications"], json!(["web"]), "{seen}");
     let refused = seen["store_deploy"].as_str().unwrap_or("");

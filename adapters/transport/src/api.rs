@@ -9,14 +9,18 @@ use std::sync::{Arc, Mutex};
 use lockstep_core::gate::GateView;
 use tokio::sync::watch;
 
+use crate::admission::Connections;
 use crate::backend::Backend;
+use crate::limits::ApiLimits;
+use crate::logins::{PasswordChecks, Throttle};
 use crate::probes::Metrics;
 use crate::session::Session;
 use crate::state::SharedState;
 use crate::tools_endpoint::ToolsEndpoint;
 
 /// The API's fixed configuration. `ApiConfig { model_uuid, controller_uuid, users,
-/// ..ApiConfig::default() }` leaves agents out and the tools endpoint off.
+/// ..ApiConfig::default() }` leaves agents out, the tools endpoint off and the limits at
+/// their defaults.
 #[derive(Clone, Debug, Default)]
 pub struct ApiConfig {
     pub model_uuid: String,
@@ -30,6 +34,8 @@ pub struct ApiConfig {
     /// Where `GET /model/<uuid>/tools/<binary>` keeps the binaries it fetched
     /// (`<binary>.tgz`); `None` turns the endpoint off (404).
     pub tools_cache: Option<PathBuf>,
+    /// What clients may hold: connections, logins, unwritten replies, watchers.
+    pub limits: ApiLimits,
 }
 
 /// Everything a connection needs, shared.
@@ -47,6 +53,12 @@ pub struct Api {
     pub(crate) ca: std::sync::OnceLock<String>,
     /// Charm uploads being read at once (each holds its archive in memory).
     pub(crate) uploads: tokio::sync::Semaphore,
+    /// Every connection, and what each holds.
+    pub(crate) connections: Arc<Connections>,
+    /// The login pool.
+    pub(crate) checks: PasswordChecks,
+    /// Failed logins by source and by user.
+    pub(crate) throttle: Throttle,
 }
 
 impl std::fmt::Debug for Api {
@@ -67,6 +79,9 @@ impl Api {
         backend: Arc<dyn Backend>,
     ) -> Arc<Api> {
         let tools = ToolsEndpoint::new(config.model_uuid.clone(), config.tools_cache.clone());
+        let connections = Arc::new(Connections::new(config.limits.clone()));
+        let checks = PasswordChecks::new(&config.limits);
+        let throttle = Throttle::new(&config.limits);
         Arc::new(Api {
             config,
             gate,
@@ -77,6 +92,9 @@ impl Api {
             tools,
             ca: std::sync::OnceLock::new(),
             uploads: tokio::sync::Semaphore::new(crate::charm::UPLOADS_IN_FLIGHT_MAX),
+            connections,
+            checks,
+            throttle,
         })
     }
 
@@ -101,6 +119,11 @@ impl Api {
             .rejections
             .values()
             .sum()
+    }
+
+    /// Connections held and refused now, as `/metrics` shows them.
+    pub fn connection_counts(&self) -> crate::admission::ConnectionCounts {
+        self.connections.counts()
     }
 
     /// The gate view published now.

@@ -1,13 +1,18 @@
 //! Authentication: users and machine agents log in with a password checked against an
-//! argon2id hash (on the blocking pool: a hash costs milliseconds of CPU), and an agent
-//! only for a machine that exists in the shared state.
+//! argon2id hash (on the login pool of [`crate::logins`]: a check costs milliseconds of
+//! CPU and 19 MiB), and an agent only for a machine that exists in the shared state.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use lockstep_core::Role;
 use lockstep_core::gate::Login;
+use tokio::time::Instant;
 
 use crate::api::Api;
+use crate::limits::{LOGIN_THROTTLE_FIRST, Refusal};
+use crate::logins::QueueFull;
+use crate::wire::WireError;
 
 /// How long a failed login waits before it answers, whatever was wrong (a user that does
 /// not exist and a wrong password take the same time).
@@ -59,22 +64,6 @@ fn unknown_entity_hash() -> &'static str {
     HASH.get_or_init(|| hash_password("no one logs in with this"))
 }
 
-fn verify_password(password: &str, hash: &str) -> bool {
-    use argon2::password_hash::{PasswordHash, PasswordVerifier};
-    PasswordHash::new(hash).is_ok_and(|parsed| {
-        argon2::Argon2::default()
-            .verify_password(password.as_bytes(), &parsed)
-            .is_ok()
-    })
-}
-
-/// Verifies on the blocking pool; `false` if that pool could not run it.
-async fn verified(password: String, hash: String) -> bool {
-    tokio::task::spawn_blocking(move || verify_password(&password, &hash))
-        .await
-        .unwrap_or(false)
-}
-
 /// The machine id an agent tag names: `machine-1` → `1`, `machine-0-lxd-1` → `0/lxd/1`
 /// (Juju's tag grammar); `None` for anything else.
 pub fn machine_id(tag: &str) -> Option<String> {
@@ -86,32 +75,101 @@ pub fn machine_id(tag: &str) -> Option<String> {
     valid.then(|| id.replace('-', "/"))
 }
 
-/// Who `auth-tag` and `credentials` authenticate, if anyone: a user of
-/// [`crate::api::ApiConfig::users`], or an agent of [`crate::api::ApiConfig::agents`] whose
-/// machine exists in the shared state (a controller agent when the machine is a
-/// controller). Someone unknown costs a hash too, so the time taken does not tell.
-pub async fn authenticate(api: &Api, tag: &str, password: &str) -> Option<Login> {
+/// Why a login was turned away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Denied {
+    /// Nobody known, a wrong password, or an agent whose machine does not exist.
+    Unauthorized,
+    /// Too many failed logins from this source, or for this user from a source that failed
+    /// too: refused without a check for `retry_after`.
+    Throttled { retry_after: Duration },
+    /// This source's password checks already wait [`ApiLimits::queued_logins_per_source_max`]
+    /// deep.
+    ///
+    /// [`ApiLimits::queued_logins_per_source_max`]: crate::limits::ApiLimits::queued_logins_per_source_max
+    QueueFull,
+}
+
+impl Denied {
+    /// What the client is told: Juju's `unauthorized access`, or its `try again` with the
+    /// wait in `error-info.retry-after-ms`.
+    pub fn to_wire(self, source: IpAddr) -> WireError {
+        let (message, wait) = match self {
+            Denied::Unauthorized => {
+                return WireError::new("unauthorized access", "invalid entity name or password");
+            }
+            Denied::Throttled { retry_after } => (
+                format!(
+                    "too many failed logins from {source}: retry after {}s",
+                    retry_after.as_secs_f64().ceil()
+                ),
+                retry_after,
+            ),
+            Denied::QueueFull => (
+                format!(
+                    "login checks queued for {source} are full: retry after {}s",
+                    LOGIN_THROTTLE_FIRST.as_secs()
+                ),
+                LOGIN_THROTTLE_FIRST,
+            ),
+        };
+        WireError {
+            message,
+            code: "try again".to_owned(),
+            info: Some(serde_json::json!({"retry-after-ms": wait.as_millis() as u64})),
+        }
+    }
+}
+
+/// Who `auth-tag` and `credentials` authenticate, if anyone, for a client at `source`: a
+/// user of [`crate::api::ApiConfig::users`], or an agent of [`crate::api::ApiConfig::agents`]
+/// whose machine exists in the shared state (a controller agent when the machine is a
+/// controller). Someone unknown costs a check too, so the time taken does not tell. The
+/// check runs on the login pool in `source`'s turn, unless the source or the user is
+/// throttled ([`crate::logins`]).
+pub async fn authenticate(
+    api: &Api,
+    source: IpAddr,
+    tag: &str,
+    password: &str,
+) -> Result<Login, Denied> {
+    if let Err(retry_after) = api.throttle.check(source, tag, Instant::now()) {
+        api.connections.count(Refusal::LoginThrottled);
+        return Err(Denied::Throttled { retry_after });
+    }
     let user = tag.strip_prefix("user-");
-    let hash = match user {
+    let known = match user {
         Some(user) => api.config.users.iter().find(|(name, _)| name == user),
         None => api.config.agents.iter().find(|(agent, _)| agent == tag),
-    }
-    .map(|(_, hash)| hash.clone());
-    let Some(hash) = hash else {
-        let _ = verified(password.to_owned(), unknown_entity_hash().to_owned()).await;
-        return None;
     };
+    let hash: &str = match known {
+        Some((_, hash)) => hash,
+        None => unknown_entity_hash(),
+    };
+    let matched = match api.checks.verify(source, password, hash).await {
+        Ok(matched) => matched && known.is_some(),
+        Err(QueueFull) => {
+            api.connections.count(Refusal::LoginQueueFull);
+            return Err(Denied::QueueFull);
+        }
+    };
+    if !matched {
+        api.throttle.failed(source, tag, Instant::now());
+        return Err(Denied::Unauthorized);
+    }
+    api.throttle.succeeded(source);
     if user.is_some() {
-        return verified(password.to_owned(), hash)
-            .await
-            .then_some(Login::User);
+        return Ok(Login::User);
     }
-    let id = machine_id(tag)?;
-    if !verified(password.to_owned(), hash).await {
-        return None;
-    }
-    let roles = api.state.machine_roles(&id).await.ok().flatten()?;
-    Some(if roles.contains(Role::Controller) {
+    let id = machine_id(tag).ok_or(Denied::Unauthorized)?;
+    let roles = api
+        .state
+        .machine_roles(&id)
+        .await
+        .ok()
+        .flatten()
+        .ok_or(Denied::Unauthorized)?;
+    Ok(if roles.contains(Role::Controller) {
         Login::ControllerAgent
     } else {
         Login::MachineAgent

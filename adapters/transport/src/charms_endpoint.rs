@@ -9,14 +9,17 @@
 //! `{"charm-url": "local:jammy/mycharm-0"}`; errors are JSON `{"error": {"message",
 //! "code"}}`.
 
+use std::net::IpAddr;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use lockstep_core::gate::{self, Login};
 use serde_json::json;
 
+use crate::admission::Ticket;
 use crate::api::Api;
-use crate::auth::{self, LOGIN_FAILURE_DELAY, ModelAccess};
+use crate::auth::{self, Denied, LOGIN_FAILURE_DELAY, ModelAccess};
 pub use crate::charm::UPLOADS_IN_FLIGHT_MAX;
 use crate::charm::{ARCHIVE_SIZE_BYTES_MAX, Charm};
 use crate::tools_endpoint::http_error;
@@ -25,9 +28,12 @@ use crate::tools_endpoint::http_error;
 /// python-libjuju sends for a charm without one) is ignored.
 pub const SERIES_SIZE_BYTES_MAX: usize = 32;
 
-/// `POST /model/<uuid>/charms`.
+/// `POST /model/<uuid>/charms`, from a client at `source` on the connection of `ticket`
+/// (`None` when the router is served without the API's accept loop).
 pub async fn post(
     api: &Api,
+    source: IpAddr,
+    ticket: Option<&Ticket>,
     uuid: &str,
     query: Option<&str>,
     headers: &HeaderMap,
@@ -49,17 +55,52 @@ pub async fn post(
     };
     let user = tag.strip_prefix("user-").map(str::to_owned);
     let authenticated = match &user {
-        Some(_) => auth::authenticate(api, &tag, &password).await == Some(Login::User),
-        None => false,
+        Some(_) => auth::authenticate(api, source, &tag, &password)
+            .await
+            .and_then(|who| match who {
+                Login::User => Ok(who),
+                _ => Err(Denied::Unauthorized),
+            }),
+        None => Err(Denied::Unauthorized),
     };
-    let Some(user) = user.filter(|_| authenticated) else {
-        tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
+    let user = match (user, authenticated) {
+        (Some(user), Ok(_)) => user,
+        (_, Err(denied @ (Denied::Throttled { .. } | Denied::QueueFull))) => {
+            let error = denied.to_wire(source);
+            let wait_sec = error
+                .info
+                .as_ref()
+                .and_then(|info| info["retry-after-ms"].as_u64())
+                .map_or(1, |ms| ms.div_ceil(1000));
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(axum::http::header::RETRY_AFTER, wait_sec.to_string())],
+                axum::Json(
+                    json!({"error": {"message": error.message, "code": error.code,
+                                            "info": error.info}}),
+                ),
+            )
+                .into_response();
+        }
+        _ => {
+            tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
+            return http_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized access",
+                "invalid entity name or password",
+            );
+        }
+    };
+    // Authenticated: the connection's input is no longer metered as a stranger's.
+    if let Some(ticket) = ticket
+        && !api.connections.logged_in(ticket)
+    {
         return http_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized access",
-            "invalid entity name or password",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection closed",
+            "the connection was closed while its login was checked",
         );
-    };
+    }
     if let Err(refused) = gate::admit(&api.view(), Login::User, "Charms", "AddCharm") {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

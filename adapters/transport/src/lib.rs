@@ -31,6 +31,10 @@
 //! - [`route`]: one request: the gate, the login's facades, the call.
 //! - [`served`]: the facades served and which a login may call.
 //! - [`auth`]: logins and password hashing.
+//! - [`admission`]: the connections held, their slots before and after login, what each
+//!   may read before login and hold in unwritten replies; [`limits`] names every bound.
+//! - [`logins`]: the login pool (password checks on threads of their own, in turn across
+//!   source addresses) and the failed-login throttle.
 //! - [`session`]: one connection's login and its watchers.
 //! - [`facade`]: one module per facade (Admin, AllWatcher, Application, Charms, Client,
 //!   Controller, MachineManager, ModelConfig, ModelManager, Pinger, Upgrade, Upgrader):
@@ -45,14 +49,16 @@
 //!
 //! A module uses only modules to its right in this chain (within parentheses, only those
 //! after it), so there is no import circle: `server` → `connection` → `route` → `facade`
-//! → (`charms_endpoint`, `auth` → `api` → `session`) → (`tools_endpoint` → `tools`,
-//! `probes`, `served`) → (`state` → `charm`, `backend`) → `wire`; `client` uses `tls` and `wire` only.
+//! → (`charms_endpoint`, `auth` → `api` → `session`) → (`logins`, `tools_endpoint` →
+//! `tools`, `probes`, `served`) → `admission` → `limits` → (`state` → `charm`, `backend`)
+//! → `wire`; `client` uses `tls` and `wire` only.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
 //!
 //! [`GateView`]: lockstep_core::gate::GateView
 
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod backend;
@@ -61,6 +67,8 @@ pub mod charms_endpoint;
 pub mod client;
 pub mod connection;
 pub mod facade;
+pub mod limits;
+pub mod logins;
 pub mod probes;
 pub mod route;
 pub mod served;

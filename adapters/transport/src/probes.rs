@@ -11,6 +11,9 @@ use lockstep_core::Phase;
 use lockstep_core::gate::GateView;
 use serde_json::json;
 
+use crate::admission::ConnectionCounts;
+use crate::limits::Refusal;
+
 /// Counters for `/metrics`. Keys are facade labels ([`crate::served::facade_label`]), so
 /// the label cardinality is bounded.
 #[derive(Debug, Default)]
@@ -41,8 +44,13 @@ pub fn readyz(view: GateView) -> Response {
 }
 
 /// `GET /metrics`: Prometheus text format, the phase as a labelled gauge, calls and gate
-/// rejections by facade.
-pub fn metrics(view: GateView, metrics: &Metrics) -> Response {
+/// rejections by facade, connections and logins, and refusals by reason.
+pub fn metrics(
+    view: GateView,
+    metrics: &Metrics,
+    connections: &ConnectionCounts,
+    (checking, queued): (usize, usize),
+) -> Response {
     let mut text = String::new();
     text.push_str("# HELP lockstep_phase The agent's lifecycle phase (1 for the current one).\n");
     text.push_str("# TYPE lockstep_phase gauge\n");
@@ -78,6 +86,54 @@ pub fn metrics(view: GateView, metrics: &Metrics) -> Response {
             "lockstep_gate_rejections_total{{facade=\"{facade}\"}} {count}"
         );
     }
+    text.push_str("# HELP lockstep_api_connections Connections open, by whether they logged in.\n");
+    text.push_str("# TYPE lockstep_api_connections gauge\n");
+    let _ = writeln!(
+        text,
+        "lockstep_api_connections{{state=\"pending\"}} {}",
+        connections.pending
+    );
+    let _ = writeln!(
+        text,
+        "lockstep_api_connections{{state=\"logged-in\"}} {}",
+        connections.logged_in
+    );
+    text.push_str("# HELP lockstep_api_logins Password checks running and waiting for a thread.\n");
+    text.push_str("# TYPE lockstep_api_logins gauge\n");
+    let _ = writeln!(text, "lockstep_api_logins{{state=\"checking\"}} {checking}");
+    let _ = writeln!(text, "lockstep_api_logins{{state=\"queued\"}} {queued}");
+    text.push_str(
+        "# HELP lockstep_api_logins_throttled_total Logins refused without a check after too many failures.\n",
+    );
+    text.push_str("# TYPE lockstep_api_logins_throttled_total counter\n");
+    let _ = writeln!(
+        text,
+        "lockstep_api_logins_throttled_total {}",
+        connections.refusals[Refusal::LoginThrottled.index()]
+    );
+    text.push_str(
+        "# HELP lockstep_api_refusals_total Connections refused or closed, and logins refused, by the limit that did it.\n",
+    );
+    text.push_str("# TYPE lockstep_api_refusals_total counter\n");
+    for refusal in Refusal::ALL {
+        let _ = writeln!(
+            text,
+            "lockstep_api_refusals_total{{reason=\"{refusal}\"}} {}",
+            connections.refusals[refusal.index()]
+        );
+    }
+    text.push_str(
+        "# HELP lockstep_api_reply_bytes_queued Reply bytes computed and not yet written, all connections.\n",
+    );
+    text.push_str("# TYPE lockstep_api_reply_bytes_queued gauge\n");
+    let _ = writeln!(
+        text,
+        "lockstep_api_reply_bytes_queued {}",
+        connections.reply_bytes
+    );
+    text.push_str("# HELP lockstep_api_watchers AllWatchers held, all connections.\n");
+    text.push_str("# TYPE lockstep_api_watchers gauge\n");
+    let _ = writeln!(text, "lockstep_api_watchers {}", connections.watchers);
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -86,7 +86,7 @@ async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<V
             machine_manager::destroy_machines(api, params).await
         }
         ("Client", "FindTools") => client::find_tools(api, session, params).await,
-        ("Client", "WatchAll") => client::watch_all(session, params),
+        ("Client", "WatchAll") => client::watch_all(api, session, params),
         ("ModelManager", "ModelInfo") => model_manager::model_info(api, view, params).await,
         ("ModelManager", "ListModelSummaries") => {
             model_manager::list_model_summaries(api, view).await

@@ -23,11 +23,12 @@ pub use crate::api::{Api, ApiConfig};
 pub use crate::auth::{LOGIN_FAILURE_DELAY, hash_password};
 pub use crate::backend::{Backend, LifecycleStatus, StatusDetail};
 pub use crate::connection::{REPLIES_QUEUED_MAX, REQUESTS_IN_FLIGHT_MAX};
+pub use crate::limits::{ApiLimits, REFUSAL_TIMEOUT, REFUSALS_IN_PROGRESS_MAX, Refusal};
 pub use crate::served::{AGENT_FACADES, FACADES};
-pub use crate::session::WATCHERS_PER_CONNECTION_MAX;
 pub use crate::state::SharedState;
 pub use crate::wire::SERVER_VERSION;
 
+use crate::admission::{Admitted, Connections, Metered};
 use crate::{charms_endpoint, connection, probes};
 
 /// The address a connection reached this server on: where the URLs of agent binaries
@@ -53,12 +54,20 @@ impl Api {
     /// Serves TLS connections from `listener` until this future is dropped, which also ends
     /// every connection it accepted (they belong to it, not to the runtime). A failed
     /// handshake or a broken connection ends that connection only.
+    ///
+    /// Each connection first takes a slot ([`Connections::admit`]); over a cap it is
+    /// refused with an HTTP 503 naming the limit (at most [`REFUSALS_IN_PROGRESS_MAX`] at
+    /// once, each within [`REFUSAL_TIMEOUT`]; beyond those it is closed at once). Its input
+    /// is metered until it logs in, its TLS handshake and its login have deadlines.
     pub async fn serve(self: Arc<Api>, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
         let local = listener.local_addr().ok();
         *self.address.lock().expect("not poisoned") = local;
         let acceptor = tokio_rustls::TlsAcceptor::from(recording_ca(&self, tls));
         let router = self.router();
+        let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSALS_IN_PROGRESS_MAX));
         let mut connections = tokio::task::JoinSet::new();
+        let _closes_all = CloseAllOnDrop(Arc::clone(&self.connections));
+        let mut refusal_log = RefusalLog::default();
         loop {
             while connections.try_join_next().is_some() {}
             let (tcp, peer) = match listener.accept().await {
@@ -76,30 +85,156 @@ impl Api {
             if let Err(error) = tcp.set_nodelay(true) {
                 tracing::debug!(target: "lockstep::api", %peer, %error, "cannot set TCP_NODELAY");
             }
-            let acceptor = acceptor.clone();
-            let router = match tcp.local_addr() {
-                Ok(address) => router
-                    .clone()
-                    .layer(axum::Extension(ServerAddress(address))),
-                Err(_) => router.clone(),
-            };
-            connections.spawn(async move {
-                let stream = match acceptor.accept(tcp).await {
-                    Ok(stream) => stream,
-                    Err(error) => {
-                        tracing::debug!(target: "lockstep::api", %peer, %error, "TLS handshake failed");
-                        return;
+            let admitted = match self.connections.admit(peer) {
+                Ok(admitted) => Arc::new(admitted),
+                Err(refusal) => {
+                    refusal_log.refused(peer, refusal);
+                    if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
+                        let (api, acceptor) = (Arc::clone(&self), acceptor.clone());
+                        connections.spawn(async move {
+                            refuse(&api, acceptor, tcp, peer, refusal).await;
+                            drop(permit);
+                        });
                     }
+                    continue;
+                }
+            };
+            admitted.enforce_login_deadline();
+            let acceptor = acceptor.clone();
+            let mut router = router.clone().layer(axum::Extension(Arc::clone(&admitted)));
+            if let Ok(address) = tcp.local_addr() {
+                router = router.layer(axum::Extension(ServerAddress(address)));
+            }
+            let handshake_timeout = self.config.limits.tls_handshake_timeout;
+            connections.spawn(async move {
+                let closed = admitted.ticket.closed.clone();
+                let handshake =
+                    tokio::time::timeout(handshake_timeout, acceptor.accept(Metered::new(tcp, &admitted)));
+                let stream = tokio::select! {
+                    handshake = handshake => match handshake {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            tracing::debug!(target: "lockstep::api", %peer, %error, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            admitted.close(Refusal::TlsHandshakeTimeout);
+                            return;
+                        }
+                    },
+                    () = closed.cancelled() => return,
                 };
                 let service = hyper_util::service::TowerToHyperService::new(router);
                 let connection = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                     .with_upgrades();
-                if let Err(error) = connection.await {
-                    tracing::debug!(target: "lockstep::api", %peer, %error, "connection ended");
+                // An upgraded connection is the websocket's from here (it holds the slot).
+                drop(admitted);
+                tokio::select! {
+                    served = connection => {
+                        if let Err(error) = served {
+                            tracing::debug!(target: "lockstep::api", %peer, %error, "connection ended");
+                        }
+                    }
+                    () = closed.cancelled() => {}
                 }
             });
         }
+    }
+}
+
+/// Closes every connection when the server's future is dropped: websockets run in tasks
+/// of their own once upgraded, and end when their slot's token is cancelled.
+struct CloseAllOnDrop(Arc<Connections>);
+
+impl Drop for CloseAllOnDrop {
+    fn drop(&mut self) {
+        self.0.close_all();
+    }
+}
+
+/// Refusals are logged as a warning at most once per [`REFUSAL_LOG_INTERVAL`], with how
+/// many there were since: a flood must not become a flood of log lines.
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<tokio::time::Instant>,
+    suppressed: u64,
+}
+
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+impl RefusalLog {
+    fn refused(&mut self, peer: SocketAddr, refusal: Refusal) {
+        let now = tokio::time::Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL)
+        {
+            self.suppressed += 1;
+            tracing::debug!(target: "lockstep::api", %peer, %refusal, "connection refused");
+            return;
+        }
+        tracing::warn!(
+            target: "lockstep::api",
+            %peer,
+            %refusal,
+            refused_since_last_warning = self.suppressed,
+            "connection refused: over a limit (see /metrics, lockstep_api_refusals_total)"
+        );
+        self.last = Some(now);
+        self.suppressed = 0;
+    }
+}
+
+/// Tells a connection over a cap why, as HTTP over TLS (a websocket client shows the
+/// status and body): `503 Service Unavailable`, `Retry-After`, the limit and its flag.
+async fn refuse(
+    api: &Api,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    refusal: Refusal,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = &api.config.limits;
+    let body = match refusal {
+        Refusal::MaxConnections => format!(
+            "lockstep: the controller holds {} connections, its limit (--max-connections)\n",
+            limits.connections_max
+        ),
+        Refusal::MaxPendingConnectionsPerSource => format!(
+            "lockstep: {} connections from {} are not logged in yet, the limit per source address (--max-pending-connections-per-source)\n",
+            limits.pending_connections_per_source_max,
+            peer.ip()
+        ),
+        _ => format!(
+            "lockstep: the controller holds {} connections not logged in yet, its limit (--max-pending-connections)\n",
+            limits.pending_connections_max
+        ),
+    };
+    let told = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+        let mut tls = acceptor.accept(tcp).await?;
+        // Read the request's head first: closing with it unread would reset the
+        // connection, and the client might never see the answer.
+        let mut head = [0_u8; 4096];
+        let mut read = 0;
+        while read < head.len() {
+            let more = tls.read(&mut head[read..]).await?;
+            read += more;
+            if more == 0 || head[..read].windows(4).any(|end| end == b"\r\n\r\n") {
+                break;
+            }
+        }
+        let response = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(response.as_bytes()).await?;
+        tls.shutdown().await
+    })
+    .await;
+    if let Ok(Err(error)) = told {
+        tracing::debug!(target: "lockstep::api", %peer, %error, "refusal not delivered");
     }
 }
 
@@ -150,21 +285,40 @@ fn pem(label: &str, der: &[u8]) -> String {
 
 async fn charms(
     State(api): State<Arc<Api>>,
+    admitted: Option<axum::Extension<Arc<Admitted>>>,
     Path(uuid): Path<String>,
     query: axum::extract::RawQuery,
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    charms_endpoint::post(&api, &uuid, query.0.as_deref(), &headers, body).await
+    let ticket = admitted
+        .as_ref()
+        .map(|axum::Extension(admitted)| &*admitted.ticket);
+    let source = ticket.map_or(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        |ticket| ticket.peer.ip(),
+    );
+    charms_endpoint::post(
+        &api,
+        source,
+        ticket,
+        &uuid,
+        query.0.as_deref(),
+        &headers,
+        body,
+    )
+    .await
 }
 
 async fn websocket(
     State(api): State<Arc<Api>>,
     reached: Option<axum::Extension<ServerAddress>>,
+    admitted: Option<axum::Extension<Arc<Admitted>>>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
     let reached = reached.map(|axum::Extension(ServerAddress(address))| address);
-    connection::upgrade(api, upgrade, reached)
+    let admitted = admitted.map(|axum::Extension(admitted)| admitted);
+    connection::upgrade(api, upgrade, reached, admitted)
 }
 
 async fn tools(
@@ -182,6 +336,8 @@ async fn readyz(State(api): State<Arc<Api>>) -> Response {
 
 async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let view = api.view();
+    let counts = api.connections.counts();
+    let logins = api.checks.in_progress();
     let metrics = api.metrics.lock().expect("not poisoned");
-    probes::metrics(view, &metrics)
+    probes::metrics(view, &metrics, &counts, logins)
 }

@@ -2,18 +2,16 @@
 //! AllWatchers, which belong to it as in Juju (they end with the connection).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lockstep_core::gate::Login;
 use lockstep_core::lifecycle::Revision;
 
+use crate::admission::{Admitted, Ticket, WatcherSlot};
 use crate::auth::ModelAccess;
 use crate::wire::WireError;
-
-/// AllWatchers one connection may hold at once.
-pub const WATCHERS_PER_CONNECTION_MAX: usize = 16;
 
 /// One connection's state.
 #[derive(Debug)]
@@ -25,6 +23,8 @@ pub struct Session {
     access: Mutex<ModelAccess>,
     /// The address the client reached this server on.
     pub reached: Option<SocketAddr>,
+    /// The connection's slot, when served by the API's accept loop.
+    admitted: Option<Arc<Admitted>>,
     watchers: Mutex<BTreeMap<u64, Arc<Watcher>>>,
     next_watcher: AtomicU64,
 }
@@ -36,12 +36,15 @@ pub struct Watcher {
     /// Held for the whole of a `Next`: one `Next` at a time per watcher.
     pub position: tokio::sync::Mutex<Option<Revision>>,
     pub stopped: tokio::sync::watch::Sender<bool>,
+    /// Its place among all connections' watchers.
+    _slot: WatcherSlot,
 }
 
 impl Session {
-    /// A connection nobody logged in on yet.
-    pub fn new(reached: Option<SocketAddr>) -> Session {
+    /// A connection nobody logged in on yet, holding its slot.
+    pub fn new(reached: Option<SocketAddr>, admitted: Option<Arc<Admitted>>) -> Session {
         Session {
+            admitted,
             login: Mutex::new(Login::Anonymous),
             agent: Mutex::new(String::new()),
             access: Mutex::new(ModelAccess::Read),
@@ -49,6 +52,18 @@ impl Session {
             watchers: Mutex::new(BTreeMap::new()),
             next_watcher: AtomicU64::new(1),
         }
+    }
+
+    /// The client's address; unspecified when the router is served without the API's
+    /// accept loop.
+    pub fn source(&self) -> IpAddr {
+        self.ticket()
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ticket| ticket.peer.ip())
+    }
+
+    /// The connection's slot, if it has one.
+    pub fn ticket(&self) -> Option<&Ticket> {
+        self.admitted.as_deref().map(|admitted| &*admitted.ticket)
     }
 
     /// Who logged in on this connection (the gate reads it on every call).
@@ -80,14 +95,20 @@ impl Session {
         self.agent.lock().expect("not poisoned").clone()
     }
 
-    /// A new watcher starting after `position` (`None`: from the whole state); its id.
-    pub fn add_watcher(&self, position: Option<Revision>) -> Result<u64, WireError> {
+    /// A new watcher starting after `position` (`None`: from the whole state), holding
+    /// `slot`, unless the connection holds `max` already; its id.
+    pub fn add_watcher(
+        &self,
+        position: Option<Revision>,
+        max: usize,
+        slot: WatcherSlot,
+    ) -> Result<u64, WireError> {
         let mut watchers = self.watchers.lock().expect("not poisoned");
-        if watchers.len() >= WATCHERS_PER_CONNECTION_MAX {
+        if watchers.len() >= max {
             return Err(WireError::new(
                 "quota limit exceeded",
                 format!(
-                    "a connection may hold at most {WATCHERS_PER_CONNECTION_MAX} watchers; stop one first"
+                    "a connection may hold at most {max} watchers (--max-watchers-per-connection); stop one first"
                 ),
             ));
         }
@@ -98,6 +119,7 @@ impl Session {
             Arc::new(Watcher {
                 position: tokio::sync::Mutex::new(position),
                 stopped,
+                _slot: slot,
             }),
         );
         Ok(id)

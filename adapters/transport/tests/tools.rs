@@ -159,7 +159,13 @@ async fn find_tools_lists_the_catalogue_in_every_phase_with_urls_on_the_tools_en
 
 #[tokio::test]
 async fn the_tools_endpoint_fetches_a_binary_once_for_fifty_agents_asking_at_once() {
-    let fixture = start(Phase::Upgrading).await;
+    let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+    let fixture = start_configured(Phase::Upgrading, fresh_state(), 0, credentials, |config| {
+        // The fifty agents all come from 127.0.0.1 here, each on a connection that never
+        // logs in (the endpoint asks for none): more than one source's default share.
+        config.limits.pending_connections_per_source_max = 64;
+    })
+    .await;
     // The fetch waits until all fifty asked the catalogue (which each does just before it
     // joins or starts the fetch), then takes 300 ms more.
     fixture

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lockstep_core::Phase;
 use lockstep_core::lifecycle::Revision;
-use lockstep_transport::session::WATCHERS_PER_CONNECTION_MAX;
+use lockstep_transport::limits::ApiLimits;
 use serde_json::{Value, json};
 use support::*;
 
@@ -156,7 +156,7 @@ async fn stop_fails_a_pending_next_and_compacted_revisions_ask_for_a_resync() {
 async fn a_connection_holds_a_bounded_number_of_watchers() {
     let fixture = start(Phase::Ready).await;
     let mut socket = logged_in(&fixture).await;
-    for request_id in 0..WATCHERS_PER_CONNECTION_MAX as u64 {
+    for request_id in 0..ApiLimits::default().watchers_per_connection_max as u64 {
         watch_all(&mut socket, 10 + request_id, json!({})).await;
     }
     let refused = call(&mut socket, 2, "Client", 8, "WatchAll", json!({})).await;

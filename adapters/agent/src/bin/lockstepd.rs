@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use lockstep_agent::daemon::api_limits::ApiLimitFlags;
 use lockstep_agent::daemon::launcher::{self, LauncherOptions};
 use lockstep_agent::daemon::notify::Notifier;
 use lockstep_agent::daemon::worker::{self, RestartMode, WorkerOptions};
@@ -79,6 +80,9 @@ struct Args {
         global = true
     )]
     controllers_wait_sec: u64,
+    /// The API's limits on connections, logins, unwritten replies and watchers.
+    #[command(flatten)]
+    api_limits: ApiLimitFlags,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -118,6 +122,7 @@ fn main() -> ExitCode {
                 capabilities: args.capabilities.clone(),
                 store: args.store,
                 etcd_endpoints: args.etcd_endpoints.clone(),
+                api_limits: args.api_limits.limits(),
             };
             runtime.block_on(worker::run(options, Notifier::from_env()))
         }
@@ -138,6 +143,7 @@ fn main() -> ExitCode {
                 "--controllers-wait-sec".to_owned(),
                 args.controllers_wait_sec.to_string(),
             ];
+            worker_args.extend(args.api_limits.to_args());
             if let Some(store) = args.store {
                 worker_args.push("--store".to_owned());
                 worker_args.push(format!("{store:?}").to_lowercase());

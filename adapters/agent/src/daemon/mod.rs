@@ -10,6 +10,8 @@
 //!   store, streams and data-dir adapters.
 //! - [`step_runner`]: how this daemon runs the database and host steps of
 //!   [`crate::steps`].
+//! - [`api_limits`]: the flags for the API's limits on connections, logins, replies and
+//!   watchers.
 //! - [`error`]: [`DaemonError`](error::DaemonError), why `lockstepd` cannot start or go on.
 //! - [`notify`]: both ends of systemd's notification protocol.
 //! - `failpoints` (feature `failpoints`, test builds only): `LOCKSTEPD_FAILPOINT_*`.
@@ -18,6 +20,7 @@
 //! whichever command line started it. What both need (the data directory, the store
 //! settings, the metadata source, the step registry) is in the crate's shared modules.
 
+pub mod api_limits;
 pub mod driver;
 pub mod error;
 #[cfg(feature = "failpoints")]

@@ -69,6 +69,8 @@ pub struct WorkerOptions {
     pub store: Option<crate::store::StoreEngine>,
     /// `--etcd-endpoints`: override `agent.conf`'s.
     pub etcd_endpoints: Vec<String>,
+    /// The API's limits (`--max-connections` and the rest).
+    pub api_limits: lockstep_transport::limits::ApiLimits,
 }
 
 impl WorkerOptions {
@@ -345,6 +347,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             // Machine agents (the machine-agent process) come in a later issue.
             agents: Vec::new(),
             tools_cache: Some(data.tools_cache_dir()),
+            limits: options.api_limits.clone(),
         },
         handles.gate.clone(),
         Arc::new(StoreState::new(Arc::clone(&store))),

@@ -263,6 +263,7 @@ pub async fn start_configured(
             .map(|tag| ((*tag).to_owned(), agent_hash.clone()))
             .collect(),
         tools_cache: Some(tools_cache),
+        limits: Default::default(),
     };
     configure(&mut config);
     let tools_cache = config.tools_cache.clone();

@@ -1,20 +1,16 @@
 """python-libjuju 3.6.1.3's everyday work against lockstep, unchanged.
 
-With an observer added before it connects: `Model.connect` (explicit endpoint, uuid,
-username, password, cacert), `get_status`, `add_machine` and `Machine.destroy` (each waits
+With an observer added before it connects: `Model().connect()` with no arguments (libjuju
+finds the current controller and model in `$JUJU_DATA`, written by `lockstep bootstrap`,
+as its users' scripts do), `get_status`, `add_machine` and `Machine.destroy` (each waits
 for its delta), `get_config`/`set_config`, `deploy` of two local charm directories (the
 upload, then `Application.Deploy`), `integrate` by application names, application config
 get/set, `expose`, `add_unit`, `Unit.destroy`, `Application.destroy`, a charm-store deploy
-(refused with libjuju's own error), `Controller.connect` and `list_models`. Prints one JSON
-line with what it saw.
-
-With `--juju-data` instead of the four connection arguments, `Model().connect()` and
-`Controller().connect()` take no arguments: libjuju finds the current controller and model
-in `$JUJU_DATA` (written by `lockstep bootstrap`), as its users' scripts do.
+(refused with libjuju's own error), `Controller().connect()` and `list_models`. Prints one
+JSON line with what it saw.
 """
 import asyncio
 import json
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -34,19 +30,6 @@ def charm_dir(root, name, metadata, config=""):
 
 
 async def main():
-    from_juju_data = sys.argv[1:] == ["--juju-data"]
-    if from_juju_data:
-        connection = {}
-    else:
-        port, ca_path, uuid, password = sys.argv[1:5]
-        with open(ca_path) as ca:
-            cacert = ca.read()
-        connection = {
-            "endpoint": "127.0.0.1:%s" % port,
-            "username": "admin",
-            "password": password,
-            "cacert": cacert,
-        }
     seen = []
 
     async def observe(delta, old, new, model):
@@ -54,10 +37,7 @@ async def main():
 
     model = Model()
     model.add_observer(observe)
-    if from_juju_data:
-        await model.connect()
-    else:
-        await model.connect(uuid=uuid, **connection)
+    await model.connect()
     result = {"model_name": model.info.name, "model_uuid": model.info.uuid}
 
     status = await model.get_status()
@@ -154,7 +134,7 @@ async def main():
     result["deltas"] = seen
 
     controller = Controller()
-    await controller.connect(**connection)
+    await controller.connect()
     result["models"] = await controller.list_models()
     result["controller_endpoints"] = [
         address for address, _ in controller._connector._connection.endpoints

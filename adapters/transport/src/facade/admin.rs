@@ -4,7 +4,7 @@ use lockstep_core::gate::{self, Login};
 use serde_json::{Value, json};
 
 use crate::api::Api;
-use crate::auth::{self, LOGIN_FAILURE_DELAY};
+use crate::auth::{self, Denied, LOGIN_FAILURE_DELAY};
 use crate::served::{FACADES, permitted};
 use crate::session::Session;
 use crate::wire::{self, SERVER_VERSION, WireError};
@@ -16,7 +16,9 @@ pub fn redirect_info() -> Result<Value, WireError> {
 
 /// `Admin.Login` v3: a user (`user-admin`, `credentials` its password) or a machine agent
 /// (`machine-1`, `credentials` its password; Juju's `nonce` is accepted and not checked).
-/// Every failure answers the same after the same delay. An authenticated agent other than
+/// Every failure answers the same after the same delay, except a throttled login (too many
+/// failures, or its source's checks queued too deep), which is told at once to try again
+/// and when. An authenticated agent other than
 /// a controller's is then refused while the agent is not Ready, as Juju refuses it.
 pub async fn login(
     api: &Api,
@@ -42,15 +44,24 @@ pub async fn login(
         .get("credentials")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let Some(who) = auth::authenticate(api, tag, password).await else {
-        tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
-        return Err(WireError::new(
-            "unauthorized access",
-            "invalid entity name or password",
-        ));
+    let source = session.source();
+    let who = match auth::authenticate(api, source, tag, password).await {
+        Ok(who) => who,
+        Err(Denied::Unauthorized) => {
+            tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
+            return Err(Denied::Unauthorized.to_wire(source));
+        }
+        Err(denied) => return Err(denied.to_wire(source)),
     };
     // Juju's rule: agents other than controllers' wait until the upgrade is over.
     gate::admit_login(&api.view(), who, tag)?;
+    // The connection leaves the strangers' slots; if it was closed meanwhile (its login
+    // deadline passed, or a newcomer took its slot), nobody is there to tell.
+    if let Some(ticket) = session.ticket()
+        && !api.connections.logged_in(ticket)
+    {
+        return Err(WireError::new("", "connection closed"));
+    }
     session.logged_in(who, tag);
     let servers: Vec<Value> = api
         .address_for(session)

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use crate::api::Api;
 use crate::backend::LifecycleStatus;
+use crate::limits::Refusal;
 use crate::session::Session;
 use crate::state::{Status, detailed_status};
 use crate::tools::{self, FindTools};
@@ -138,12 +139,30 @@ pub fn abort_current_upgrade(api: &Api) -> Result<Value, WireError> {
 /// `Client.WatchAll {"after-revision"?: R}`: a new watcher on this connection. Without
 /// `after-revision` its first `Next` sends the whole state, as Juju's does; with it (our
 /// extension) it resumes after revision R, so a client that reconnects loses nothing.
-pub fn watch_all(session: &Session, params: &Value) -> Result<Value, WireError> {
+/// Watchers are bounded per connection and over all connections; over either, Juju's
+/// `quota limit exceeded`.
+pub fn watch_all(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
     let position = params
         .get("after-revision")
         .and_then(Value::as_u64)
         .map(Revision);
-    let id = session.add_watcher(position)?;
+    let limits = &api.config.limits;
+    let refused = |error| {
+        api.connections.count(Refusal::Watchers);
+        error
+    };
+    let slot = api.connections.watcher_slot().ok_or_else(|| {
+        refused(WireError::new(
+            "quota limit exceeded",
+            format!(
+                "the controller holds {} watchers, its limit (--max-watchers); stop one first",
+                limits.watchers_max
+            ),
+        ))
+    })?;
+    let id = session
+        .add_watcher(position, limits.watchers_per_connection_max, slot)
+        .map_err(refused)?;
     Ok(json!({"watcher-id": id.to_string()}))
 }
 
