@@ -97,8 +97,11 @@ impl Machine {
                 )),
             });
         }
-        if upgraded_to <= running
-            && let Some(reason) = self.fell_back.take()
+        // The previous binary serves again on the state it left: its own steps done. One
+        // whose upgradedToVersion is below its version (no history writes that; a damaged
+        // agent.conf might, found by fuzzing) runs its own steps first, in RunningSteps.
+        if let Some(reason) = self.fell_back.take()
+            && upgraded_to == running
         {
             return Transition(State::UpgradeFailed {
                 failure: Box::new(Failure::new(reason)),

@@ -88,11 +88,13 @@ pub(super) fn keep_newer(kept: &mut RecordView, view: &RecordView) -> bool {
         // Copied and normalized in place: `normalized` takes and returns the view (176
         // bytes) by value, three copies where one will do.
         *kept = *view;
-        if let Some((record, _)) = kept.current
-            && record.status.is_final()
-        {
-            kept.current = None;
-            kept.last_archived = Some(record);
+        if let Some((record, revision)) = kept.current {
+            if record.status.is_final() {
+                kept.current = None;
+                kept.last_archived = Some(record);
+            } else {
+                kept.current = Some((record.repaired(), revision));
+            }
         }
         debug_assert_eq!(*kept, view.normalized());
         true
@@ -537,8 +539,12 @@ impl Machine {
             {
                 if last.controllers_done.contains(me) {
                     // Finished here already, whatever became of the record afterwards (a
-                    // trial that is over included): go on to Ready.
-                    return self.finish_steps(io, steps);
+                    // trial that is over included): go on to Ready. A host step this host
+                    // has no checkpoint of is run first: the record is the store's word,
+                    // the checkpoints this host's (found by fuzzing: a damaged archived
+                    // record naming this controller done made it finish without its host
+                    // steps, I6).
+                    return self.next_host_step(io, steps, None);
                 }
                 if last.status == UpgradeStatus::Aborted && !steps.retrying && fall_back.is_none() {
                     if self.database_steps_evidence(&steps.record).is_some() {

@@ -62,6 +62,12 @@ impl ControllerSet {
         self.0 & other.0 == other.0
     }
 
+    /// The controllers in both sets.
+    #[inline]
+    pub fn intersection(self, other: ControllerSet) -> ControllerSet {
+        ControllerSet(self.0 & other.0)
+    }
+
     /// How many controllers are in the set.
     pub fn len(self) -> u32 {
         self.0.count_ones()
@@ -192,6 +198,16 @@ impl UpgradeInfo {
         self.previous_version == previous && self.target_version == target
     }
 
+    /// This record with its done set cut to its ready set (see
+    /// [`RecordView::normalized`]).
+    #[inline]
+    pub fn repaired(self) -> UpgradeInfo {
+        UpgradeInfo {
+            controllers_done: self.controllers_done.intersection(self.controllers_ready),
+            ..self
+        }
+    }
+
     /// Whether `next` is a valid successor of `self` (same upgrade, allowed status move,
     /// ready and done only grow, done only by ready controllers).
     #[inline]
@@ -235,9 +251,13 @@ pub struct RecordView {
 }
 
 impl RecordView {
-    /// The view with a final record moved from current to archived. Stores archive final
-    /// records, but a view comes from outside the core: one that names a complete or
-    /// aborted record as current means the same as one that archived it.
+    /// The view with a final record moved from current to archived, and a current record's
+    /// done set cut to its ready set. Stores archive final records, but a view comes from
+    /// outside the core: one that names a complete or aborted record as current means the
+    /// same as one that archived it; and a current record whose done set names a
+    /// controller that is not ready (no lockstep writes one; a damaged store or another
+    /// writer might) is read as if done held only ready controllers, so every successor
+    /// the core writes of it is a valid one (I4) and repairs it.
     pub fn normalized(self) -> RecordView {
         match self.current {
             Some((record, _)) if record.status.is_final() => RecordView {
@@ -245,7 +265,11 @@ impl RecordView {
                 last_archived: Some(record),
                 revision: self.revision,
             },
-            _ => self,
+            Some((record, revision)) => RecordView {
+                current: Some((record.repaired(), revision)),
+                ..self
+            },
+            None => self,
         }
     }
 }
@@ -286,6 +310,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Found by the `lifecycle_inputs` fuzz target: a view naming a current record done by a
+    /// controller that is not ready made the next registration an invalid successor (I4).
+    #[test]
+    fn a_current_record_done_by_a_controller_not_ready_is_read_with_done_cut_to_ready() {
+        let set = |ids: &[u8]| {
+            ids.iter()
+                .fold(ControllerSet::EMPTY, |set, &id| set.with(ControllerId(id)))
+        };
+        let version = |minor| Version::new(3, minor, 0);
+        let damaged = UpgradeInfo {
+            previous_version: version(0),
+            target_version: version(1),
+            status: DbComplete,
+            controllers_ready: set(&[0]),
+            controllers_done: set(&[6]),
+        };
+        let view = RecordView {
+            current: Some((damaged, Revision(4))),
+            last_archived: None,
+            revision: Revision(4),
+        }
+        .normalized();
+        let (read, _) = view.current.unwrap();
+        assert_eq!(read.controllers_done, ControllerSet::EMPTY);
+        assert_eq!(read.controllers_ready, set(&[0]));
+        let registered = UpgradeInfo {
+            controllers_ready: set(&[0, 1]),
+            controllers_done: set(&[1]),
+            ..read
+        };
+        assert!(read.may_become(&registered));
+        assert!(!damaged.may_become(&registered));
     }
 
     #[test]
