@@ -1120,3 +1120,54 @@ fn a_failed_pre_staging_in_ready_is_tried_again() {
     assert_eq!(world.hosts[0].config.running.number, V43);
     assert_eq!(world.store.model.agent_version, V43);
 }
+
+/// Found by the `lifecycle_inputs` fuzz target: the last archived record names this
+/// controller done, but this host has no checkpoint of its host step (a damaged store, or
+/// a restored disk). It runs the step before it finishes, instead of breaking I6.
+#[test]
+fn a_controller_named_done_by_an_archived_record_runs_its_missing_host_steps_first() {
+    let spec = controllers_upgrading(1, V42, V43, registry());
+    let mut world = World::new(spec);
+    world.store.last_archived = Some(lockstep_core::lifecycle::UpgradeInfo {
+        previous_version: V42,
+        target_version: V43,
+        status: UpgradeStatus::Complete,
+        controllers_ready: ControllerSet::first(1),
+        controllers_done: ControllerSet::first(1),
+    });
+    world.store.revision = lockstep_core::lifecycle::Revision(2);
+    // The upgrade's database step did run, once, as the complete record says.
+    let database_step = lockstep_core::steps::StepKey::parse("add-machine-roles@2.9.43").unwrap();
+    world.store.database_checkpoints.insert(database_step);
+    world.store.database_runs.insert(database_step, 1);
+    run(&mut world);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    let durable = world.hosts[0].durable.as_ref().unwrap();
+    assert_eq!(durable.upgraded_to_version, V43);
+    // The record was complete: the database step did not run again.
+    assert_eq!(world.store.database_runs.get(&database_step), Some(&1));
+}
+
+/// Found by the `lifecycle_inputs` fuzz target: the previous binary, back after a failed
+/// trial, finds `upgradedToVersion` below its own version (no history writes that; a
+/// damaged agent.conf might). It runs its own steps and is Ready on its own version,
+/// instead of serving as UpgradeFailed on steps not run (I7).
+#[test]
+fn a_previous_binary_back_below_its_own_version_runs_its_steps_before_serving() {
+    let mut spec = controllers_upgrading(1, V42, V43, registry());
+    let mut snapshot = snapshot(V42);
+    snapshot.previous = Some(binary(V43));
+    snapshot.trial = Some(lockstep_core::lifecycle::Trial {
+        binary: binary(V44),
+        boots: 1,
+        past_database_steps: false,
+        switches: 0,
+    });
+    spec.snapshots = vec![Some(snapshot)];
+    let mut world = World::new(spec);
+    run(&mut world);
+    assert_eq!(phases(&world), [Phase::Ready]);
+    let host = &world.hosts[0];
+    assert_eq!(host.config.running.number, V43);
+    assert_eq!(host.durable.as_ref().unwrap().upgraded_to_version, V43);
+}
