@@ -9,9 +9,14 @@ use lockstep_core::Role;
 use lockstep_core::gate::Login;
 use tokio::time::Instant;
 
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::admission::Ticket;
 use crate::api::Api;
 use crate::limits::{LOGIN_THROTTLE_FIRST, Refusal};
 use crate::logins::QueueFull;
+use crate::tools_endpoint::http_error;
 use crate::wire::WireError;
 
 /// How long a failed login waits before it answers, whatever was wrong (a user that does
@@ -174,6 +179,89 @@ pub async fn authenticate(
     } else {
         Login::MachineAgent
     })
+}
+
+/// `user-admin:<password>` from an `Authorization: Basic` header.
+pub fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+    use base64::Engine;
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let encoded = value.strip_prefix("Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (tag, password) = text.split_once(':')?;
+    Some((tag.to_owned(), password.to_owned()))
+}
+
+/// The login of an HTTP request (the charms and tools endpoints): HTTP Basic credentials
+/// checked as `Admin.Login` checks them (throttled, on the login pool), for one of `who`;
+/// then the connection is no longer a stranger's. `Ok((who, tag))`, or the response that
+/// refuses it: 401 with `WWW-Authenticate` (no credentials, wrong ones, or a login not
+/// among `who`, after [`LOGIN_FAILURE_DELAY`]), 429 with `Retry-After` (throttled), 503
+/// (the connection was closed meanwhile). Errors are JSON as Juju's HTTP endpoints send
+/// them.
+pub async fn http_login(
+    api: &Api,
+    source: IpAddr,
+    ticket: Option<&Ticket>,
+    headers: &HeaderMap,
+    who: &[Login],
+) -> Result<(Login, String), Response> {
+    let unauthorized = |message: &str| {
+        let mut response = http_error(StatusCode::UNAUTHORIZED, "unauthorized access", message);
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Basic realm=\"juju\""),
+        );
+        response
+    };
+    let Some((tag, password)) = basic_credentials(headers) else {
+        return Err(unauthorized(
+            "no credentials provided: use HTTP Basic authentication (user-<name> or an agent's tag, and its password)",
+        ));
+    };
+    let login = authenticate(api, source, &tag, &password)
+        .await
+        .and_then(|login| {
+            if who.contains(&login) {
+                Ok(login)
+            } else {
+                Err(Denied::Unauthorized)
+            }
+        });
+    let login = match login {
+        Ok(login) => login,
+        Err(Denied::Unauthorized) => {
+            tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
+            return Err(unauthorized("invalid entity name or password"));
+        }
+        Err(denied) => {
+            let error = denied.to_wire(source);
+            let wait_sec = error
+                .info
+                .as_ref()
+                .and_then(|info| info["retry-after-ms"].as_u64())
+                .map_or(1, |ms| ms.div_ceil(1000));
+            return Err((
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, wait_sec.to_string())],
+                axum::Json(serde_json::json!({"error": {"message": error.message,
+                    "code": error.code, "info": error.info}})),
+            )
+                .into_response());
+        }
+    };
+    if let Some(ticket) = ticket
+        && !api.connections.logged_in(ticket)
+    {
+        return Err(http_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection closed",
+            "the connection was closed while its login was checked",
+        ));
+    }
+    Ok((login, tag))
 }
 
 #[cfg(test)]

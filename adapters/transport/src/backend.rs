@@ -31,6 +31,10 @@ pub trait Backend: Send + Sync + 'static {
     /// renames it into place only after `Ok`; it asks at most once at a time per binary.
     async fn fetch_binary(&self, entry: CatalogueEntry, destination: PathBuf)
     -> Result<(), String>;
+    /// The versions whose binaries the tools endpoint's cache keeps: the one this agent
+    /// runs, the one it would fall back to, and the model's target. The cache drops the
+    /// others before it fetches a new binary.
+    async fn versions_to_keep(&self) -> Vec<Version>;
     /// What `Upgrade.Status` shows beyond the gate: the lifecycle's last status message and
     /// the bytes of a binary being staged. A backend without them shows neither.
     fn status_detail(&self) -> StatusDetail {

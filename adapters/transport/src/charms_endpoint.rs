@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::admission::Ticket;
 use crate::api::Api;
-use crate::auth::{self, Denied, LOGIN_FAILURE_DELAY, ModelAccess};
+use crate::auth::{self, ModelAccess};
 pub use crate::charm::UPLOADS_IN_FLIGHT_MAX;
 use crate::charm::{ARCHIVE_SIZE_BYTES_MAX, Charm};
 use crate::tools_endpoint::http_error;
@@ -46,61 +46,10 @@ pub async fn post(
             format!("unknown model {uuid:?}"),
         );
     }
-    let Some((tag, password)) = basic_credentials(headers) else {
-        return http_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized access",
-            "no credentials provided: use HTTP Basic authentication as a user",
-        );
+    let user = match auth::http_login(api, source, ticket, headers, &[Login::User]).await {
+        Ok((_, tag)) => tag.strip_prefix("user-").unwrap_or_default().to_owned(),
+        Err(refused) => return refused,
     };
-    let user = tag.strip_prefix("user-").map(str::to_owned);
-    let authenticated = match &user {
-        Some(_) => auth::authenticate(api, source, &tag, &password)
-            .await
-            .and_then(|who| match who {
-                Login::User => Ok(who),
-                _ => Err(Denied::Unauthorized),
-            }),
-        None => Err(Denied::Unauthorized),
-    };
-    let user = match (user, authenticated) {
-        (Some(user), Ok(_)) => user,
-        (_, Err(denied @ (Denied::Throttled { .. } | Denied::QueueFull))) => {
-            let error = denied.to_wire(source);
-            let wait_sec = error
-                .info
-                .as_ref()
-                .and_then(|info| info["retry-after-ms"].as_u64())
-                .map_or(1, |ms| ms.div_ceil(1000));
-            return (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(axum::http::header::RETRY_AFTER, wait_sec.to_string())],
-                axum::Json(
-                    json!({"error": {"message": error.message, "code": error.code,
-                                            "info": error.info}}),
-                ),
-            )
-                .into_response();
-        }
-        _ => {
-            tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
-            return http_error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized access",
-                "invalid entity name or password",
-            );
-        }
-    };
-    // Authenticated: the connection's input is no longer metered as a stranger's.
-    if let Some(ticket) = ticket
-        && !api.connections.logged_in(ticket)
-    {
-        return http_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "connection closed",
-            "the connection was closed while its login was checked",
-        );
-    }
     if let Err(refused) = gate::admit(&api.view(), Login::User, "Charms", "AddCharm") {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -208,17 +157,4 @@ pub fn valid_series(value: &str) -> bool {
         && value
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-}
-
-/// The `(auth-tag, password)` of an `Authorization: Basic` header.
-fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
-    use base64::Engine;
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let encoded = value.strip_prefix("Basic ")?;
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .ok()?;
-    let text = String::from_utf8(decoded).ok()?;
-    let (tag, password) = text.split_once(':')?;
-    Some((tag.to_owned(), password.to_owned()))
 }

@@ -29,7 +29,8 @@ pub use crate::state::SharedState;
 pub use crate::wire::SERVER_VERSION;
 
 use crate::admission::{Admitted, Connections, Metered};
-use crate::{charms_endpoint, connection, probes};
+use crate::{auth, charms_endpoint, connection, probes};
+use lockstep_core::gate::Login;
 
 /// The address a connection reached this server on: where the URLs of agent binaries
 /// handed to that client point.
@@ -321,10 +322,25 @@ async fn websocket(
     connection::upgrade(api, upgrade, reached, admitted)
 }
 
+/// Agent binaries need a login (a user's, or an agent's tag and password), stricter than
+/// Juju's anonymous endpoint: see `spec/wire.md`.
 async fn tools(
     State(api): State<Arc<Api>>,
+    admitted: Option<axum::Extension<Arc<Admitted>>>,
     Path((uuid, binary)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
+    let ticket = admitted
+        .as_ref()
+        .map(|axum::Extension(admitted)| &*admitted.ticket);
+    let source = ticket.map_or(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        |ticket| ticket.peer.ip(),
+    );
+    let who = [Login::User, Login::ControllerAgent, Login::MachineAgent];
+    if let Err(refused) = auth::http_login(&api, source, ticket, &headers, &who).await {
+        return refused;
+    }
     api.tools
         .get(&api.backend, &*api.state, &uuid, &binary)
         .await

@@ -1,12 +1,17 @@
 //! The tools endpoint, `GET /model/<uuid>/tools/<version>-<os>-<arch>`: agent binaries
-//! served from the controller's cache, in every phase and without login, as Juju serves
-//! them.
+//! served from the controller's cache, in every phase, to a client that logged in with
+//! HTTP Basic credentials (a user's, or an agent's tag and password: stricter than Juju,
+//! which serves them to anyone; the server checks them before it calls [`ToolsEndpoint::get`]).
 //!
 //! A binary the cache lacks is fetched through [`Backend::fetch_binary`] at most once at a
 //! time per binary, however many agents ask at the same moment (a thundering herd of agents
 //! each downloading from upstream was a real Juju outage): the first request starts the
-//! fetch, later ones wait for the same fetch, and every waiter gets its outcome. A failed
-//! fetch is forgotten once reported, so the next request tries again.
+//! fetch, later ones wait for the same fetch, and every waiter gets its outcome. The fetch
+//! is a task of its own: it finishes (and frees its slot) even when every request waiting
+//! for it went away. A failed fetch is forgotten once reported, so the next request tries
+//! again. Before a fetch, the cache drops every binary whose version is not one
+//! [`Backend::versions_to_keep`] names (running, previous, target), so it holds a few
+//! binaries, not every one ever asked for.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -195,9 +200,10 @@ impl Fetches {
         // server is gone.
         let in_flight = Arc::downgrade(&self.in_flight);
         let cache = cache.to_owned();
-        async move {
+        let task = tokio::spawn(async move {
             let path = cached_path(&cache, &entry.binary);
             let partial = cache.join(format!(".{}.tgz.partial", entry.binary));
+            prune(&*backend, &cache, &entry.binary).await;
             let outcome = fetch_into(&*backend, &cache, &entry, &partial, &path).await;
             if outcome.is_err() {
                 let _ = tokio::fs::remove_file(&partial).await;
@@ -217,9 +223,44 @@ impl Fetches {
                     .remove(&entry.binary);
             }
             outcome
+        });
+        async move {
+            task.await
+                .unwrap_or_else(|error| Err(format!("the fetch stopped: {error}")))
         }
         .boxed()
         .shared()
+    }
+}
+
+/// Drops from `cache` every cached binary whose version [`Backend::versions_to_keep`] does
+/// not name, except `fetching`'s. Only files named as this endpoint names them
+/// (`<binary>.tgz`) are touched; a failure to list or remove is logged, not fatal.
+async fn prune(backend: &dyn Backend, cache: &Path, fetching: &Binary) {
+    let keep = backend.versions_to_keep().await;
+    let Ok(mut entries) = tokio::fs::read_dir(cache).await else {
+        return;
+    };
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        let name = entry.file_name();
+        let Some(binary) = name
+            .to_str()
+            .and_then(|name| name.strip_suffix(".tgz"))
+            .and_then(|name| Binary::parse(name).ok())
+        else {
+            continue;
+        };
+        if binary == *fetching || keep.contains(&binary.number) {
+            continue;
+        }
+        match tokio::fs::remove_file(entry.path()).await {
+            Ok(()) => {
+                tracing::info!(target: "lockstep::api", %binary, "agent binary dropped from the tools cache")
+            }
+            Err(error) => {
+                tracing::warn!(target: "lockstep::api", %binary, %error, "cannot drop an agent binary from the tools cache")
+            }
+        }
     }
 }
 

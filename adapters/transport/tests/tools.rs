@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lockstep_core::Phase;
 use lockstep_core::policy::Stream;
+use lockstep_core::{Phase, Role, Roles, Version};
 use lockstep_transport::tls::Credentials;
 use serde_json::{Value, json};
 use support::*;
@@ -30,9 +30,26 @@ fn tools_url(fixture: &Fixture, binary: &str) -> String {
 }
 
 /// `GET path` over TLS: status, content type and body.
+/// `GET path` logged in as the admin.
 async fn get(fixture: &Fixture, path: &str) -> (u16, String, Vec<u8>) {
+    get_as(fixture, path, Some(("user-admin", PASSWORD))).await
+}
+
+/// `GET path` with HTTP Basic credentials `(tag, password)`, or none.
+async fn get_as(
+    fixture: &Fixture,
+    path: &str,
+    credentials: Option<(&str, &str)>,
+) -> (u16, String, Vec<u8>) {
+    use base64::Engine;
     let mut stream = tls(fixture, &[&rustls::version::TLS13]).await;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let authorization = credentials.map_or_else(String::new, |(tag, password)| {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{tag}:{password}"));
+        format!("Authorization: Basic {encoded}\r\n")
+    });
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response).await;
@@ -161,9 +178,11 @@ async fn find_tools_lists_the_catalogue_in_every_phase_with_urls_on_the_tools_en
 async fn the_tools_endpoint_fetches_a_binary_once_for_fifty_agents_asking_at_once() {
     let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
     let fixture = start_configured(Phase::Upgrading, fresh_state(), 0, credentials, |config| {
-        // The fifty agents all come from 127.0.0.1 here, each on a connection that never
-        // logs in (the endpoint asks for none): more than one source's default share.
+        // The fifty agents all come from 127.0.0.1 here, each on a connection of its own
+        // logging in at once: more than one source's default share of connections not
+        // logged in yet, and of password checks waiting.
         config.limits.pending_connections_per_source_max = 64;
+        config.limits.queued_logins_per_source_max = 64;
     })
     .await;
     // The fetch waits until all fifty asked the catalogue (which each does just before it
@@ -211,7 +230,14 @@ async fn the_tools_endpoint_fetches_a_binary_once_for_fifty_agents_asking_at_onc
 
 #[tokio::test]
 async fn a_failed_fetch_is_reported_to_every_waiter_and_tried_again_by_the_next_request() {
-    let fixture = Arc::new(start(Phase::Ready).await);
+    let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+    let fixture = start_configured(Phase::Ready, fresh_state(), 0, credentials, |config| {
+        // Twenty agents from 127.0.0.1, logging in at once: more password checks waiting
+        // than one source's default share.
+        config.limits.queued_logins_per_source_max = 32;
+    })
+    .await;
+    let fixture = Arc::new(fixture);
     fixture
         .backend
         .fetch_after_catalogue_calls
@@ -394,5 +420,108 @@ async fn model_set_checks_its_keys_and_the_catalogue_then_tells_the_backend() {
                "agent-version": {"value": "2.9.44", "source": "model"},
                "agent-stream": {"value": "released", "source": "default"},
                "logging-config": {"value": "<root>=DEBUG", "source": "model"}})
+    );
+}
+
+#[tokio::test]
+async fn an_anonymous_or_wrong_download_is_refused_and_fetches_nothing() {
+    let fixture = start(Phase::Ready).await;
+    let path = format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-amd64");
+    for credentials in [
+        None,
+        Some(("machine-1", "wrong")),
+        Some(("user-nobody", PASSWORD)),
+    ] {
+        let (status, _, body) = get_as(&fixture, &path, credentials).await;
+        assert_eq!(
+            status,
+            401,
+            "{credentials:?}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert_eq!(json_body(&body)["error"]["code"], "unauthorized access");
+    }
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 0);
+    // A machine agent whose machine exists downloads with its own credentials.
+    let tag = format!(
+        "machine-{}",
+        fixture.state.add_machine(Roles::of(&[Role::HostMachine]))
+    );
+    let (status, _, body) = get_as(&fixture, &path, Some((&tag, AGENT_PASSWORD))).await;
+    assert_eq!(status, 200, "{tag}: {}", String::from_utf8_lossy(&body));
+}
+
+#[tokio::test]
+async fn a_fetch_whose_requesters_all_left_finishes_and_frees_its_slot() {
+    let fixture = Arc::new(start(Phase::Ready).await);
+    *fixture.backend.fetch_delay.lock().unwrap() = Duration::from_millis(300);
+    let binary = "2.9.44-ubuntu-amd64";
+    let path = format!("/model/{MODEL_UUID}/tools/{binary}");
+    let leaving = {
+        let (fixture, path) = (Arc::clone(&fixture), path.clone());
+        tokio::spawn(async move { get(&fixture, &path).await })
+    };
+    // The request is in: its fetch started. Then the requester leaves.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while fixture.backend.fetches.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the fetch started");
+    leaving.abort();
+    let _ = leaving.await;
+    // The fetch goes on without anyone waiting, puts the binary in the cache and leaves
+    // the map: the next request is served from the cache, with no second fetch.
+    let cached = fixture
+        .tools_cache
+        .as_ref()
+        .unwrap()
+        .join(format!("{binary}.tgz"));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !cached.is_file() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the abandoned fetch finished");
+    let (status, _, _) = get(&fixture, &path).await;
+    assert_eq!(status, 200);
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn before_a_fetch_the_cache_drops_binaries_of_versions_not_kept() {
+    let fixture = start(Phase::Ready).await;
+    let cache = fixture.tools_cache.clone().unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+    for name in [
+        "2.9.42-ubuntu-amd64.tgz",
+        "2.9.43-ubuntu-amd64.tgz",
+        "2.9.43-ubuntu-arm64.tgz",
+        "notes.txt",
+    ] {
+        std::fs::write(cache.join(name), b"old").unwrap();
+    }
+    *fixture.backend.keep.lock().unwrap() = vec![Version::new(2, 9, 43)];
+    let (status, _, _) = get(
+        &fixture,
+        &format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-amd64"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let mut left: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "2.9.43-ubuntu-amd64.tgz",
+            "2.9.43-ubuntu-arm64.tgz",
+            "2.9.44-ubuntu-amd64.tgz",
+            "notes.txt"
+        ]
     );
 }

@@ -160,6 +160,22 @@ pub const CATALOGUE_CACHE_TTL: std::time::Duration = std::time::Duration::from_s
 
 #[async_trait]
 impl Backend for AgentBackend {
+    /// The running version, the previous binary's (agent.conf) and the model's
+    /// `agent-version`: what this controller and its agents run or may move to.
+    async fn versions_to_keep(&self) -> Vec<Version> {
+        let mut keep = vec![self.running.number];
+        if let Ok(Some(conf)) = self.data.read_agent_conf()
+            && let Some(previous) = conf.previous_binary
+        {
+            keep.push(previous.number);
+        }
+        let store = Arc::clone(&self.store);
+        if let Ok(Ok(Some(model))) = tokio::task::spawn_blocking(move || store.load_model()).await {
+            keep.push(model.agent_version);
+        }
+        keep
+    }
+
     fn abort_current_upgrade(&self) -> Result<(), String> {
         self.inputs
             .send(Input::Operator(OperatorAction::Abort))

@@ -21,6 +21,9 @@ pub struct Idle;
 
 #[async_trait]
 impl Backend for Idle {
+    async fn versions_to_keep(&self) -> Vec<Version> {
+        Vec::new()
+    }
     fn abort_current_upgrade(&self) -> Result<(), String> {
         Ok(())
     }

@@ -51,6 +51,8 @@ pub struct TestBackend {
     /// A fetch starts only once `catalogue` was called this often (at most 10 s), so a
     /// test knows every download it started is waiting for the fetch; 0: at once.
     pub fetch_after_catalogue_calls: AtomicUsize,
+    /// What `versions_to_keep` answers: the versions the tools cache keeps.
+    pub keep: Mutex<Vec<Version>>,
 }
 
 impl Default for TestBackend {
@@ -65,12 +67,16 @@ impl Default for TestBackend {
             fetch_failures: AtomicUsize::new(0),
             catalogue_calls: AtomicUsize::new(0),
             fetch_after_catalogue_calls: AtomicUsize::new(0),
+            keep: Mutex::new(Vec::new()),
         }
     }
 }
 
 #[async_trait]
 impl Backend for TestBackend {
+    async fn versions_to_keep(&self) -> Vec<Version> {
+        self.keep.lock().unwrap().clone()
+    }
     fn abort_current_upgrade(&self) -> Result<(), String> {
         self.aborts.fetch_add(1, Ordering::SeqCst);
         Ok(())
