@@ -4,8 +4,10 @@
 //! Juju's client prepares the agent binary and the controller's configuration and the new
 //! machine installs them; here both sides are one machine, so bootstrap writes the data dir
 //! the daemon reads: the store with the model and machine 0, `agent.conf`, the TLS
-//! material, the API's users, the client's `controller.yaml`, and the first binary under
-//! `tools/`.
+//! material, the API's users, the client's `controller.yaml`, the keys that must sign the
+//! mirror's metadata (`--metadata-key`, pinned in `agent.conf`), and the first binary under
+//! `tools/`. A `--metadata-source` needs `--metadata-key` or `--allow-unsigned-metadata`;
+//! without either, nothing is written.
 
 use std::io;
 use std::net::IpAddr;
