@@ -234,29 +234,35 @@ async fn main() {
         .unwrap_or(if quick { 1 } else { 7 });
     let own = lockstep_agent::steps::build_version();
     let next = lockstep_agent::steps::next_patch();
-    // Two mirrors: N alone (bootstrap from the mirror, no upgrade), and N with N+1.
+    // Two mirrors, their metadata signed by one key as an operator's would be: N alone
+    // (bootstrap from the mirror, no upgrade), and N with N+1.
+    let keys = tempfile::tempdir().unwrap();
+    let public_key = keys.path().join("metadata-public-key.asc");
+    let key = lockstep_agent::cli::demo::signing_key(&public_key).unwrap();
+    let public_key = public_key.to_str().unwrap().to_owned();
     let own_mirror = tempfile::tempdir().unwrap();
     lockstep_agent::cli::demo::publish(own_mirror.path(), own, Path::new(LOCKSTEPD), false)
         .unwrap();
-    lockstep_agent::cli::demo::generate(own_mirror.path()).unwrap();
+    lockstep_agent::cli::demo::generate(own_mirror.path(), Some(&key)).unwrap();
     let mirror = tempfile::tempdir().unwrap();
     lockstep_agent::cli::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
     let next_tarball =
         lockstep_agent::cli::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true)
             .unwrap();
-    lockstep_agent::cli::demo::generate(mirror.path()).unwrap();
+    lockstep_agent::cli::demo::generate(mirror.path(), Some(&key)).unwrap();
     let own_source = own_mirror.path().to_str().unwrap().to_owned();
     let source = mirror.path().to_str().unwrap().to_owned();
 
-    // N+1's catalogue entry, looked up as the controller looks it up.
+    // N+1's catalogue entry, looked up (and its signature verified) as the controller does.
     let tools_url = mirror.path().join("tools").display().to_string();
     let metadata = MetadataSource::open(&tools_url).unwrap();
     let mark_dir = tempfile::tempdir().unwrap();
     let mark = lockstep_streams::HighWaterMarkFile::new(mark_dir.path().join("mark.json"));
+    let keyring = lockstep_agent::datadir::read_keyring(Path::new(&public_key)).unwrap();
     let lookup = metadata
         .look_up(
             &mark,
-            &lockstep_streams::LookupConfig::allowing_unsigned(),
+            &lockstep_streams::LookupConfig::signed_by(keyring),
             lockstep_agent::metadata::unix_now(),
         )
         .await
@@ -290,14 +296,28 @@ async fn main() {
 
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::new(dir.path().join("controller"));
-        from_mirror.push(bootstrap(data.root(), &["--metadata-source", &own_source]));
+        from_mirror.push(bootstrap(
+            data.root(),
+            &[
+                "--metadata-source",
+                &own_source,
+                "--metadata-key",
+                &public_key,
+            ],
+        ));
         check_and_stop(&data, own, "bootstrap from the mirror").await;
 
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::new(dir.path().join("controller"));
         through.push(bootstrap(
             data.root(),
-            &["--auto-upgrade", "--metadata-source", &source],
+            &[
+                "--auto-upgrade",
+                "--metadata-source",
+                &source,
+                "--metadata-key",
+                &public_key,
+            ],
         ));
         check_and_stop(&data, next, "bootstrap through an upgrade").await;
 

@@ -138,7 +138,7 @@ struct Round {
     jujuclient_connections: u64,
 }
 
-async fn round(source: &str, python: &Path, script: &Path) -> Round {
+async fn round(source: &str, public_key: &str, python: &Path, script: &Path) -> Round {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let data_dir = dir.path().join("controller");
     let data = DataDir::new(&data_dir);
@@ -165,6 +165,7 @@ async fn round(source: &str, python: &Path, script: &Path) -> Round {
     let bootstrap = tokio::task::spawn_blocking({
         let data_dir = data_dir.clone();
         let source = source.to_owned();
+        let public_key = public_key.to_owned();
         move || {
             Command::new(LOCKSTEP)
                 .arg("--data-dir")
@@ -172,7 +173,7 @@ async fn round(source: &str, python: &Path, script: &Path) -> Round {
                 // Juju's client store beside the temporary data dir, never the real one.
                 .env("JUJU_DATA", data_dir.with_file_name("juju"))
                 .args(["bootstrap", "--api-port", "0", "--auto-upgrade"])
-                .args(["--metadata-source", &source])
+                .args(["--metadata-source", &source, "--metadata-key", &public_key])
                 .output()
                 .expect("lockstep runs")
         }
@@ -256,12 +257,15 @@ async fn main() {
     let mirror = tempfile::tempdir().expect("a temporary directory");
     lockstep_agent::cli::demo::publish(mirror.path(), own, Path::new(LOCKSTEPD), false).unwrap();
     lockstep_agent::cli::demo::publish(mirror.path(), next, Path::new(LOCKSTEPD), true).unwrap();
-    lockstep_agent::cli::demo::generate(mirror.path()).unwrap();
+    let public_key = mirror.path().join("metadata-public-key.asc");
+    let key = lockstep_agent::cli::demo::signing_key(&public_key).unwrap();
+    lockstep_agent::cli::demo::generate(mirror.path(), Some(&key)).unwrap();
     let source = mirror.path().to_str().expect("UTF-8").to_owned();
+    let public_key = public_key.to_str().expect("UTF-8").to_owned();
 
     let mut rounds = Vec::new();
     for index in 0..runs {
-        let round = round(&source, &python, &script).await;
+        let round = round(&source, &public_key, &python, &script).await;
         println!(
             "round {index:>2}: re-exec {:>6.1} ms before Ready; from Ready to the first \
              successful ModelSet: jujuclient {:>6.1} ms ({} ModelSet sent, {} connections), \

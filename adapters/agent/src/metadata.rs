@@ -1,9 +1,146 @@
 //! The model's agent-binary metadata source (`agent-metadata-url`, `--metadata-source`)
 //! as one async source: a local directory or an HTTP(S) mirror. Used by the daemon to look
 //! binaries up and stage them, and by `lockstep bootstrap` to install the first one.
+//!
+//! [`MetadataTrust`]: which metadata every lookup accepts, as the operator chose at
+//! bootstrap (`--metadata-key`, `--allow-unsigned-metadata`) and `agent.conf` pins.
 
 use lockstep_core::policy::CatalogueEntry;
-use lockstep_streams::{AsyncSource, DirectorySource, HttpSource, LookupConfig, SourceError};
+use lockstep_streams::{
+    AsyncSource, DirectorySource, HttpSource, Keyring, LookupConfig, LookupError, SourceError,
+};
+
+use crate::datadir::{AgentConf, DataDir, read_keyring};
+
+/// Which metadata this agent's lookups accept: read from `agent.conf` and the keyring file
+/// it names, never from the shared store or the API, so that whoever can change
+/// `agent-metadata-url` cannot change what must sign it.
+///
+/// | `agent.conf` | lookups accept |
+/// |---|---|
+/// | `metadata-keyring` | only `.sjson` metadata signed by one of its keys |
+/// | `metadata-keyring`, `allow-unsigned-metadata` | signed metadata that verifies, else unsigned `.json` |
+/// | `allow-unsigned-metadata` | unsigned `.json` metadata |
+/// | neither (a controller bootstrapped from its local binary) | nothing |
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetadataTrust {
+    /// The pinned keys; empty when none was given.
+    pub keyring: Keyring,
+    /// `--allow-unsigned-metadata`.
+    pub allow_unsigned: bool,
+    /// Why the pinned keys could not be read (a missing or replaced `metadata-keys.asc`):
+    /// every lookup is then refused with this reason.
+    pub problem: Option<String>,
+}
+
+impl MetadataTrust {
+    /// The trust `conf` pins: its keyring file, read and checked against the fingerprints
+    /// it pins. A problem with the file is kept (every lookup then refuses, naming it) rather
+    /// than stopping the agent: the controller serves on, it only upgrades nothing.
+    pub fn of(data: &DataDir, conf: &AgentConf) -> MetadataTrust {
+        let mut trust = MetadataTrust {
+            keyring: Keyring::empty(),
+            allow_unsigned: conf.allow_unsigned_metadata,
+            problem: None,
+        };
+        let Some(path) = &conf.metadata_keyring else {
+            return trust;
+        };
+        let path = data.root().join(path);
+        match read_keyring(&path) {
+            Ok(keyring) if keyring.fingerprints() == conf.metadata_key_fingerprints => {
+                trust.keyring = keyring;
+            }
+            Ok(keyring) => {
+                trust.problem = Some(format!(
+                    "{} holds the keys {:?}, but {} pins {:?}: the keyring was replaced; \
+                     no metadata is accepted until it is restored",
+                    path.display(),
+                    keyring.fingerprints(),
+                    data.agent_conf_path().display(),
+                    conf.metadata_key_fingerprints
+                ));
+            }
+            Err(error) => {
+                trust.problem = Some(format!(
+                    "cannot read the metadata keys {} pins: {error}; no metadata is \
+                     accepted until they are restored",
+                    data.agent_conf_path().display()
+                ));
+            }
+        }
+        trust
+    }
+
+    /// The trust of a new controller: `keyring` (perhaps empty) and the operator's flag.
+    pub fn new(keyring: Keyring, allow_unsigned: bool) -> MetadataTrust {
+        MetadataTrust {
+            keyring,
+            allow_unsigned,
+            problem: None,
+        }
+    }
+
+    /// Pins this trust in `conf`, the keyring having been written at `keyring_path`.
+    pub fn pin(&self, conf: &mut AgentConf, keyring_path: Option<std::path::PathBuf>) {
+        conf.metadata_keyring = keyring_path;
+        conf.metadata_key_fingerprints = self.keyring.fingerprints();
+        conf.allow_unsigned_metadata = self.allow_unsigned;
+    }
+
+    /// The lookup's configuration; `Err` (the reason) when the pinned keys are unusable.
+    pub fn lookup_config(&self) -> Result<LookupConfig, String> {
+        if let Some(problem) = &self.problem {
+            return Err(problem.clone());
+        }
+        Ok(LookupConfig {
+            allow_unsigned: self.allow_unsigned,
+            ..LookupConfig::signed_by(self.keyring.clone())
+        })
+    }
+
+    /// True when unsigned metadata is accepted.
+    pub fn allows_unsigned(&self) -> bool {
+        self.allow_unsigned && self.problem.is_none()
+    }
+
+    /// What `lockstep status` shows as `metadata-verification`: `signed (key <fingerprint>)`,
+    /// `unsigned-allowed`, both, `none (...)` or `broken: ...`.
+    pub fn describe(&self) -> String {
+        if let Some(problem) = &self.problem {
+            return format!("broken: {problem}");
+        }
+        let fingerprints = self.keyring.fingerprints();
+        let signed = match fingerprints.as_slice() {
+            [] => None,
+            [one] => Some(format!("signed (key {one})")),
+            many => Some(format!("signed (keys {})", many.join(", "))),
+        };
+        match (signed, self.allow_unsigned) {
+            (Some(signed), false) => signed,
+            (Some(signed), true) => format!("unsigned-allowed, else {signed}"),
+            (None, true) => "unsigned-allowed".to_owned(),
+            (None, false) => {
+                "none (bootstrapped without --metadata-key: all metadata refused)".to_owned()
+            }
+        }
+    }
+
+    /// A hint for an error of a lookup under this trust: the flags that choose it.
+    pub fn hint(&self, error: &LookupError) -> String {
+        let signature =
+            matches!(error, LookupError::Metadata(error) if error.field == "(signature)");
+        if !signature {
+            return String::new();
+        }
+        format!(
+            " (metadata verification: {}; the keys are chosen at bootstrap with \
+             --metadata-key FILE, unsigned metadata accepted only with \
+             --allow-unsigned-metadata)",
+            self.describe()
+        )
+    }
+}
 
 /// The model's metadata source, as an async source.
 #[derive(Debug)]
@@ -61,4 +198,85 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| elapsed.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use lockstep_core::lifecycle::Snapshot;
+    use lockstep_core::version::{Binary, Version};
+    use lockstep_streams::SigningKey;
+
+    use super::*;
+
+    fn conf() -> AgentConf {
+        let binary = Binary::new(Version::new(2, 9, 43), "ubuntu", "amd64").unwrap();
+        AgentConf::new("machine-0", Snapshot::bootstrapped(&binary))
+    }
+
+    fn keyring(key: &SigningKey) -> Keyring {
+        Keyring::from_bytes(key.public_key_armored().unwrap().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn the_pinned_keys_are_read_from_the_data_dir_and_must_match_agent_conf() {
+        let root = tempfile::tempdir().unwrap();
+        let data = DataDir::new(root.path());
+        let key = SigningKey::generate("pinned <pinned@example.invalid>").unwrap();
+        let trust = MetadataTrust::new(keyring(&key), false);
+        let path = data.write_metadata_keys(&trust.keyring).unwrap();
+        let mut conf = conf();
+        trust.pin(&mut conf, Some(path.clone()));
+        assert_eq!(conf.metadata_key_fingerprints, vec![key.fingerprint()]);
+        // Through agent.conf's text and back.
+        let conf = AgentConf::parse(&conf.to_yaml().unwrap(), &data.agent_conf_path()).unwrap();
+        let read = MetadataTrust::of(&data, &conf);
+        assert_eq!(read, trust);
+        assert_eq!(
+            read.describe(),
+            format!("signed (key {})", key.fingerprint())
+        );
+        let config = read.lookup_config().unwrap();
+        assert!(!config.allow_unsigned);
+        assert_eq!(config.keyring.fingerprints(), vec![key.fingerprint()]);
+
+        // Another key written over the file: refused, naming both fingerprints.
+        let other = SigningKey::generate("other <other@example.invalid>").unwrap();
+        data.write_metadata_keys(&keyring(&other)).unwrap();
+        let replaced = MetadataTrust::of(&data, &conf);
+        let problem = replaced.lookup_config().unwrap_err();
+        assert!(
+            problem.contains(&key.fingerprint()) && problem.contains(&other.fingerprint()),
+            "{problem}"
+        );
+        assert!(replaced.describe().starts_with("broken: "), "{replaced:?}");
+        assert!(!replaced.allows_unsigned());
+
+        // The file gone: refused, naming it.
+        std::fs::remove_file(&path).unwrap();
+        let problem = MetadataTrust::of(&data, &conf).lookup_config().unwrap_err();
+        assert!(problem.contains("metadata-keys.asc"), "{problem}");
+    }
+
+    #[test]
+    fn each_choice_is_described_and_configures_the_lookup() {
+        let root = tempfile::tempdir().unwrap();
+        let data = DataDir::new(root.path());
+        // Neither flag: nothing is accepted.
+        let none = MetadataTrust::of(&data, &conf());
+        let config = none.lookup_config().unwrap();
+        assert!(config.keyring.is_empty() && !config.allow_unsigned);
+        assert!(none.describe().starts_with("none"), "{}", none.describe());
+        // Unsigned allowed, with and without a key.
+        let mut conf = conf();
+        conf.allow_unsigned_metadata = true;
+        let unsigned = MetadataTrust::of(&data, &conf);
+        assert_eq!(unsigned.describe(), "unsigned-allowed");
+        assert!(unsigned.lookup_config().unwrap().allow_unsigned);
+        let key = SigningKey::generate("both <both@example.invalid>").unwrap();
+        let both = MetadataTrust::new(keyring(&key), true);
+        assert_eq!(
+            both.describe(),
+            format!("unsigned-allowed, else signed (key {})", key.fingerprint())
+        );
+    }
 }

@@ -210,7 +210,8 @@ impl HeldBootstrap {
                 .arg(&data_dir)
                 .env("JUJU_DATA", common::juju_data_beside(&data_dir))
                 .args(["bootstrap", "--api-port", "0", "--timeout", "180"])
-                .args(["--auto-upgrade", "--metadata-source", &served.tools_url()]),
+                .args(["--auto-upgrade", "--metadata-source", &served.tools_url()])
+                .args(["--metadata-key", &mirror.key()]),
             dir.path(),
             "bootstrap",
         );

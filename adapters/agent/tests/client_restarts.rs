@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 async fn stuck_upgrading() -> (Mirror, Controller) {
     let mirror = Mirror::n_and_next(Published::Tampered);
     let source = mirror.source();
-    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    let key = mirror.key();
+    let controller =
+        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
     controller.assert_bootstrapped();
     controller.kill_9();
     controller.set_agent_version_in_store(next());
@@ -127,7 +129,9 @@ async fn a_deploy_through_a_kill_9_during_the_call_is_applied_once() {
 async fn a_client_waiting_for_ready_proceeds_when_ready() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
-    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    let key = mirror.key();
+    let controller =
+        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
     controller.assert_bootstrapped();
     // Stop it, ask for the upgrade in the store, and start it again: it boots limited.
     controller.kill_9();

@@ -111,10 +111,17 @@ async fn the_demo_holds_its_claims() {
 async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_before_ready() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
+    let key = mirror.key();
     let scratch = tempfile::tempdir().unwrap();
     let bundle = bundle_file(scratch.path());
     let (controller, deploy) = Controller::bootstrap_alongside(
-        &["--auto-upgrade", "--metadata-source", &source],
+        &[
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+            "--metadata-key",
+            &key,
+        ],
         &[],
         |data_dir| {
             std::process::Command::new(common::LOCKSTEP)
@@ -192,8 +199,15 @@ async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_befor
 async fn restart_by_exit_for_a_supervisor_also_lands_on_the_new_binary() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
+    let key = mirror.key();
     let controller = Controller::bootstrap(
-        &["--auto-upgrade", "--metadata-source", &source],
+        &[
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+            "--metadata-key",
+            &key,
+        ],
         &[("LOCKSTEPD_RESTART", "exit")],
     );
     controller.assert_bootstrapped();
@@ -211,7 +225,9 @@ async fn restart_by_exit_for_a_supervisor_also_lands_on_the_new_binary() {
 async fn the_default_policy_reports_upgrade_available_and_stays() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
-    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    let key = mirror.key();
+    let controller =
+        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
     controller.assert_bootstrapped();
     let status = controller.status().await;
     assert_eq!(status["agent-version"], own().to_string());
@@ -232,6 +248,7 @@ async fn the_default_policy_reports_upgrade_available_and_stays() {
 async fn a_pinned_version_is_run_even_when_newer_ones_exist() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
+    let key = mirror.key();
     let pinned = own().to_string();
     let controller = Controller::bootstrap(
         &[
@@ -240,6 +257,8 @@ async fn a_pinned_version_is_run_even_when_newer_ones_exist() {
             "--auto-upgrade",
             "--metadata-source",
             &source,
+            "--metadata-key",
+            &key,
         ],
         &[],
     );
@@ -268,8 +287,15 @@ async fn a_local_binary_is_run_as_built() {
 async fn a_tampered_binary_is_refused_reported_and_agent_version_reset() {
     let mirror = Mirror::n_and_next(Published::Tampered);
     let source = mirror.source();
+    let key = mirror.key();
     let controller = Controller::bootstrap(
-        &["--auto-upgrade", "--metadata-source", &source],
+        &[
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+            "--metadata-key",
+            &key,
+        ],
         &[("LOCKSTEPD_STAGE_RETRY_SEC", "1")],
     );
     controller.assert_bootstrapped();
@@ -293,8 +319,15 @@ async fn a_tampered_binary_is_refused_reported_and_agent_version_reset() {
 async fn trial_falls_back(script: &'static str) {
     let mirror = Mirror::n_and_next(Published::Script(script));
     let source = mirror.source();
+    let key = mirror.key();
     let controller = Controller::bootstrap(
-        &["--auto-upgrade", "--metadata-source", &source],
+        &[
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+            "--metadata-key",
+            &key,
+        ],
         &[("LOCKSTEPD_WATCHDOG_SEC", "2")],
     );
     controller.assert_bootstrapped();
@@ -327,7 +360,9 @@ async fn a_new_binary_that_hangs_falls_back_to_the_previous_one() {
 async fn upgrade_controller_from_ready_with_a_watcher_that_loses_nothing() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
-    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    let key = mirror.key();
+    let controller =
+        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
     controller.assert_bootstrapped();
     let client = controller.client();
     let mut watcher = client.watch();
@@ -401,6 +436,7 @@ async fn kill_9_while_checking_upgrading_and_running_steps_converges_ready_with_
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let served = common::http_mirror::HttpMirror::serve(mirror.path(), Duration::from_millis(400));
     let source = served.tools_url();
+    let key = mirror.key();
     // Bootstrap without waiting: the test kills while it goes.
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("controller");
@@ -417,6 +453,8 @@ async fn kill_9_while_checking_upgrading_and_running_steps_converges_ready_with_
             "--auto-upgrade",
             "--metadata-source",
             &source,
+            "--metadata-key",
+            &key,
         ])
         .env(
             lockstep_agent::daemon::failpoints::PAUSE_DATABASE_STEP_MS,
@@ -598,11 +636,14 @@ fn bootstrap_refuses_a_port_in_use_and_writes_nothing() {
 async fn a_new_binary_failing_after_its_database_steps_is_held_not_rolled_back() {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let source = mirror.source();
+    let key = mirror.key();
     let controller = Controller::bootstrap(
         &[
             "--auto-upgrade",
             "--metadata-source",
             &source,
+            "--metadata-key",
+            &key,
             "--timeout",
             "20",
         ],
@@ -641,10 +682,11 @@ async fn a_new_binary_failing_after_its_database_steps_is_held_not_rolled_back()
     assert_eq!(checkpoints.get(&step), Some(&1), "{checkpoints:?}");
 }
 
-/// `lockstep watch` streams deltas as JSON lines; `lockstep metadata
-/// generate-agent-binaries` writes a mirror's metadata that bootstrap then reads.
+/// `lockstep watch` streams deltas as JSON lines; `lockstep metadata generate-key` makes a
+/// key pair and `lockstep metadata generate-agent-binaries --sign-key` a mirror's signed
+/// metadata, which bootstrap then reads with `--metadata-key`, as the README says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_streams_json_lines_and_the_metadata_command_makes_a_usable_mirror() {
+async fn watch_streams_json_lines_and_the_metadata_commands_make_a_usable_signed_mirror() {
     let mirror = tempfile::tempdir().unwrap();
     let released = mirror.path().join("tools/released");
     std::fs::create_dir_all(&released).unwrap();
@@ -654,6 +696,41 @@ async fn watch_streams_json_lines_and_the_metadata_command_makes_a_usable_mirror
         &released.join(format!("juju-{binary}.tgz")),
     )
     .unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let keys_dir = keys.path().join("keys");
+    let made = lockstep(
+        mirror.path(),
+        &[
+            "metadata",
+            "generate-key",
+            "--output",
+            keys_dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(made.status.success(), "{}", text(&made));
+    let secret = keys_dir.join("metadata-signing-key.asc");
+    let public = keys_dir.join("metadata-public-key.asc");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the secret key is the operator's alone");
+    // Never over an existing key.
+    let again = lockstep(
+        mirror.path(),
+        &[
+            "metadata",
+            "generate-key",
+            "--output",
+            keys_dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!again.status.success(), "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("not replacing a signing key"),
+        "{}",
+        text(&again)
+    );
     let generate = lockstep(
         mirror.path(),
         &[
@@ -661,14 +738,24 @@ async fn watch_streams_json_lines_and_the_metadata_command_makes_a_usable_mirror
             "generate-agent-binaries",
             "-d",
             mirror.path().to_str().unwrap(),
+            "--sign-key",
+            secret.to_str().unwrap(),
         ],
         &[],
     );
     assert!(generate.status.success(), "{}", text(&generate));
     assert!(mirror.path().join("tools/streams/v1/index2.json").is_file());
+    assert!(
+        mirror
+            .path()
+            .join("tools/streams/v1/index2.sjson")
+            .is_file()
+    );
+    let key = public.to_str().unwrap().to_owned();
 
     let source = mirror.path().to_str().unwrap().to_owned();
-    let controller = Controller::bootstrap(&["--metadata-source", &source], &[]);
+    let controller =
+        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
     controller.assert_bootstrapped();
     let said = String::from_utf8_lossy(&controller.bootstrap.stdout).into_owned();
     assert!(

@@ -87,9 +87,12 @@ pub(crate) fn read_metadata(
              mirror's public key, or allow unsigned metadata for a mirror you trust"
                 .to_owned()
         } else {
-            "no clear-signed .sjson document, and unsigned metadata is refused: sign the \
-             mirror's metadata (--sign-key) or allow unsigned metadata"
-                .to_owned()
+            format!(
+                "no clear-signed .sjson document, and unsigned metadata is refused: the \
+                 mirror's metadata must be signed (--sign-key) by one of the configured keys \
+                 {:?}, or unsigned metadata allowed",
+                config.keyring.fingerprints()
+            )
         },
     };
     if !config.keyring.is_empty() {

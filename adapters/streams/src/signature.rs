@@ -16,6 +16,10 @@ use pgp::composed::{
 };
 use pgp::types::{KeyDetails, Password};
 
+/// The largest key or keyring file read (`--metadata-key`, `--sign-key`): a keyring of a
+/// few dozen keys is a few hundred KiB.
+pub const KEY_FILE_BYTES_MAX: u64 = 1 << 20;
+
 use crate::error::{MetadataError, quote};
 
 /// The suffix of unsigned simplestreams documents.
@@ -75,6 +79,46 @@ impl Keyring {
     pub fn add_armored(&mut self, armored: &str) -> Result<(), KeyError> {
         let (key, _headers) = SignedPublicKey::from_string(armored)
             .map_err(|error| KeyError(format!("not an armored OpenPGP public key: {error}")))?;
+        self.add(key)
+    }
+
+    /// Reads OpenPGP public keys as `gpg --export` writes them: one key or a keyring,
+    /// ASCII-armored (`-----BEGIN PGP PUBLIC KEY BLOCK-----`) or binary. Every key's
+    /// self-signatures must verify. A secret key is refused (give its public key), as is
+    /// input holding no key at all.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Keyring, KeyError> {
+        let mut keyring = Keyring::empty();
+        let parsed = SignedPublicKey::from_reader_many(bytes)
+            .map(|(keys, _headers)| keys.collect::<Result<Vec<SignedPublicKey>, _>>());
+        match parsed {
+            Ok(Ok(keys)) if !keys.is_empty() => {
+                for key in keys {
+                    keyring.add(key)?;
+                }
+                Ok(keyring)
+            }
+            parsed => {
+                if SigningKey::from_bytes(bytes).is_ok() {
+                    return Err(KeyError(
+                        "this is an OpenPGP secret key: give its public key instead (`lockstep \
+                         metadata generate-key` writes both; `gpg --export --armor <id>` \
+                         exports one)"
+                            .to_owned(),
+                    ));
+                }
+                let problem = match parsed {
+                    Ok(Ok(_)) => "no key in it".to_owned(),
+                    Ok(Err(error)) | Err(error) => error.to_string(),
+                };
+                Err(KeyError(format!(
+                    "not an OpenPGP public key or keyring (armored or binary): {problem}"
+                )))
+            }
+        }
+    }
+
+    /// Adds `key` after checking its self-signatures.
+    fn add(&mut self, key: SignedPublicKey) -> Result<(), KeyError> {
         key.verify().map_err(|error| {
             KeyError(format!(
                 "public key {} has invalid self-signatures: {error}",
@@ -83,6 +127,22 @@ impl Keyring {
         })?;
         self.keys.push(key);
         Ok(())
+    }
+
+    /// Every key, ASCII-armored in one `PGP PUBLIC KEY BLOCK` (a keyring
+    /// [`Keyring::from_bytes`] reads back).
+    pub fn to_armored(&self) -> Result<String, KeyError> {
+        let mut armored = Vec::new();
+        pgp::armor::write(
+            &self.keys,
+            pgp::armor::BlockType::PublicKey,
+            &mut armored,
+            None,
+            true,
+        )
+        .map_err(|error| KeyError(format!("cannot armor the keyring: {error}")))?;
+        String::from_utf8(armored)
+            .map_err(|error| KeyError(format!("cannot armor the keyring: {error}")))
     }
 
     /// True when no key is configured.
@@ -163,10 +223,41 @@ impl SigningKey {
     pub fn from_armored(armored: &str) -> Result<SigningKey, KeyError> {
         let (key, _headers) = SignedSecretKey::from_string(armored)
             .map_err(|error| KeyError(format!("not an armored OpenPGP secret key: {error}")))?;
+        SigningKey::checked(key)
+    }
+
+    /// Reads a secret key, ASCII-armored or binary (`gpg --export-secret-keys`). Signing
+    /// needs no passphrase: a key protected by one signs nothing (the error says so).
+    pub fn from_bytes(bytes: &[u8]) -> Result<SigningKey, KeyError> {
+        let (key, _headers) = SignedSecretKey::from_reader_single(bytes).map_err(|error| {
+            KeyError(format!(
+                "not an OpenPGP secret key (armored or binary): {error}"
+            ))
+        })?;
+        SigningKey::checked(key)
+    }
+
+    /// Checks the self-signatures, and that the key signs without a passphrase (one
+    /// signature of an empty text), so a protected key is refused when read, not halfway
+    /// through signing a mirror.
+    fn checked(key: SignedSecretKey) -> Result<SigningKey, KeyError> {
         key.verify().map_err(|error| {
             KeyError(format!("secret key has invalid self-signatures: {error}"))
         })?;
-        Ok(SigningKey { key })
+        let key = SigningKey { key };
+        key.clear_sign("").map_err(|error| {
+            KeyError(format!(
+                "secret key {} cannot sign without a passphrase ({error}): lockstep signs \
+                 with passphrase-less keys (`lockstep metadata generate-key` makes one)",
+                key.fingerprint()
+            ))
+        })?;
+        Ok(key)
+    }
+
+    /// The key's fingerprint, in hex.
+    pub fn fingerprint(&self) -> String {
+        self.key.fingerprint().to_string()
     }
 
     /// Generates a new Ed25519 signing key for `user_id` (`"Mirror <ops@example.com>"`).
@@ -247,5 +338,47 @@ mod tests {
         let again = SigningKey::from_armored(&key.to_armored().unwrap()).unwrap();
         let signed = again.clear_sign("{}").unwrap();
         keyring.verify("y.sjson", signed.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn keyrings_read_armored_binary_and_several_keys_and_refuse_secret_keys() {
+        use pgp::ser::Serialize;
+
+        let first = SigningKey::generate("first <first@example.invalid>").unwrap();
+        let second = SigningKey::generate("second <second@example.invalid>").unwrap();
+        let armored = first.public_key_armored().unwrap();
+        let keyring = Keyring::from_bytes(armored.as_bytes()).unwrap();
+        assert_eq!(keyring.fingerprints(), vec![first.fingerprint()]);
+
+        // Binary, as `gpg --export` writes it, two keys in one file.
+        let mut binary = first.key.signed_public_key().to_bytes().unwrap();
+        binary.extend(second.key.signed_public_key().to_bytes().unwrap());
+        let both = Keyring::from_bytes(&binary).unwrap();
+        assert_eq!(
+            both.fingerprints(),
+            vec![first.fingerprint(), second.fingerprint()]
+        );
+        // Armored back and read again: the same keys, and each verifies its signatures.
+        let again = Keyring::from_bytes(both.to_armored().unwrap().as_bytes()).unwrap();
+        assert_eq!(again, both);
+        let signed = second.clear_sign("{}").unwrap();
+        again.verify("x.sjson", signed.as_bytes()).unwrap();
+
+        // A secret key is named as one; anything else is not a key.
+        let secret = first.to_armored().unwrap();
+        let error = Keyring::from_bytes(secret.as_bytes()).unwrap_err();
+        assert!(error.0.contains("secret key"), "{error}");
+        for garbage in [&b"hello"[..], &b"\x99\x00"[..], b""] {
+            let error = Keyring::from_bytes(garbage).unwrap_err();
+            assert!(error.0.contains("not an OpenPGP public key"), "{error}");
+        }
+        // The secret key reads back binary too.
+        let binary_secret = first.key.to_bytes().unwrap();
+        assert_eq!(
+            SigningKey::from_bytes(&binary_secret)
+                .unwrap()
+                .fingerprint(),
+            first.fingerprint()
+        );
     }
 }

@@ -134,12 +134,13 @@ fn unsigned_metadata_only_when_allowed() {
     );
     assert!(!remembered);
 
-    // Not allowed, a key configured but no .sjson.
+    // Not allowed, a key configured but no .sjson: the refusal names the key expected.
     let (result, remembered) = look_up_at(site.path(), &LookupConfig::signed_by(keyring(&key)));
     let Err(LookupError::Metadata(error)) = result else {
         panic!("expected unsigned metadata to be refused, got {result:?}");
     };
     assert_eq!(error.value, "(unsigned)");
+    assert!(error.problem.contains(&key.fingerprint()), "{error}");
     assert!(!remembered);
 
     // Allowed, with or without keys.

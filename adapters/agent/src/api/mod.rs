@@ -56,6 +56,19 @@ pub struct StoreState {
     jobs: JobTable,
     /// Shared with the deferred removal of dying machines, which writes too.
     wake: Arc<Wake>,
+    /// What this controller says of itself in `FullStatus`, beside the shared state.
+    local: Option<LocalController>,
+}
+
+/// What a controller adds to its own machine's `FullStatus` entry, under `lockstep`: what
+/// its `agent.conf` holds, which no other controller knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalController {
+    /// Its machine's id (`0` for `machine-0`).
+    pub machine: String,
+    /// `metadata-verification`: which agent-binary metadata it accepts
+    /// ([`MetadataTrust::describe`](crate::metadata::MetadataTrust::describe)).
+    pub metadata_verification: String,
 }
 
 /// How blocked watchers hear of a write made through this API.
@@ -84,6 +97,7 @@ impl StoreState {
             store,
             jobs: JobTable::lockstep(),
             wake: Arc::new(Wake::default()),
+            local: None,
         };
         // A machine a previous process made `dying` and could not remove before it ended
         // (a re-exec into a new binary within the delay) is removed by this one.
@@ -91,6 +105,20 @@ impl StoreState {
             state.remove_dying_machines_later();
         }
         state
+    }
+
+    /// This state served by the controller of machine `machine`, whose `FullStatus` entry
+    /// then shows its `metadata-verification` (under `lockstep`).
+    pub fn with_local_controller(
+        mut self,
+        machine: String,
+        metadata_verification: String,
+    ) -> StoreState {
+        self.local = Some(LocalController {
+            machine,
+            metadata_verification,
+        });
+        self
     }
 
     /// Runs a read on the blocking pool.
@@ -167,7 +195,16 @@ impl StoreState {
 #[async_trait]
 impl SharedState for StoreState {
     async fn status(&self) -> Result<Status, WireError> {
-        self.read(status::full_status).await
+        let mut status = self.read(status::full_status).await?;
+        if let Some(local) = &self.local
+            && let Some(Value::Object(machine)) = status.machines.get_mut(&local.machine)
+        {
+            machine.insert(
+                "lockstep".to_owned(),
+                serde_json::json!({"metadata-verification": local.metadata_verification}),
+            );
+        }
+        Ok(status)
     }
 
     async fn model_config(&self) -> Result<ModelConfig, WireError> {

@@ -80,6 +80,16 @@ enum Command {
         /// TLS to etcd: the client certificate's private key (PEM).
         #[arg(long, value_name = "FILE", requires = "etcd_cert")]
         etcd_key: Option<PathBuf>,
+        /// The OpenPGP public key (or keyring; armored or binary) that must sign the
+        /// --metadata-source's metadata. Copied into the data dir and pinned in agent.conf:
+        /// never taken from the store or the API.
+        #[arg(long, value_name = "FILE")]
+        metadata_key: Option<PathBuf>,
+        /// Accept unsigned metadata from the --metadata-source (recorded in agent.conf,
+        /// warned about at every start, shown by `lockstep status`): whoever can change
+        /// the mirror, or the network to it, then chooses what the controller runs.
+        #[arg(long)]
+        allow_unsigned_metadata: bool,
     },
     /// Show the controller's phase, versions, machines, applications and units.
     Status {
@@ -140,6 +150,19 @@ enum MetadataCommand {
     GenerateAgentBinaries {
         #[arg(short = 'd', long)]
         dir: PathBuf,
+        /// Also write every document clear-signed (`.sjson`) with this OpenPGP secret key
+        /// (armored or binary, without a passphrase), for `bootstrap --metadata-key`.
+        #[arg(long, value_name = "FILE")]
+        sign_key: Option<PathBuf>,
+    },
+    /// Make an OpenPGP key pair (Ed25519, no passphrase) for signing a mirror's metadata:
+    /// DIR/metadata-signing-key.asc (secret, 0600) and DIR/metadata-public-key.asc.
+    GenerateKey {
+        #[arg(short = 'o', long, value_name = "DIR")]
+        output: PathBuf,
+        /// The key's user id.
+        #[arg(long, default_value = "lockstep metadata signing key")]
+        name: String,
     },
 }
 
@@ -190,6 +213,8 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             etcd_cacert,
             etcd_cert,
             etcd_key,
+            metadata_key,
+            allow_unsigned_metadata,
         } => {
             let options = BootstrapOptions {
                 data_dir: args.data_dir.clone(),
@@ -208,6 +233,8 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                     cert: etcd_cert,
                     key: etcd_key,
                 },
+                metadata_key,
+                allow_unsigned_metadata,
             };
             bootstrap_command(&options, timeout).await
         }
@@ -246,8 +273,24 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             Duration::from_secs(60),
         )?),
         Command::Metadata {
-            command: MetadataCommand::GenerateAgentBinaries { dir },
-        } => Ok(commands::generate_agent_binaries(&dir)?),
+            command: MetadataCommand::GenerateAgentBinaries { dir, sign_key },
+        } => Ok(commands::generate_agent_binaries(
+            &dir,
+            sign_key.as_deref(),
+        )?),
+        Command::Metadata {
+            command: MetadataCommand::GenerateKey { output, name },
+        } => {
+            let key = commands::generate_key(&output, &name)?;
+            say(&format!(
+                "wrote {} (secret, for generate-agent-binaries --sign-key) and {} (public, for \
+                 bootstrap --metadata-key); key {}",
+                output.join(commands::SIGNING_KEY_FILE).display(),
+                output.join(commands::PUBLIC_KEY_FILE).display(),
+                key.fingerprint()
+            ));
+            Ok(())
+        }
         Command::Demo { keep } => Ok(lockstep_agent::cli::demo::run(keep, timeout).await?),
     }
 }

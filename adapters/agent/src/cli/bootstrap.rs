@@ -4,8 +4,10 @@
 //! Juju's client prepares the agent binary and the controller's configuration and the new
 //! machine installs them; here both sides are one machine, so bootstrap writes the data dir
 //! the daemon reads: the store with the model and machine 0, `agent.conf`, the TLS
-//! material, the API's users, the client's `controller.yaml`, and the first binary under
-//! `tools/`.
+//! material, the API's users, the client's `controller.yaml`, the keys that must sign the
+//! mirror's metadata (`--metadata-key`, pinned in `agent.conf`), and the first binary under
+//! `tools/`. A `--metadata-source` needs `--metadata-key` or `--allow-unsigned-metadata`;
+//! without either, nothing is written.
 
 use std::io;
 use std::net::IpAddr;
@@ -18,14 +20,14 @@ use lockstep_core::policy::{Sha256, Stream, UpgradePolicy};
 use lockstep_core::{Binary, Role, Roles, Version};
 use lockstep_fs::AtomicWriteError;
 use lockstep_store::{Machine, Model, StoreError};
-use lockstep_streams::{DownloadError, LookupError, SourceError};
+use lockstep_streams::{DownloadError, Keyring, LookupError, SourceError};
 use lockstep_transport::client::{Client, ClientConfig, ClientError};
 use lockstep_transport::tls::{Credentials, TlsError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::datadir::{self, AgentConf, DataDir, DataDirError, DownloadedTools, User};
-use crate::metadata::{MetadataSource, unix_now};
+use crate::metadata::{MetadataSource, MetadataTrust, unix_now};
 use crate::quote::quote;
 use crate::store::StoreSetupError;
 
@@ -196,11 +198,29 @@ pub enum BootstrapError {
         #[source]
         error: SourceError,
     },
-    #[error("looking up agent binaries at {url}: {error}")]
+    #[error("looking up agent binaries at {url}: {error}{hint}")]
     Lookup {
         url: String,
         #[source]
-        error: LookupError,
+        error: Box<LookupError>,
+        /// The flags that choose what is accepted, when the signature is the problem.
+        hint: String,
+    },
+    #[error(
+        "--metadata-source {}: say how its metadata is verified: --metadata-key FILE (the \
+         OpenPGP public key that signs the mirror's metadata; `lockstep metadata \
+         generate-key` makes a key pair, `metadata generate-agent-binaries --sign-key` \
+         signs) or --allow-unsigned-metadata (accept unsigned metadata: whoever can change \
+         the mirror, or the network to it, then chooses what this controller runs); nothing \
+         was written or started",
+        quote(given)
+    )]
+    MetadataTrustNotChosen { given: String },
+    #[error("--metadata-key {}: {error}", path.display())]
+    MetadataKey {
+        path: PathBuf,
+        #[source]
+        error: DataDirError,
     },
     #[error(transparent)]
     Download(#[from] DownloadError),
@@ -280,6 +300,12 @@ pub struct BootstrapOptions {
     pub etcd_endpoints: Vec<String>,
     /// TLS to etcd (its CA; a client certificate and key if it asks for one).
     pub etcd_tls: crate::store::EtcdTlsFiles,
+    /// `--metadata-key`: the OpenPGP public key (or keyring) that must sign the metadata
+    /// source's metadata; copied into the data dir and pinned in `agent.conf`.
+    pub metadata_key: Option<PathBuf>,
+    /// `--allow-unsigned-metadata`: accept unsigned metadata (recorded in `agent.conf`,
+    /// warned about at every start, shown by `lockstep status`).
+    pub allow_unsigned_metadata: bool,
 }
 
 /// What `prepare` made.
@@ -329,6 +355,10 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
             agent_conf: data.agent_conf_path(),
         });
     }
+    // Before anything is written: how the metadata is verified. A controller bootstrapped
+    // from its local binary looks nothing up, so it needs neither flag; one given a
+    // metadata source must be told which key signs it, or that it is trusted unsigned.
+    let trust = metadata_trust(options)?;
     // Before anything is written: a port in use would leave a data dir that cannot serve.
     let port = match options.api_port {
         0 => free_port().map_err(BootstrapError::NoFreePort)?,
@@ -386,8 +416,13 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     };
     let own = crate::steps::build_version();
     let wanted = options.agent_version.unwrap_or(own);
+    let keyring_path = if trust.keyring.is_empty() {
+        None
+    } else {
+        Some(data.write_metadata_keys(&trust.keyring)?)
+    };
     let (binary, local_sha) = match (&metadata_source, options.build_agent) {
-        (Some(url), false) => match install_published(&data, url, wanted).await? {
+        (Some(url), false) => match install_published(&data, url, wanted, &trust).await? {
             Some(binary) => (binary, None),
             None if options.agent_version.is_some() => {
                 return Err(BootstrapError::NotPublished {
@@ -488,6 +523,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     conf.apiaddresses = vec![address.clone()];
     conf.cacert = credentials.ca_pem.clone();
     settings.apply(&mut conf);
+    trust.pin(&mut conf, keyring_path);
     data.write_agent_conf(&conf)?;
     Ok(Prepared {
         data,
@@ -496,27 +532,50 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     })
 }
 
-/// Installs `version` from the metadata source, if published there for this host.
+/// The metadata trust `options` ask for: the key file read (armored or binary public keys)
+/// and the flag. Refuses a metadata source with neither.
+fn metadata_trust(options: &BootstrapOptions) -> Result<MetadataTrust, BootstrapError> {
+    let keyring = match &options.metadata_key {
+        Some(path) => datadir::read_keyring(path).map_err(|error| BootstrapError::MetadataKey {
+            path: path.clone(),
+            error,
+        })?,
+        None => Keyring::empty(),
+    };
+    if let Some(source) = &options.metadata_source
+        && keyring.is_empty()
+        && !options.allow_unsigned_metadata
+    {
+        return Err(BootstrapError::MetadataTrustNotChosen {
+            given: source.clone(),
+        });
+    }
+    Ok(MetadataTrust::new(keyring, options.allow_unsigned_metadata))
+}
+
+/// Installs `version` from the metadata source, if published there for this host; the
+/// metadata must verify as `trust` says.
 async fn install_published(
     data: &DataDir,
     url: &str,
     version: Version,
+    trust: &MetadataTrust,
 ) -> Result<Option<Binary>, BootstrapError> {
     let source = MetadataSource::open(url).map_err(|error| BootstrapError::Source {
         url: url.to_owned(),
         error,
     })?;
     let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
+    let config = trust
+        .lookup_config()
+        .expect("a trust made at bootstrap has no problem");
     let lookup = source
-        .look_up(
-            &mark,
-            &lockstep_streams::LookupConfig::allowing_unsigned(),
-            unix_now(),
-        )
+        .look_up(&mark, &config, unix_now())
         .await
         .map_err(|error| BootstrapError::Lookup {
             url: url.to_owned(),
-            error,
+            hint: trust.hint(&error),
+            error: Box::new(error),
         })?;
     let host = datadir::host_binary(version);
     let Some(entry) = lookup

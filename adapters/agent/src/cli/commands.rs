@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
-use lockstep_streams::GenerateError;
+use lockstep_streams::signature::{KEY_FILE_BYTES_MAX, KeyError};
+use lockstep_streams::{GenerateError, SigningKey};
 use lockstep_transport::client::{Client, ClientError};
 use serde_json::{Value, json};
 
@@ -80,6 +81,26 @@ pub enum CommandError {
         #[source]
         error: GenerateError,
     },
+    #[error("--sign-key {}: {problem}", path.display())]
+    SignKey { path: PathBuf, problem: String },
+    #[error("metadata generate-key: {0}")]
+    GenerateKey(#[source] KeyError),
+    #[error(
+        "metadata generate-key: {} exists; not replacing a signing key (move it away first)",
+        path.display()
+    )]
+    KeyExists { path: PathBuf },
+    #[error("cannot {action} {}: {error}", path.display())]
+    KeyFile {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        error: io::Error,
+    },
+    #[error(transparent)]
+    Write(#[from] lockstep_fs::AtomicWriteError),
+    #[error("Client.FindTools: {message}")]
+    FindTools { message: String },
 }
 
 /// API facade versions the CLI speaks.
@@ -376,6 +397,15 @@ pub async fn upgrade_controller(
                     json!({"major": running.major, "minor": running.minor}),
                 )
                 .await?;
+            // An unreadable catalogue is not "no upgrades": say why (a mirror whose
+            // metadata does not verify, one that cannot be reached).
+            if let Some(message) = tools["error"]["message"].as_str()
+                && tools["error"]["code"] != "not found"
+            {
+                return Err(CommandError::FindTools {
+                    message: message.to_owned(),
+                });
+            }
             let newest = tools["list"]
                 .as_array()
                 .into_iter()
@@ -488,8 +518,65 @@ fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// `metadata generate-agent-binaries -d DIR`: Juju's command, from the streams adapter.
-pub fn generate_agent_binaries(dir: &Path) -> Result<(), CommandError> {
+/// The file names `metadata generate-key` writes in its `--output` directory.
+pub const SIGNING_KEY_FILE: &str = "metadata-signing-key.asc";
+pub const PUBLIC_KEY_FILE: &str = "metadata-public-key.asc";
+
+/// `metadata generate-key --output DIR`: a new Ed25519 OpenPGP key pair, without a
+/// passphrase, for signing a mirror's metadata: `DIR/metadata-signing-key.asc` (the secret
+/// key, mode 0600, for `generate-agent-binaries --sign-key`) and
+/// `DIR/metadata-public-key.asc` (mode 0644, for `bootstrap --metadata-key`). Never replaces
+/// an existing key. Returns the key.
+pub fn generate_key(output: &Path, user_id: &str) -> Result<SigningKey, CommandError> {
+    let secret_path = output.join(SIGNING_KEY_FILE);
+    let public_path = output.join(PUBLIC_KEY_FILE);
+    for path in [&secret_path, &public_path] {
+        if path.exists() {
+            return Err(CommandError::KeyExists { path: path.clone() });
+        }
+    }
+    let key = SigningKey::generate(user_id).map_err(CommandError::GenerateKey)?;
+    let secret = key.to_armored().map_err(CommandError::GenerateKey)?;
+    let public = key
+        .public_key_armored()
+        .map_err(CommandError::GenerateKey)?;
+    std::fs::create_dir_all(output).map_err(|error| CommandError::KeyFile {
+        path: output.to_path_buf(),
+        action: "create the directory",
+        error,
+    })?;
+    lockstep_fs::write_file_atomically(&secret_path, secret.as_bytes(), 0o600)?;
+    lockstep_fs::write_file_atomically(&public_path, public.as_bytes(), 0o644)?;
+    Ok(key)
+}
+
+/// Reads the secret key of `--sign-key`: armored or binary, without a passphrase.
+pub fn read_signing_key(path: &Path) -> Result<SigningKey, CommandError> {
+    let refused = |problem: String| CommandError::SignKey {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let file = std::fs::File::open(path).map_err(|error| refused(error.to_string()))?;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(
+        &mut io::Read::take(file, KEY_FILE_BYTES_MAX + 1),
+        &mut bytes,
+    )
+    .map_err(|error| refused(error.to_string()))?;
+    if bytes.len() as u64 > KEY_FILE_BYTES_MAX {
+        return Err(refused(format!(
+            "larger than {KEY_FILE_BYTES_MAX} bytes: not a key"
+        )));
+    }
+    SigningKey::from_bytes(&bytes).map_err(|error| refused(error.to_string()))
+}
+
+/// `metadata generate-agent-binaries -d DIR [--sign-key FILE]`: Juju's command, from the
+/// streams adapter; with a key, every document is also written clear-signed (`.sjson`).
+/// Without one, signed documents an earlier run left are removed: they would describe the
+/// mirror as it was.
+pub fn generate_agent_binaries(dir: &Path, sign_key: Option<&Path>) -> Result<(), CommandError> {
+    let key = sign_key.map(read_signing_key).transpose()?;
     let generated = lockstep_streams::generate_agent_binaries(
         dir,
         &lockstep_streams::GenerateOptions {
@@ -511,6 +598,45 @@ pub fn generate_agent_binaries(dir: &Path) -> Result<(), CommandError> {
     }
     for file in &generated.files_written {
         say(&format!("wrote tools/{file}"));
+    }
+    match key {
+        Some(key) => {
+            let signed = lockstep_streams::sign_generated_metadata(dir, &generated, &key).map_err(
+                |error| CommandError::Generate {
+                    dir: dir.to_path_buf(),
+                    error,
+                },
+            )?;
+            for file in &signed {
+                say(&format!(
+                    "wrote tools/{file} (signed by key {})",
+                    key.fingerprint()
+                ));
+            }
+        }
+        None => {
+            for file in &generated.files_written {
+                let Some(signed) = lockstep_streams::signature::signed_path(file) else {
+                    continue;
+                };
+                let path = dir.join("tools").join(&signed);
+                if path.exists() {
+                    std::fs::remove_file(&path).map_err(|error| CommandError::KeyFile {
+                        path: path.clone(),
+                        action: "remove the stale signed document",
+                        error,
+                    })?;
+                    complain(&format!(
+                        "removed tools/{signed}: signed by an earlier run, it no longer \
+                         describes the mirror"
+                    ));
+                }
+            }
+            complain(
+                "the metadata is unsigned: controllers accept it only when bootstrapped with \
+                 --allow-unsigned-metadata (sign it with --sign-key FILE)",
+            );
+        }
     }
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! `lockstep demo`: the seed's scenario, end to end, on this machine.
 //!
 //! In a temporary directory: a mirror publishing this build as version N and as N+1 (one
-//! patch newer, through a `FORCE-VERSION` file in its tarball); a controller bootstrapped on
-//! N with `--auto-upgrade`; and, started at the same moment, a deployer that deploys a
+//! patch newer, through a `FORCE-VERSION` file in its tarball), its metadata signed by a key
+//! made for the run; a controller bootstrapped on N with `--auto-upgrade` and that key
+//! (`--metadata-key`); and, started at the same moment, a deployer that deploys a
 //! bundle and a watcher that follows every change. It prints a timeline and the claims,
 //! each computed by [`claims`] from what was observed ([`Observed`]): the clients' own
 //! records (calls, answers, retry counters sampled every millisecond), the controller's
@@ -20,7 +21,8 @@ use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
 use lockstep_core::lifecycle::Revision;
 use lockstep_store::{Changes, EntityKind, Store, StoreError};
-use lockstep_streams::GenerateError;
+use lockstep_streams::signature::KeyError;
+use lockstep_streams::{GenerateError, SigningKey};
 use lockstep_transport::client::{Client, ClientError, ClientStats};
 use serde_json::{Value, json};
 
@@ -56,6 +58,8 @@ pub enum DemoError {
         #[source]
         error: GenerateError,
     },
+    #[error("the mirror's signing key: {0}")]
+    Key(#[source] KeyError),
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
     #[error(transparent)]
@@ -343,19 +347,33 @@ pub fn publish(
     Ok(tarball)
 }
 
-/// Regenerates the mirror's simplestreams metadata.
-pub fn generate(mirror: &Path) -> Result<(), DemoError> {
-    lockstep_streams::generate_agent_binaries(
+/// Regenerates the mirror's simplestreams metadata, also clear-signed (`.sjson`) with `key`
+/// when given (`generate-agent-binaries --sign-key`).
+pub fn generate(mirror: &Path, key: Option<&SigningKey>) -> Result<(), DemoError> {
+    let failed = |error| DemoError::Generate {
+        mirror: mirror.to_path_buf(),
+        error,
+    };
+    let generated = lockstep_streams::generate_agent_binaries(
         mirror,
         &lockstep_streams::GenerateOptions {
             now_unix_seconds: crate::metadata::unix_now(),
         },
     )
-    .map(|_| ())
-    .map_err(|error| DemoError::Generate {
-        mirror: mirror.to_path_buf(),
-        error,
-    })
+    .map_err(failed)?;
+    if let Some(key) = key {
+        lockstep_streams::sign_generated_metadata(mirror, &generated, key).map_err(failed)?;
+    }
+    Ok(())
+}
+
+/// A new signing key for a mirror (`metadata generate-key`), its public key written to
+/// `public_key` for `bootstrap --metadata-key`.
+pub fn signing_key(public_key: &Path) -> Result<SigningKey, DemoError> {
+    let key = SigningKey::generate("lockstep demo mirror").map_err(DemoError::Key)?;
+    let armored = key.public_key_armored().map_err(DemoError::Key)?;
+    std::fs::write(public_key, armored).map_err(DemoError::io(public_key, "write"))?;
+    Ok(key)
 }
 
 /// The pid of the launcher's worker (its only child).
@@ -1102,12 +1120,15 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
     let mirror = root.join("mirror");
     publish(&mirror, own, &lockstepd, false)?;
     publish(&mirror, next, &lockstepd, true)?;
-    generate(&mirror)?;
+    let public_key = root.join("metadata-public-key.asc");
+    let key = signing_key(&public_key)?;
+    generate(&mirror, Some(&key))?;
     timeline.add(
         "mirror",
         format!(
-            "published {own} and {next} (FORCE-VERSION) in {}",
-            mirror.display()
+            "published {own} and {next} (FORCE-VERSION) in {}, metadata signed by key {}",
+            mirror.display(),
+            key.fingerprint()
         ),
     );
 
@@ -1124,6 +1145,8 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
         store: crate::store::StoreEngine::Sqlite,
         etcd_endpoints: Vec::new(),
         etcd_tls: Default::default(),
+        metadata_key: Some(public_key),
+        allow_unsigned_metadata: false,
     };
     let prepared = bootstrap::prepare(&options).await?;
     let pid = bootstrap::spawn_daemon(

@@ -4,7 +4,8 @@
 //!
 //! Controller N (machine N, `controller-id` N) gets its own data dir,
 //! `<data>/ha/machine-N/`, with its own API port, binary and `agent.conf`; it shares the
-//! first controller's CA, server certificate, users and etcd store. The model's controller
+//! first controller's CA, server certificate, users, metadata keys (`metadata-keys.asc`,
+//! pinned again in its `agent.conf`) and etcd store. The model's controller
 //! set grows to N in the same store transaction that adds the machines, so the next
 //! upgrade's record waits for all of them.
 
@@ -182,6 +183,18 @@ pub async fn enable_ha(
             let bytes = std::fs::read(&from).map_err(DataDirError::io(&from, "read"))?;
             lockstep_fs::write_file_atomically(&to, &bytes, mode)?;
         }
+        // The metadata keys the operator pinned at bootstrap, pinned again in the new
+        // controller's own agent.conf: a copy of the file, never anything from the store.
+        let metadata_keyring = match &conf.metadata_keyring {
+            Some(path) => {
+                let from = primary.root().join(path);
+                let bytes = std::fs::read(&from).map_err(DataDirError::io(&from, "read"))?;
+                let to = data.metadata_keys_path();
+                lockstep_fs::write_file_atomically(&to, &bytes, datadir::METADATA_KEYS_MODE)?;
+                Some(to)
+            }
+            None => None,
+        };
         data.install_local_binary(&binary, &exe, forced)?;
         let tag = format!("machine-{id}");
         data.switch_to(&tag, &binary)?;
@@ -199,6 +212,9 @@ pub async fn enable_ha(
         member.api_listen = address.clone();
         member.apiaddresses = addresses.clone();
         member.cacert = conf.cacert.clone();
+        member.metadata_keyring = metadata_keyring;
+        member.metadata_key_fingerprints = conf.metadata_key_fingerprints.clone();
+        member.allow_unsigned_metadata = conf.allow_unsigned_metadata;
         settings.apply(&mut member);
         data.write_agent_conf(&member)?;
         on_line(&format!(

@@ -5,7 +5,8 @@
 //! - [`bootstrap`]: prepare a controller's data dir, start `lockstepd`, wait for Ready.
 //! - [`commands`]: the commands against a running controller (`status`, `deploy`,
 //!   `add-machine`, `watch`, `upgrade-controller`, `abort-upgrade`, `kill-controller`,
-//!   `metadata generate-agent-binaries`) and the session they share.
+//!   `metadata generate-agent-binaries [--sign-key]`, `metadata generate-key`) and the
+//!   session they share.
 //! - [`ha`]: `enable-ha`, more controllers beside the first sharing its etcd store.
 //! - [`bundle`]: Juju bundles (parse, validate, plan).
 //! - [`status`]: `FullStatus` rendered as Juju renders it (tabular, YAML, JSON).

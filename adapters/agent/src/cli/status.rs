@@ -2,8 +2,10 @@
 //! JSON or YAML.
 //!
 //! The tabular form has a model header (with lockstep's lifecycle: phase, progress of an
-//! upgrade, `upgrade-available`), then the applications, units, machines and integrations,
-//! each table's columns aligned to their widest cell:
+//! upgrade, `upgrade-available`), then the applications, units, machines (and, for the
+//! controller that answered, which agent-binary metadata it accepts:
+//! `machines.<id>.lockstep.metadata-verification`) and integrations, each table's columns
+//! aligned to their widest cell:
 //!
 //! ```text
 //! Model       Controller  Version  Phase  Upgrade-available  Progress  Status     Timestamp  Message
@@ -300,6 +302,23 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
             &["Machine", "State", "Version", "Base", "Jobs"],
             rows,
         );
+        // What the controller that answered says of itself: which agent-binary metadata
+        // it accepts (its `agent.conf`, pinned at bootstrap).
+        let verifications: Vec<Vec<String>> = machines
+            .iter()
+            .filter_map(|(id, machine)| {
+                let verification = machine.get("lockstep")?.get("metadata-verification")?;
+                Some(vec![clean(id), cell(Some(verification))])
+            })
+            .collect();
+        if !verifications.is_empty() {
+            out.push('\n');
+            table(
+                &mut out,
+                &["Machine", "Metadata-verification"],
+                verifications,
+            );
+        }
     }
 
     let relations = reply
@@ -556,6 +575,30 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn the_controllers_metadata_verification_is_shown_in_every_format() {
+        let status = json!({
+            "model": {"name": "controller"},
+            "machines": {
+                "0": {"lockstep": {"metadata-verification": "signed (key 0A1B)"}},
+                "1": {},
+            },
+        });
+        let tabular = render(&status, Format::Tabular).unwrap();
+        assert!(
+            tabular.contains("\nMachine  Metadata-verification\n0        signed (key 0A1B)\n"),
+            "{tabular}"
+        );
+        for format in [Format::Json, Format::Yaml] {
+            let text = render(&status, format).unwrap();
+            assert!(text.contains("metadata-verification"), "{text}");
+            assert!(text.contains("signed (key 0A1B)"), "{text}");
+        }
+        // A controller that does not say shows no such table.
+        let tabular = render(&json!({"machines": {"0": {}}}), Format::Tabular).unwrap();
+        assert!(!tabular.contains("Metadata-verification"), "{tabular}");
     }
 
     #[test]

@@ -28,13 +28,13 @@ use lockstep_core::steps::{StepKind, StepRegistry};
 use lockstep_core::{Binary, Lifecycle, Phase, Timestamp, Version};
 use lockstep_store::seed004::RefreshError;
 use lockstep_store::{Store, StoreError};
-use lockstep_streams::{DownloadError, LookupConfig, LookupError, SourceError};
+use lockstep_streams::{DownloadError, LookupError, SourceError};
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::notify::Notifier;
 use crate::daemon::step_runner::{self, HostContext};
 use crate::datadir::{DataDir, DataDirError, DownloadedTools};
-use crate::metadata::{MetadataSource, unix_now};
+use crate::metadata::{MetadataSource, MetadataTrust, unix_now};
 use crate::quote::quote;
 
 /// What the lifecycle shows the API and the operator, besides the gate.
@@ -139,6 +139,8 @@ pub struct DriverConfig {
     pub controller: Option<ControllerId>,
     /// Capabilities the environment provider reports (`manage-firewall`, ...).
     pub capabilities: String,
+    /// Which metadata the catalogue lookups accept, as `agent.conf` pins it.
+    pub metadata_trust: Arc<MetadataTrust>,
 }
 
 /// The handles the rest of the agent keeps: gate and status to read, inputs to send.
@@ -482,10 +484,19 @@ impl Driver {
                 }
             }
             Request::LookupCatalogue { streams } => {
+                let status = self.status.clone();
                 self.tasks.spawn(async move {
-                    let result = look_up(&*store, &config.data, streams).await;
+                    let result =
+                        look_up(&*store, &config.data, &config.metadata_trust, streams).await;
                     if let Err(error) = &result {
                         tracing::warn!(target: "lockstep::agent", %error, "catalogue lookup failed");
+                        // Metadata that does not verify is an attack or a misconfigured
+                        // mirror, not a passing outage: kept for `Upgrade.Status` until
+                        // something else goes wrong.
+                        if error.is_refused_as_unverified() {
+                            let failure = format!("agent binary metadata refused: {error}");
+                            status.send_modify(|status| status.last_failure = Some(failure));
+                        }
                     }
                     // The core's input carries the reason as text (it shows it in status).
                     let result = result.map_err(|error| error.to_string());
@@ -746,12 +757,31 @@ pub enum CatalogueError {
         #[source]
         error: SourceError,
     },
-    #[error("looking up agent binaries at {url}: {error}")]
+    #[error("looking up agent binaries at {url}: {error}{hint}")]
     Lookup {
         url: String,
         #[source]
-        error: LookupError,
+        error: Box<LookupError>,
+        /// What the operator chose at bootstrap, when the metadata's signature is the
+        /// problem (see [`MetadataTrust::hint`]).
+        hint: String,
     },
+    #[error("looking up agent binaries at {url}: refused: {problem}")]
+    Untrusted { url: String, problem: String },
+}
+
+impl CatalogueError {
+    /// True when the metadata was refused for its signature (unsigned, altered, signed by
+    /// another key) or the pinned keys could not be used: not an outage, a refusal.
+    pub fn is_refused_as_unverified(&self) -> bool {
+        match self {
+            CatalogueError::Untrusted { .. } => true,
+            CatalogueError::Lookup { error, .. } => {
+                matches!(&**error, LookupError::Metadata(error) if error.field == "(signature)")
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Why a binary could not be staged (downloaded, verified, unpacked into `tools/`).
@@ -803,24 +833,33 @@ fn open_source(url: &str) -> Result<MetadataSource, CatalogueError> {
 
 /// `LookupCatalogue`: the catalogue at the model's metadata source, guarded by the
 /// high-water mark. A controller without a source has an empty catalogue.
+///
+/// The metadata must verify as `trust` says ([`MetadataTrust`], pinned in `agent.conf` at
+/// bootstrap): the url comes from the shared store, the keys never do.
 pub async fn look_up(
     store: &dyn Store,
     data: &DataDir,
+    trust: &MetadataTrust,
     streams: &'static [Stream],
 ) -> Result<Catalogue, CatalogueError> {
     let Some(url) = metadata_url(store)? else {
         return Ok(Catalogue::default());
     };
+    let config = trust
+        .lookup_config()
+        .map_err(|problem| CatalogueError::Untrusted {
+            url: url.clone(),
+            problem,
+        })?;
     let source = open_source(&url)?;
     let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
-    // The operator's own mirror (`--metadata-source`, `agent-metadata-url`) is trusted
-    // without signatures, as Juju trusts a user-supplied metadata source.
     let lookup = source
-        .look_up(&mark, &LookupConfig::allowing_unsigned(), unix_now())
+        .look_up(&mark, &config, unix_now())
         .await
         .map_err(|error| CatalogueError::Lookup {
             url: url.clone(),
-            error,
+            hint: trust.hint(&error),
+            error: Box::new(error),
         })?;
     for rejected in &lookup.rejected {
         tracing::warn!(target: "lockstep::agent", %rejected, "metadata item rejected");

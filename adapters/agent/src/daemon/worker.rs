@@ -30,7 +30,7 @@ use crate::daemon::driver::{self, AgentStatus, Driver, DriverConfig, Exit};
 use crate::daemon::error::{DaemonError, ListenFdProblem};
 use crate::daemon::notify::Notifier;
 use crate::datadir::{self, AgentConf, DataDir, DataDirError};
-use crate::metadata::MetadataSource;
+use crate::metadata::{MetadataSource, MetadataTrust};
 use crate::store::StoreSetupError;
 
 /// The environment variable carrying the listening socket's descriptor number.
@@ -149,6 +149,8 @@ struct AgentBackend {
     status: watch::Receiver<AgentStatus>,
     store: Arc<dyn Store>,
     data: DataDir,
+    /// Which metadata the API's lookups accept (the driver's own, from `agent.conf`).
+    metadata_trust: Arc<MetadataTrust>,
     /// The last catalogue read for the API, and when: FindTools, ModelSet, Upgrader.Tools
     /// and the tools endpoint ask often; the mirror is read at most every
     /// [`CATALOGUE_CACHE_TTL`].
@@ -217,9 +219,10 @@ impl Backend for AgentBackend {
         {
             return Ok(catalogue.clone());
         }
-        let catalogue = driver::look_up(&*self.store, &self.data, &Stream::ALL)
-            .await
-            .map_err(|error| error.to_string())?;
+        let catalogue =
+            driver::look_up(&*self.store, &self.data, &self.metadata_trust, &Stream::ALL)
+                .await
+                .map_err(|error| error.to_string())?;
         *cached = Some((std::time::Instant::now(), catalogue.clone()));
         Ok(catalogue)
     }
@@ -239,6 +242,19 @@ impl Backend for AgentBackend {
             .download(&entry, &destination, &mut |_| {})
             .await
             .map_err(|error| error.to_string())
+    }
+}
+
+/// Says at every start which metadata this controller accepts: a warning when the operator
+/// allowed unsigned metadata (`--allow-unsigned-metadata`) or the pinned keys cannot be used.
+fn log_metadata_trust(trust: &MetadataTrust) {
+    let verification = trust.describe();
+    if let Some(problem) = &trust.problem {
+        tracing::error!(target: "lockstep::agent", %problem, "metadata keys unusable: every agent-binary lookup is refused");
+    } else if trust.allows_unsigned() {
+        tracing::warn!(target: "lockstep::agent", metadata_verification = %verification, "unsigned agent-binary metadata is accepted (bootstrapped with --allow-unsigned-metadata): whoever can change the mirror, or the network to it, can choose the binary this controller runs");
+    } else {
+        tracing::info!(target: "lockstep::agent", metadata_verification = %verification, "agent-binary metadata verification");
     }
 }
 
@@ -275,6 +291,8 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
         })?;
     let settings = options.store_settings(&conf)?;
     tracing::info!(target: "lockstep::agent", %running, tag = %conf.tag, pid = std::process::id(), store = %settings.describe(&data), "worker starting");
+    let metadata_trust = Arc::new(MetadataTrust::of(&data, &conf));
+    log_metadata_trust(&metadata_trust);
     let store: Arc<dyn Store> = crate::store::open(&data, &settings)?;
     let tls = credentials(&data)?
         .server_config()
@@ -342,6 +360,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             tag: conf.tag.clone(),
             controller: Some(ControllerId(conf.controller_id)),
             capabilities: options.capabilities.clone(),
+            metadata_trust: Arc::clone(&metadata_trust),
         },
         crate::steps::registry(),
         Arc::clone(&store),
@@ -353,6 +372,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
         status: handles.status.clone(),
         store: Arc::clone(&store),
         data: data.clone(),
+        metadata_trust: Arc::clone(&metadata_trust),
         catalogue: tokio::sync::Mutex::new(None),
     });
     let api = Api::new(
@@ -366,7 +386,10 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             limits: options.api_limits.clone(),
         },
         handles.gate.clone(),
-        Arc::new(StoreState::new(Arc::clone(&store))),
+        Arc::new(
+            StoreState::new(Arc::clone(&store))
+                .with_local_controller(conf.controller_id.to_string(), metadata_trust.describe()),
+        ),
         backend,
     );
     let server = tokio::spawn(Arc::clone(&api).serve(listener, tls));

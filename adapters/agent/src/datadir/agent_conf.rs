@@ -112,6 +112,30 @@ pub struct AgentConf {
     /// Its private key (PEM file), as etcdctl's `--key`.
     #[serde(rename = "etcd-key", default, skip_serializing_if = "Option::is_none")]
     pub etcd_key: Option<PathBuf>,
+    /// The OpenPGP public keys that must sign the metadata of `agent-metadata-url`: the
+    /// data dir's `metadata-keys.asc`, copied there by `lockstep bootstrap --metadata-key`.
+    /// Only this file is trusted, never anything from the shared store or the API.
+    #[serde(
+        rename = "metadata-keyring",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub metadata_keyring: Option<PathBuf>,
+    /// The fingerprints of those keys, pinned: the file must hold exactly these.
+    #[serde(
+        rename = "metadata-key-fingerprints",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub metadata_key_fingerprints: Vec<String>,
+    /// `lockstep bootstrap --allow-unsigned-metadata`: the operator accepted unsigned
+    /// metadata (and, with keys, signed metadata must still verify).
+    #[serde(
+        rename = "allow-unsigned-metadata",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub allow_unsigned_metadata: bool,
 }
 
 impl AgentConf {
@@ -137,6 +161,9 @@ impl AgentConf {
             etcd_cacert: None,
             etcd_cert: None,
             etcd_key: None,
+            metadata_keyring: None,
+            metadata_key_fingerprints: Vec::new(),
+            allow_unsigned_metadata: false,
         };
         conf.set_snapshot(snapshot);
         conf

@@ -11,6 +11,7 @@
 //! ├── server.pem                       the API server's certificate
 //! ├── server-key.pem                   its private key, 0600
 //! ├── streams-mark.json                simplestreams high-water mark (never moves back)
+//! ├── metadata-keys.asc                public keys that must sign the mirror's metadata, 0600
 //! ├── logs/                            the daemon's logs
 //! ├── ha/machine-<N>/                  controllers `enable-ha` added, each a data dir
 //! ├── cache/
@@ -42,6 +43,7 @@
 //! - `agent_conf`: [`AgentConf`] (format, read, atomic write, mode 0600);
 //! - `downloaded_tools`: [`DownloadedTools`], Juju's provenance file;
 //! - `users`: [`User`], `users.json`;
+//! - `metadata_keys`: `metadata-keys.asc`, the keys that sign the mirror's metadata;
 //! - `binaries`: installing binaries, switching the agent link, `FORCE-VERSION`.
 
 mod agent_conf;
@@ -50,6 +52,7 @@ mod downloaded_tools;
 mod error;
 mod files;
 mod layout;
+mod metadata_keys;
 pub mod names;
 mod users;
 
@@ -58,6 +61,7 @@ pub use binaries::read_force_version;
 pub use downloaded_tools::DownloadedTools;
 pub use error::DataDirError;
 pub use layout::{DataDir, check_tag, host_binary, juju_arch};
+pub use metadata_keys::read_keyring;
 pub use names::*;
 pub use users::User;
 

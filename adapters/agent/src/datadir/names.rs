@@ -57,3 +57,11 @@ pub const SECRET_FILE_MODE: u32 = 0o600;
 pub const PUBLIC_FILE_MODE: u32 = 0o644;
 /// The mode of an installed executable and of a binary directory.
 pub const EXECUTABLE_MODE: u32 = 0o755;
+
+/// The OpenPGP public keys that must sign the mirror's metadata (`lockstep bootstrap
+/// --metadata-key`), ASCII-armored; `agent.conf`'s `metadata-keyring` names it.
+pub const METADATA_KEYS: &str = "metadata-keys.asc";
+/// Largest `metadata-keys.asc` read.
+pub const METADATA_KEYS_BYTES_MAX: u64 = lockstep_streams::signature::KEY_FILE_BYTES_MAX;
+/// `metadata-keys.asc`'s mode: only the agent reads it, and only root may replace it.
+pub const METADATA_KEYS_MODE: u32 = SECRET_FILE_MODE;

@@ -86,6 +86,8 @@ impl Ha {
         let mut args = vec![
             "--metadata-source".to_owned(),
             source,
+            "--metadata-key".to_owned(),
+            mirror.key(),
             "--store".to_owned(),
             "etcd".to_owned(),
             "--etcd-endpoints".to_owned(),
@@ -123,6 +125,19 @@ impl Ha {
         let controllers: Vec<Controller> = std::iter::once(primary).chain(members).collect();
         for (id, controller) in controllers.iter().enumerate() {
             assert_eq!(controller.tag(), format!("machine-{id}"));
+            // Every controller pins the operator's metadata key in its own agent.conf, from
+            // its own copy of the keyring (enable-ha copies it; the store never holds it).
+            let pinned = controller.data().read_agent_conf().unwrap().unwrap();
+            assert_eq!(
+                pinned.metadata_key_fingerprints,
+                vec![mirror.key.as_ref().unwrap().fingerprint()],
+                "controller {id}"
+            );
+            assert_eq!(
+                pinned.metadata_keyring.as_deref(),
+                Some(controller.data().metadata_keys_path().as_path()),
+                "controller {id}"
+            );
         }
         Ha {
             controllers,

@@ -14,6 +14,7 @@ use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::{self, DataDir};
 use lockstep_core::Version;
 use lockstep_core::client::RetryPolicy;
+use lockstep_streams::SigningKey;
 use lockstep_transport::client::Client;
 use serde_json::{Value, json};
 
@@ -39,14 +40,34 @@ pub enum Published {
     Tampered,
 }
 
-/// A mirror directory with simplestreams metadata.
+/// A mirror directory with simplestreams metadata, signed (`.sjson` beside every `.json`)
+/// by a key made for it unless made [`Mirror::unsigned`].
 pub struct Mirror {
     pub dir: tempfile::TempDir,
+    /// The key that signed the metadata; `None` for an unsigned mirror.
+    pub key: Option<SigningKey>,
+    /// The public key, as `--metadata-key` takes it (`<dir>/metadata-public-key.asc`, beside
+    /// `tools/`); written for an unsigned mirror too, so a test can show it refused.
+    pub public_key: PathBuf,
 }
 
 impl Mirror {
+    /// A mirror publishing `versions`, its metadata signed by a new key.
     pub fn new(versions: &[(Version, Published)]) -> Mirror {
+        Mirror::made(versions, true)
+    }
+
+    /// A mirror publishing `versions` with unsigned metadata only (`.json`), as
+    /// `generate-agent-binaries` without `--sign-key` writes it.
+    pub fn unsigned(versions: &[(Version, Published)]) -> Mirror {
+        Mirror::made(versions, false)
+    }
+
+    fn made(versions: &[(Version, Published)], signed: bool) -> Mirror {
         let dir = tempfile::tempdir().expect("a temporary directory");
+        let public_key = dir.path().join("metadata-public-key.asc");
+        let key = lockstep_agent::cli::demo::signing_key(&public_key).expect("a signing key");
+        let key = signed.then_some(key);
         let mut tamper = Vec::new();
         for (version, published) in versions {
             match published {
@@ -77,14 +98,18 @@ impl Mirror {
                 }
             }
         }
-        lockstep_agent::cli::demo::generate(dir.path()).expect("generate metadata");
+        lockstep_agent::cli::demo::generate(dir.path(), key.as_ref()).expect("generate metadata");
         for tarball in tamper {
             let mut bytes = std::fs::read(&tarball).unwrap();
             let middle = bytes.len() / 2;
             bytes[middle] ^= 0xff;
             std::fs::write(&tarball, bytes).unwrap();
         }
-        Mirror { dir }
+        Mirror {
+            dir,
+            key,
+            public_key,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -99,6 +124,11 @@ impl Mirror {
     /// The mirror as `--metadata-source` takes it.
     pub fn source(&self) -> String {
         self.path().to_str().expect("a UTF-8 path").to_owned()
+    }
+
+    /// The public key file, as `--metadata-key` takes it.
+    pub fn key(&self) -> String {
+        self.public_key.to_str().expect("a UTF-8 path").to_owned()
     }
 }
 
