@@ -54,7 +54,15 @@ fn basic(tag: &str, password: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_them() {
     let mirror = Mirror::new(&[(own(), Published::Lockstepd)]);
-    let controller = Controller::bootstrap(&["--metadata-source", &mirror.source()], &[]);
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &mirror.source(),
+            "--metadata-key",
+            &mirror.key(),
+        ],
+        &[],
+    );
     controller.assert_bootstrapped();
     let file = controller.controller_file();
     let binary = lockstep_agent::datadir::host_binary(own());
