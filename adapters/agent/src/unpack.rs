@@ -19,8 +19,9 @@
 //! - at most [`UnpackLimits::entries_max`] entries and
 //!   [`UnpackLimits::total_bytes_max`] unpacked bytes, checked against each header before
 //!   its data is read, so a gzip bomb stops at the limit;
-//! - a file keeps its executable bits and nothing else of its mode: it is written
-//!   `0644 | (mode & 0111)`, never setuid, setgid or sticky, whatever the archive says.
+//! - a file keeps its owner's executable bit and nothing else of its mode: it is written
+//!   `0600 | (mode & 0100)`, private to the agent's user like the rest of its data
+//!   directory, never setuid, setgid or sticky, whatever the archive says.
 //!
 //! On any error every file already written is removed: the destination is left as empty
 //! as it was given.
@@ -499,8 +500,9 @@ fn unpack_entries(
                 actual_bytes: copied,
             }));
         }
-        // Executable bits kept; never setuid, setgid or sticky; never writable by others.
-        let permissions = fs::Permissions::from_mode(0o644 | (mode & 0o111));
+        // Executable bits kept (the agent's user's); never setuid, setgid or sticky; never
+        // readable or writable by others: the data directory is private.
+        let permissions = fs::Permissions::from_mode(0o600 | (mode & 0o100));
         output
             .set_permissions(permissions)
             .map_err(|error| io_failure("set the permissions of", error))?;

@@ -140,7 +140,7 @@ fn refused(entries: &[Raw<'_>], limits: &UnpackLimits) -> UnpackError {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn a_flat_tarball_unpacks_with_its_executable_bits_and_nothing_else_of_its_mode() {
+fn a_flat_tarball_unpacks_private_with_the_owner_s_executable_bit_and_nothing_else_of_its_mode() {
     let fixture = fixture();
     let tarball = archive(
         &fixture.root,
@@ -168,12 +168,16 @@ fn a_flat_tarball_unpacks_with_its_executable_bits_and_nothing_else_of_its_mode(
             .mode()
             & 0o7777
     };
-    assert_eq!(mode("lockstepd"), 0o755, "setuid and setgid dropped");
-    assert_eq!(mode("FORCE-VERSION"), 0o644, "never writable by others");
+    assert_eq!(
+        mode("lockstepd"),
+        0o700,
+        "setuid and setgid dropped, private to the agent's user"
+    );
+    assert_eq!(mode("FORCE-VERSION"), 0o600, "never readable by others");
     assert_eq!(
         mode("README"),
-        0o744,
-        "sticky dropped, the executable bit kept"
+        0o700,
+        "sticky dropped, the owner's executable bit kept"
     );
     assert_eq!(
         fs::read(fixture.destination.join("lockstepd")).unwrap(),

@@ -777,3 +777,67 @@ async fn watch_streams_json_lines_and_the_metadata_commands_make_a_usable_signed
             .all(|line| line["revision"].is_u64() && line["delta"].is_array())
     );
 }
+
+/// Every file of `root` that is not private to the agent's user, with its mode: the CA
+/// certificate may be read by anyone (0644), executables under `tools/` keep their
+/// execute bits; everything else has no group or other bits, and no directory is writable
+/// by others.
+fn not_private(root: &std::path::Path) -> Vec<(String, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut found = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let metadata = std::fs::symlink_metadata(&path).unwrap();
+            let mode = metadata.mode() & 0o7777;
+            let relative = path.strip_prefix(root).unwrap().display().to_string();
+            let allowed = if metadata.is_dir() {
+                pending.push(path.clone());
+                mode & 0o022 == 0
+            } else if metadata.file_type().is_symlink() {
+                true
+            } else if relative == "ca.pem" {
+                mode == 0o644
+            } else if relative.starts_with("tools/") && mode & 0o100 != 0 {
+                mode & 0o022 == 0
+            } else {
+                mode & 0o077 == 0
+            };
+            if !allowed {
+                found.push((relative, mode));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_is_private_after_bootstrap_and_after_an_upgrade() {
+    use std::os::unix::fs::MetadataExt;
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let (source, key) = (mirror.source(), mirror.key());
+    // Bootstrapped on this build, with the next patch published but not taken.
+    let controller =
+        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
+    controller.assert_bootstrapped();
+    let root = controller.data_dir.clone();
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&root), 0o700, "the data directory");
+    assert_eq!(not_private(&root), [], "after bootstrap");
+    // The upgrade downloads, unpacks and installs the next binary, re-executes into it
+    // and writes the store and logs on the way.
+    let output = controller.run(&["upgrade-controller", "--agent-version", &next().to_string()]);
+    assert!(output.status.success(), "{}", text(&output));
+    controller
+        .wait_running(next(), Duration::from_secs(120))
+        .await;
+    controller.wait_ready(Duration::from_secs(60)).await;
+    assert_eq!(mode(&root), 0o700, "the data directory");
+    assert_eq!(not_private(&root), [], "after the upgrade");
+    assert!(
+        controller.binary_dir(next()).join("lockstepd").is_file(),
+        "the upgrade installed the next binary"
+    );
+}

@@ -10,8 +10,9 @@ use sha2::Digest;
 use crate::error::{DownloadError, quote};
 use crate::source::{Source, io_error, is_too_large};
 
-/// A downloaded tarball's mode: served to agents, not a secret.
-const DOWNLOAD_MODE: u32 = 0o644;
+/// A downloaded tarball's mode: private to the agent's user, as everything in its data
+/// directory (it serves the tarball to agents itself, after a login).
+const DOWNLOAD_MODE: u32 = 0o600;
 
 /// Bytes read per step: large enough for throughput, small enough to never matter in
 /// memory. The whole binary is never held in memory.

@@ -11,8 +11,8 @@ use crate::error::StateError;
 
 /// The most bytes a mark file may have; a real one is under 100 bytes.
 const MARK_SIZE_BYTES_MAX: u64 = 4096;
-/// The mark file's mode: not a secret, written by the agent only.
-const MARK_MODE: u32 = 0o644;
+/// The mark file's mode: private to the agent's user, as everything in its data directory.
+const MARK_MODE: u32 = 0o600;
 
 /// A high-water mark kept in one JSON file (`{"updated_unix_seconds":…,"version":"…"}`),
 /// replaced atomically.

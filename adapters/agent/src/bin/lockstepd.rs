@@ -97,6 +97,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Whatever the daemon creates without an explicit mode is private to its user.
+    lockstep_agent::datadir::private_umask();
     let args = Args::parse();
     logging::init(args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -11,6 +11,7 @@
 
 use std::io;
 use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,9 @@ use lockstep_transport::tls::{Credentials, TlsError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::datadir::{self, AgentConf, DataDir, DataDirError, DownloadedTools, User};
+use crate::datadir::{
+    self, AgentConf, DATA_DIR_MODE, DataDir, DataDirError, DownloadedTools, User, private_umask,
+};
 use crate::metadata::{MetadataSource, MetadataTrust, unix_now};
 use crate::quote::quote;
 use crate::store::StoreSetupError;
@@ -389,8 +392,12 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     } else {
         None
     };
+    private_umask();
     std::fs::create_dir_all(data.root())
         .map_err(DataDirError::io(data.root(), "create the directory"))?;
+    // One made beforehand (by an operator, or a package) becomes private too.
+    std::fs::set_permissions(data.root(), std::fs::Permissions::from_mode(DATA_DIR_MODE))
+        .map_err(DataDirError::io(data.root(), "make private (0700)"))?;
     std::fs::create_dir_all(data.tools_dir())
         .map_err(DataDirError::io(&data.tools_dir(), "create the directory"))?;
 
@@ -458,7 +465,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     lockstep_fs::write_file_atomically(
         &data.server_cert_path(),
         credentials.certificate_pem.as_bytes(),
-        0o644,
+        0o600,
     )?;
     lockstep_fs::write_file_atomically(
         &data.server_key_path(),

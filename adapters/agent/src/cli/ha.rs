@@ -176,7 +176,7 @@ pub async fn enable_ha(
             .map_err(DataDirError::io(&data.tools_dir(), "create the directory"))?;
         for (from, to, mode) in [
             (primary.ca_cert_path(), data.ca_cert_path(), 0o644),
-            (primary.server_cert_path(), data.server_cert_path(), 0o644),
+            (primary.server_cert_path(), data.server_cert_path(), 0o600),
             (primary.server_key_path(), data.server_key_path(), 0o600),
             (primary.users_path(), data.users_path(), 0o600),
         ] {

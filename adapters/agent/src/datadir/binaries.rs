@@ -20,7 +20,7 @@ use super::files::{
 use super::layout::{DataDir, check_binary, check_tag};
 use super::names::{
     DOWNLOADED_TOOLS, EXECUTABLE, EXECUTABLE_MODE, FORCE_VERSION, FORCE_VERSION_BYTES_MAX,
-    LOCAL_BINARY_BYTES_MAX, PUBLIC_FILE_MODE,
+    LOCAL_BINARY_BYTES_MAX, PRIVATE_FILE_MODE,
 };
 
 /// Prefixes of the temporary entries made in `tools/`; none is a valid tag or binary.
@@ -187,7 +187,7 @@ impl DataDir {
         write_new_file(
             &staging.path().join(DOWNLOADED_TOOLS),
             &tools.to_json(),
-            PUBLIC_FILE_MODE,
+            PRIVATE_FILE_MODE,
         )?;
         sync_directory(staging.path())?;
         self.place(binary, staging, sha256, None)
@@ -226,7 +226,7 @@ impl DataDir {
             write_new_file(
                 &staging.path().join(FORCE_VERSION),
                 format!("{version}\n").as_bytes(),
-                PUBLIC_FILE_MODE,
+                PRIVATE_FILE_MODE,
             )?;
         }
         let absolute = fs::canonicalize(exe).unwrap_or_else(|_| exe.to_path_buf());
@@ -239,7 +239,7 @@ impl DataDir {
         write_new_file(
             &staging.path().join(DOWNLOADED_TOOLS),
             &tools.to_json(),
-            PUBLIC_FILE_MODE,
+            PRIVATE_FILE_MODE,
         )?;
         sync_directory(staging.path())?;
         self.place(binary, staging, sha256, Some(forced))

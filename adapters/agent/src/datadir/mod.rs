@@ -65,6 +65,14 @@ pub use metadata_keys::read_keyring;
 pub use names::*;
 pub use users::User;
 
+/// Sets the process umask to [`UMASK`] (`0077`): what `lockstepd` and `lockstep bootstrap`
+/// create without an explicit mode (the SQLite store and its WAL, the logs, the tools
+/// cache, directories) is private to the agent's user. Files written with a mode
+/// (`lockstep_fs::write_file_atomically`) get exactly that mode.
+pub fn private_umask() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(UMASK));
+}
+
 #[cfg(test)]
 mod tests {
     use lockstep_core::version::{Binary, Version};

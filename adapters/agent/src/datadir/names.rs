@@ -52,11 +52,21 @@ pub const USERS_BYTES_MAX: u64 = 1024 * 1024;
 /// The mode of a file only the agent may read: `agent.conf`, the server's private key,
 /// `users.json`, `controller.yaml` (it holds the admin's password).
 pub const SECRET_FILE_MODE: u32 = 0o600;
-/// The mode of a file anyone may read: certificates, `downloaded-tools.txt`,
-/// `FORCE-VERSION`.
+/// The mode of every other file of the data directory: `downloaded-tools.txt`,
+/// `FORCE-VERSION`, the store, the logs, the tools cache. Only the agent's user reads its
+/// data directory.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+/// The mode of the one file anyone may read: the controller's CA certificate (`ca.pem`).
 pub const PUBLIC_FILE_MODE: u32 = 0o644;
-/// The mode of an installed executable and of a binary directory.
+/// The mode of an installed executable and of a binary directory (inside the private data
+/// directory, which is what keeps others out).
 pub const EXECUTABLE_MODE: u32 = 0o755;
+/// The mode of the data directory itself: private to the agent's user.
+pub const DATA_DIR_MODE: u32 = 0o700;
+/// The process umask of `lockstepd` and of `lockstep bootstrap`: whatever they create
+/// without an explicit mode (the SQLite store and its WAL, the logs, the tools cache,
+/// directories) is private.
+pub const UMASK: u32 = 0o077;
 
 /// The OpenPGP public keys that must sign the mirror's metadata (`lockstep bootstrap
 /// --metadata-key`), ASCII-armored; `agent.conf`'s `metadata-keyring` names it.
