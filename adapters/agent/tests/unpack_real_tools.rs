@@ -115,8 +115,9 @@ fn assert_unpacked(fixture: &Fixture) {
             .mode()
             & 0o7777
     };
-    assert_eq!(mode("lockstepd"), 0o755);
-    assert_eq!(mode("FORCE-VERSION"), 0o644);
+    // Private to the agent's user, the owner's execute bit kept (see `unpack.rs`).
+    assert_eq!(mode("lockstepd"), 0o700);
+    assert_eq!(mode("FORCE-VERSION"), 0o600);
 }
 
 #[test]
