@@ -10,13 +10,24 @@ use lockstep_core::policy::{PolicyError, Sha256};
 /// field must not become a multi-megabyte log line.
 pub const QUOTE_LENGTH_MAX: usize = 100;
 
-/// Quotes `text` for a message: Rust string syntax, cut to [`QUOTE_LENGTH_MAX`] characters.
+/// Quotes `text` for a message: Rust string syntax, cut so that at most
+/// [`QUOTE_LENGTH_MAX`] characters of its escaped form are shown (a control character
+/// escapes to several, so counting the input's would let 100 NULs make 200).
 pub(crate) fn quote(text: &str) -> String {
-    if text.chars().count() <= QUOTE_LENGTH_MAX {
-        format!("{text:?}")
+    let mut shown = String::new();
+    let mut cut = false;
+    for c in text.chars() {
+        let escaped: String = c.escape_debug().collect();
+        if shown.chars().count() + escaped.chars().count() > QUOTE_LENGTH_MAX {
+            cut = true;
+            break;
+        }
+        shown.push_str(&escaped);
+    }
+    if cut {
+        format!("\"{shown}\"... ({} characters)", text.chars().count())
     } else {
-        let cut: String = text.chars().take(QUOTE_LENGTH_MAX).collect();
-        format!("{cut:?}... ({} characters)", text.chars().count())
+        format!("\"{shown}\"")
     }
 }
 

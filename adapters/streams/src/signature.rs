@@ -177,8 +177,10 @@ impl Keyring {
             refused(
                 quote(text.lines().next().unwrap_or("")),
                 format!(
-                    "not an OpenPGP clear-signed message ({error}); regenerate the mirror's \
-                     metadata with --sign-key"
+                    "not an OpenPGP clear-signed message ({}); regenerate the mirror's \
+                     metadata with --sign-key",
+                    // The parser's error quotes its whole input: cut it (found by fuzzing).
+                    quote(&error.to_string())
                 ),
             )
         })?;
