@@ -807,15 +807,31 @@ pub struct HighWaterMark {
 }
 
 impl HighWaterMark {
+    /// How far ahead of the checking clock metadata may be dated by default: a day, far
+    /// more than any honest clock skew, far less than a date that would hold the mark.
+    pub const FUTURE_SKEW_SECONDS_DEFAULT: u64 = 86_400;
+
     /// Checks metadata last updated at `metadata_updated_unix_seconds` before it is used.
     /// Metadata as old as the accepted one is admitted (the same metadata fetched again);
-    /// metadata exactly `freeze_after_seconds` old is still admitted.
+    /// metadata exactly `freeze_after_seconds` old is still admitted, and so is metadata
+    /// dated exactly `future_skew_seconds` ahead of `now_unix_seconds`.
     pub fn admit(
         &self,
         metadata_updated_unix_seconds: u64,
         now_unix_seconds: u64,
         freeze_after_seconds: u64,
+        future_skew_seconds: u64,
     ) -> Result<(), PolicyError> {
+        // Mark poisoning: metadata dated years ahead would become the mark, and every genuine
+        // catalogue after it would be refused as a rollback until someone deleted the mark.
+        // Checked first, so such metadata never moves the mark.
+        if metadata_updated_unix_seconds > now_unix_seconds.saturating_add(future_skew_seconds) {
+            return Err(PolicyError::MetadataFromTheFuture {
+                metadata_updated_unix_seconds,
+                now_unix_seconds,
+                future_skew_seconds,
+            });
+        }
         // Rollback attack (TUF specification, §5.4.3 "Check for a rollback attack"): "If
         // the new timestamp metadata version is less than the trusted timestamp metadata
         // version, discard it, abort the update cycle, and report the potential rollback
@@ -1016,6 +1032,15 @@ pub enum PolicyError {
         /// The largest age admitted.
         freeze_after_seconds: u64,
     },
+    /// Metadata dated further ahead of the checking clock than the skew allowed.
+    MetadataFromTheFuture {
+        /// `updated` of the refused metadata.
+        metadata_updated_unix_seconds: u64,
+        /// The driver's time of the check.
+        now_unix_seconds: u64,
+        /// The furthest ahead admitted.
+        future_skew_seconds: u64,
+    },
     /// A catalogue whose highest version is below the highest already accepted.
     VersionRollback {
         /// The catalogue's highest version; `None` when it lists nothing.
@@ -1154,6 +1179,19 @@ impl fmt::Display for PolicyError {
                  allowed: refused as a possible freeze attack; check that the mirror at \
                  agent-metadata-url is being refreshed",
                 now_unix_seconds.saturating_sub(*metadata_updated_unix_seconds)
+            ),
+            PolicyError::MetadataFromTheFuture {
+                metadata_updated_unix_seconds,
+                now_unix_seconds,
+                future_skew_seconds,
+            } => write!(
+                f,
+                "streams metadata updated at {metadata_updated_unix_seconds} (unix seconds) is \
+                 dated {} seconds after this controller's clock ({now_unix_seconds}), more than \
+                 the {future_skew_seconds} allowed: refused, and not remembered, so that it \
+                 cannot hold back genuine metadata; check the mirror's metadata and this \
+                 controller's clock",
+                metadata_updated_unix_seconds - now_unix_seconds
             ),
             PolicyError::VersionRollback {
                 catalogue_highest,
@@ -2150,7 +2188,7 @@ mod tests {
     #[test]
     fn high_water_mark_refuses_rollback_and_freeze() {
         let fresh = HighWaterMark::default();
-        assert_eq!(fresh.admit(1_000, 1_000, 0), Ok(()));
+        assert_eq!(fresh.admit(1_000, 1_000, 0, 0), Ok(()));
         assert_eq!(fresh.admit_version(None), Ok(()));
         let mark = HighWaterMark {
             updated_unix_seconds: Some(1_000),
@@ -2158,7 +2196,17 @@ mod tests {
         };
         let cases: &[(u64, u64, u64, &str)] = &[
             (1_000, 1_000, 3_600, "ok"),
-            (1_500, 1_000, 3_600, "ok"), // from the driver's future: age 0
+            (1_500, 1_000, 3_600, "ok"), // from the driver's future (500 s): age 0
+            (87_400, 1_000, 3_600, "ok"), // exactly the skew ahead
+            (
+                87_401,
+                1_000,
+                3_600,
+                "streams metadata updated at 87401 (unix seconds) is dated 86401 seconds after \
+                 this controller's clock (1000), more than the 86400 allowed: refused, and not \
+                 remembered, so that it cannot hold back genuine metadata; check the mirror's \
+                 metadata and this controller's clock",
+            ),
             (1_000, 4_600, 3_600, "ok"), // exactly at the bound
             (
                 999,
@@ -2186,7 +2234,7 @@ mod tests {
             ),
         ];
         for &(updated, now, freeze_after, expected) in cases {
-            let outcome = match mark.admit(updated, now, freeze_after) {
+            let outcome = match mark.admit(updated, now, freeze_after, 86_400) {
                 Ok(()) => "ok".to_owned(),
                 Err(error) => error.to_string(),
             };

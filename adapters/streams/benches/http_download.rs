@@ -73,6 +73,7 @@ fn main() {
     let mark = HighWaterMarkFile::new(site.path().join("mark.json"));
     let config = LookupConfig {
         freeze_after_seconds: u64::MAX,
+        future_skew_seconds: u64::MAX,
         ..LookupConfig::allowing_unsigned()
     };
     let lookup = runtime

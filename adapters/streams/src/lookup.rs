@@ -1,6 +1,6 @@
 //! Looking up the catalogue at a source, with the freshness guards.
 
-use lockstep_core::policy::{Catalogue, SIZE_BYTES_MAX};
+use lockstep_core::policy::{Catalogue, HighWaterMark, SIZE_BYTES_MAX};
 
 use crate::error::{LookupError, MetadataError, SourceError};
 use crate::metadata::{INDEX_PATH, Index, LEGACY_INDEX_PATH, Products, build_catalogue};
@@ -20,6 +20,10 @@ pub struct LookupConfig {
     /// Metadata whose `updated` is older than this (at `now`) is refused as frozen.
     /// Regenerate a private mirror's metadata at least this often.
     pub freeze_after_seconds: u64,
+    /// Metadata whose `updated` is further than this ahead of `now` is refused, and never
+    /// becomes the high-water mark (a mark dated years ahead would refuse every genuine
+    /// catalogue after it).
+    pub future_skew_seconds: u64,
     /// The OpenPGP keys that sign the mirror's metadata. When not empty, every document is
     /// read from its clear-signed `.sjson` sibling and must verify against one of them.
     pub keyring: Keyring,
@@ -44,6 +48,7 @@ impl Default for LookupConfig {
             metadata_size_bytes_max: LookupConfig::METADATA_SIZE_BYTES_MAX_DEFAULT,
             item_size_bytes_max: SIZE_BYTES_MAX,
             freeze_after_seconds: LookupConfig::FREEZE_AFTER_SECONDS_DEFAULT,
+            future_skew_seconds: HighWaterMark::FUTURE_SKEW_SECONDS_DEFAULT,
             keyring: Keyring::empty(),
             allow_unsigned: false,
         }
@@ -149,11 +154,14 @@ pub struct Lookup {
 /// Reads the catalogue at `source`: the index (`index2.json`, else the legacy
 /// `index.json`), then the products file of every agent-binary stream it lists.
 ///
-/// Guards, in order: the index must not be older than the remembered mark (rollback) nor
-/// older than `freeze_after_seconds` at `now_unix_seconds` (freeze); each products file must
-/// carry the content id of the index entry that named it (mix-and-match); the catalogue's
-/// highest version must not be below the remembered one. Only when every guard passed is
-/// the mark advanced and stored; on any error nothing is remembered.
+/// Guards, in order: the index must not be dated more than `future_skew_seconds` after
+/// `now_unix_seconds` (mark poisoning), nor be older than the remembered mark (rollback),
+/// nor older than `freeze_after_seconds` at `now_unix_seconds` (freeze); each products file
+/// must carry the content id of the index entry that named it (mix-and-match); the
+/// catalogue's highest version must not be below the remembered one. Only when every guard
+/// passed is the mark advanced and stored, by its one writer
+/// ([`HighWaterMarkFile::admit_and_advance`]: the guards again against the mark as stored
+/// at that moment, under its lock); on any error nothing is remembered.
 pub fn look_up(
     source: &dyn Source,
     mark_file: &HighWaterMarkFile,
@@ -189,15 +197,21 @@ pub fn look_up(
     // expired, discard it, abort the update cycle, and report the potential freeze
     // attack." Simplestreams has no expiry: metadata expires `freeze_after_seconds` after
     // its `updated`, and `now` plays TUF's fixed update start time.
+    // A third check first, against mark poisoning: metadata dated further ahead than
+    // `future_skew_seconds` is refused and never becomes the mark.
+    // This check is early, against the mark as loaded, so that refused metadata is not
+    // parsed further; the deciding one is made again with the mark's one writer below.
+    let policy = |error| LookupError::Policy {
+        file: index_file.to_owned(),
+        error: Box::new(error),
+    };
     mark.admit(
         index.updated_unix_seconds,
         now_unix_seconds,
         config.freeze_after_seconds,
+        config.future_skew_seconds,
     )
-    .map_err(|error| LookupError::Policy {
-        file: index_file.to_owned(),
-        error: Box::new(error),
-    })?;
+    .map_err(policy)?;
     if index.entries.is_empty() {
         return Err(LookupError::NoAgentMetadata {
             file: index_file.to_owned(),
@@ -227,16 +241,25 @@ pub fn look_up(
     // the new snapshot metadata file." A fresh `updated` does not excuse a catalogue that
     // lost the newest binary already accepted.
     let highest = catalogue.highest_version();
-    mark.admit_version(highest)
-        .map_err(|error| LookupError::Policy {
-            file: index_file.to_owned(),
-            error: Box::new(error),
-        })?;
-    let mut advanced = mark;
-    advanced.advance(index.updated_unix_seconds, highest);
-    if advanced != mark {
-        mark_file.store(&advanced)?;
-    }
+    mark.admit_version(highest).map_err(policy)?;
+    // The mark's one writer: both checks made again against the mark as stored now, and the
+    // mark advanced, under the mark file's lock. A concurrent lookup (the driver's and the
+    // API's, or another process) that accepted newer metadata meanwhile makes this one a
+    // rollback, refused, instead of moving the mark backwards.
+    mark_file
+        .admit_and_advance(|stored| {
+            stored.admit(
+                index.updated_unix_seconds,
+                now_unix_seconds,
+                config.freeze_after_seconds,
+                config.future_skew_seconds,
+            )?;
+            stored.admit_version(highest)?;
+            let mut advanced = *stored;
+            advanced.advance(index.updated_unix_seconds, highest);
+            Ok(advanced)
+        })?
+        .map_err(policy)?;
     for rejection in &rejected {
         tracing::warn!(
             file = %rejection.file,

@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use lockstep_core::policy::HighWaterMark;
@@ -62,8 +63,56 @@ impl HighWaterMarkFile {
         })
     }
 
+    /// The mark's one writer: under an exclusive lock on `<mark>.lock` (`flock(2)`, held
+    /// by one open file at a time, whether the other holder is a thread of this process or
+    /// another process), loads the mark as stored now, lets `decide` admit
+    /// and advance it, and stores what it returns when that differs. A lookup that read the
+    /// mark, fetched for a while, and meanwhile lost a race to a lookup that accepted newer
+    /// metadata is refused by `decide` instead of moving the mark backwards.
+    ///
+    /// The lock is held only for the local read and write, never across network I/O.
+    /// `Ok(Err(_))` is `decide`'s refusal; nothing was stored.
+    pub fn admit_and_advance<E>(
+        &self,
+        decide: impl FnOnce(&HighWaterMark) -> Result<HighWaterMark, E>,
+    ) -> Result<Result<HighWaterMark, E>, StateError> {
+        let lock_path = self.lock_path();
+        let problem = |problem: String| StateError {
+            path: lock_path.display().to_string(),
+            problem,
+        };
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(MARK_MODE)
+            .open(&lock_path)
+            .map_err(|error| problem(format!("cannot open the mark's lock: {error}")))?;
+        lock.lock()
+            .map_err(|error| problem(format!("cannot lock: {error}")))?;
+        let stored = self.load()?;
+        let decided = match decide(&stored) {
+            Ok(advanced) => advanced,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        if decided != stored {
+            self.store(&decided)?;
+        }
+        // Dropping the file releases the lock.
+        drop(lock);
+        Ok(Ok(decided))
+    }
+
+    /// `<mark>.lock`, beside the mark.
+    fn lock_path(&self) -> PathBuf {
+        let mut name = self.path.file_name().unwrap_or_default().to_owned();
+        name.push(".lock");
+        self.path.with_file_name(name)
+    }
+
     /// Replaces the mark atomically (`lockstep_fs`: temporary file, fsync, rename, fsync of
-    /// the directory), mode 0644.
+    /// the directory), mode 0600. Only [`HighWaterMarkFile::admit_and_advance`] writes the
+    /// mark of a running lookup; this is for tools and tests that set a mark.
     pub fn store(&self, mark: &HighWaterMark) -> Result<(), StateError> {
         let bytes = serde_json::to_vec(mark).expect("a high-water mark always serialises");
         lockstep_fs::write_file_atomically(&self.path, &bytes, MARK_MODE).map_err(|error| {

@@ -17,6 +17,7 @@ const CONFIG: LookupConfig = LookupConfig {
     metadata_size_bytes_max: 1 << 20,
     item_size_bytes_max: 1 << 30,
     freeze_after_seconds: 30 * DAY,
+    future_skew_seconds: DAY,
     keyring: Keyring::empty(),
     allow_unsigned: true,
 };
@@ -392,6 +393,97 @@ fn frozen_metadata_is_refused_and_nothing_remembered() {
     assert_eq!(site.remembered(), None);
     // Exactly at the bound is still fresh.
     site.look_up(DAY_0 + 30 * DAY).unwrap();
+}
+
+#[test]
+fn metadata_dated_past_the_skew_is_refused_unremembered_and_genuine_metadata_after_it_accepted() {
+    // A mirror announces metadata dated ten years ahead: were it remembered, every genuine
+    // catalogue after it would be refused as a rollback.
+    let site = Site::new(DAY_0 + 3_650 * DAY);
+    let error = site.look_up(DAY_0).unwrap_err();
+    assert!(
+        error.to_string().contains("refused, and not remembered"),
+        "{error}"
+    );
+    assert_eq!(
+        policy_error(error),
+        PolicyError::MetadataFromTheFuture {
+            metadata_updated_unix_seconds: DAY_0 + 3_650 * DAY,
+            now_unix_seconds: DAY_0,
+            future_skew_seconds: DAY,
+        }
+    );
+    assert_eq!(site.remembered(), None);
+    // The genuine metadata, served next, is accepted and becomes the mark.
+    generate(site.root(), DAY_0);
+    site.look_up(DAY_0).unwrap();
+    assert_eq!(
+        String::from_utf8(site.remembered().unwrap()).unwrap(),
+        format!("{{\"updated_unix_seconds\":{DAY_0},\"version\":\"2.9.44\"}}")
+    );
+    // Exactly the skew ahead is still admitted (a controller whose clock is slow).
+    generate(site.root(), DAY_0 + 2 * DAY);
+    site.look_up(DAY_0 + DAY).unwrap();
+}
+
+/// A directory source that stops before its first products file until released, so that a
+/// test can interleave a second lookup.
+#[derive(Debug)]
+struct Paused {
+    inner: DirectorySource,
+    reached: std::sync::mpsc::SyncSender<()>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Source for Paused {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    fn open(
+        &self,
+        path: &str,
+        size_bytes_max: u64,
+    ) -> Result<Box<dyn std::io::Read + Send>, SourceError> {
+        if path.contains("com.ubuntu.juju-released-agents") {
+            self.reached.send(()).unwrap();
+            self.release.lock().unwrap().recv().unwrap();
+        }
+        self.inner.open(path, size_bytes_max)
+    }
+}
+
+#[test]
+fn a_lookup_that_lost_the_race_to_newer_metadata_is_refused_and_the_mark_never_moves_back() {
+    // Two lookups share one mark (the driver's and the API's): the first reads older
+    // metadata and is held before its products file; the second accepts newer metadata
+    // meanwhile. Released, the first must not write its older mark over the newer one.
+    let older = Site::new(DAY_0 + DAY);
+    let newer = Site::new(DAY_0 + 2 * DAY);
+    let mark = newer.mark();
+    let (reached_tx, reached) = std::sync::mpsc::sync_channel(1);
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let paused = Paused {
+        inner: older.source(),
+        reached: reached_tx,
+        release: std::sync::Mutex::new(release_rx),
+    };
+    let first = std::thread::scope(|scope| {
+        let first = scope.spawn(|| look_up(&paused, &mark, &CONFIG, DAY_0 + 2 * DAY));
+        reached.recv().unwrap();
+        newer.look_up(DAY_0 + 2 * DAY).unwrap();
+        let accepted = newer.remembered().unwrap();
+        release.send(()).unwrap();
+        let first = first.join().unwrap();
+        assert_eq!(newer.remembered().unwrap(), accepted, "the mark moved back");
+        first
+    });
+    assert_eq!(
+        policy_error(first.unwrap_err()),
+        PolicyError::MetadataRollback {
+            metadata_updated_unix_seconds: DAY_0 + DAY,
+            accepted_updated_unix_seconds: DAY_0 + 2 * DAY,
+        }
+    );
 }
 
 #[test]

@@ -42,6 +42,7 @@ fn row(file: &str, field: &str, value: &str, problem: &str) -> (String, String, 
 fn never_frozen() -> LookupConfig {
     LookupConfig {
         freeze_after_seconds: u64::MAX,
+        future_skew_seconds: u64::MAX,
         ..LookupConfig::allowing_unsigned()
     }
 }

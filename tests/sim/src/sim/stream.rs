@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use lockstep_core::lifecycle::{Input, Request, RequestId};
-use lockstep_core::policy::{Catalogue, CatalogueEntry, Sha256, Stream};
+use lockstep_core::policy::{Catalogue, CatalogueEntry, HighWaterMark, Sha256, Stream};
 use lockstep_core::{Binary, Version};
 
 use super::Sim;
@@ -180,8 +180,13 @@ impl Sim {
                 let result = reply.and_then(|(catalogue, updated)| {
                     let mark = &mut self.hosts[host].high_water;
                     let highest = catalogue.highest_version();
-                    mark.admit(updated, now_unix, FREEZE_AFTER_SECONDS)
-                        .map_err(|error| error.to_string())?;
+                    mark.admit(
+                        updated,
+                        now_unix,
+                        FREEZE_AFTER_SECONDS,
+                        HighWaterMark::FUTURE_SKEW_SECONDS_DEFAULT,
+                    )
+                    .map_err(|error| error.to_string())?;
                     mark.admit_version(highest)
                         .map_err(|error| error.to_string())?;
                     mark.advance(updated, highest);
