@@ -3,14 +3,19 @@
 //! binaries up and stage them, and by `lockstep bootstrap` to install the first one.
 //!
 //! [`MetadataTrust`]: which metadata every lookup accepts, as the operator chose at
-//! bootstrap (`--metadata-key`, `--allow-unsigned-metadata`) and `agent.conf` pins.
+//! bootstrap (`--metadata-key`, `--allow-unsigned-metadata`) and `agent.conf` pins, and
+//! which certificate authorities an `https://` mirror may present (the system's, and
+//! `--metadata-ca`). Over plain `http://` only signed metadata is accepted: there, anyone
+//! on the path could rewrite unsigned metadata.
 
 use lockstep_core::policy::CatalogueEntry;
 use lockstep_streams::{
     AsyncSource, DirectorySource, HttpSource, Keyring, LookupConfig, LookupError, SourceError,
 };
 
-use crate::datadir::{AgentConf, DataDir, read_keyring};
+use rustls::pki_types::CertificateDer;
+
+use crate::datadir::{AgentConf, DataDir, read_keyring, read_metadata_ca};
 
 /// Which metadata this agent's lookups accept: read from `agent.conf` and the keyring file
 /// it names, never from the shared store or the API, so that whoever can change
@@ -22,12 +27,17 @@ use crate::datadir::{AgentConf, DataDir, read_keyring};
 /// | `metadata-keyring`, `allow-unsigned-metadata` | signed metadata that verifies, else unsigned `.json` |
 /// | `allow-unsigned-metadata` | unsigned `.json` metadata |
 /// | neither (a controller bootstrapped from its local binary) | nothing |
+///
+/// Over plain `http://`, unsigned metadata is never accepted, whatever `agent.conf` says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetadataTrust {
     /// The pinned keys; empty when none was given.
     pub keyring: Keyring,
     /// `--allow-unsigned-metadata`.
     pub allow_unsigned: bool,
+    /// `--metadata-ca`: certificate authorities an `https://` mirror may chain to besides
+    /// the system's.
+    pub mirror_cas: Vec<CertificateDer<'static>>,
     /// Why the pinned keys could not be read (a missing or replaced `metadata-keys.asc`):
     /// every lookup is then refused with this reason.
     pub problem: Option<String>,
@@ -41,8 +51,23 @@ impl MetadataTrust {
         let mut trust = MetadataTrust {
             keyring: Keyring::empty(),
             allow_unsigned: conf.allow_unsigned_metadata,
+            mirror_cas: Vec::new(),
             problem: None,
         };
+        if let Some(path) = &conf.metadata_ca {
+            let path = data.root().join(path);
+            match read_metadata_ca(&path) {
+                Ok((_, certificates)) => trust.mirror_cas = certificates,
+                Err(error) => {
+                    trust.problem = Some(format!(
+                        "cannot read the mirror's certificate authorities {} pins: {error}; \
+                         no metadata is read until they are restored",
+                        data.agent_conf_path().display()
+                    ));
+                    return trust;
+                }
+            }
+        }
         let Some(path) = &conf.metadata_keyring else {
             return trust;
         };
@@ -72,31 +97,68 @@ impl MetadataTrust {
         trust
     }
 
-    /// The trust of a new controller: `keyring` (perhaps empty) and the operator's flag.
+    /// The trust of a new controller: `keyring` (perhaps empty) and the operator's flag;
+    /// no certificate authority but the system's (see [`MetadataTrust::with_mirror_cas`]).
     pub fn new(keyring: Keyring, allow_unsigned: bool) -> MetadataTrust {
         MetadataTrust {
             keyring,
             allow_unsigned,
+            mirror_cas: Vec::new(),
             problem: None,
         }
     }
 
-    /// Pins this trust in `conf`, the keyring having been written at `keyring_path`.
-    pub fn pin(&self, conf: &mut AgentConf, keyring_path: Option<std::path::PathBuf>) {
+    /// This trust, with `certificates` trusted for an `https://` mirror.
+    pub fn with_mirror_cas(self, certificates: Vec<CertificateDer<'static>>) -> MetadataTrust {
+        MetadataTrust {
+            mirror_cas: certificates,
+            ..self
+        }
+    }
+
+    /// Pins this trust in `conf`, the keyring having been written at `keyring_path` and the
+    /// mirror's certificate authorities at `ca_path`.
+    pub fn pin(
+        &self,
+        conf: &mut AgentConf,
+        keyring_path: Option<std::path::PathBuf>,
+        ca_path: Option<std::path::PathBuf>,
+    ) {
+        conf.metadata_ca = ca_path;
         conf.metadata_keyring = keyring_path;
         conf.metadata_key_fingerprints = self.keyring.fingerprints();
         conf.allow_unsigned_metadata = self.allow_unsigned;
     }
 
-    /// The lookup's configuration; `Err` (the reason) when the pinned keys are unusable.
-    pub fn lookup_config(&self) -> Result<LookupConfig, String> {
+    /// The configuration of a lookup at `url`; `Err` (the reason) when the pinned keys are
+    /// unusable, or when `url` is plain `http://` and no key is pinned: over plain http,
+    /// unsigned metadata is refused even with `--allow-unsigned-metadata`.
+    pub fn lookup_config(&self, url: &str) -> Result<LookupConfig, String> {
         if let Some(problem) = &self.problem {
             return Err(problem.clone());
         }
+        let plain_http = url.starts_with("http://");
+        if plain_http && self.keyring.is_empty() {
+            return Err(format!(
+                "{url} is plain http, and over plain http only signed metadata is accepted \
+                 (anyone on the path could rewrite unsigned metadata), but no key is pinned: \
+                 sign the mirror's metadata and bootstrap with --metadata-key FILE, or serve \
+                 the mirror over https (--metadata-ca FILE for its own certificate authority)"
+            ));
+        }
         Ok(LookupConfig {
-            allow_unsigned: self.allow_unsigned,
+            allow_unsigned: self.allow_unsigned && !plain_http,
             ..LookupConfig::signed_by(self.keyring.clone())
         })
+    }
+
+    /// The HTTP(S) settings of a mirror under this trust: the system's certificate
+    /// authorities and `--metadata-ca`'s; redirects only to https on the same host.
+    pub fn http_config(&self) -> lockstep_streams::HttpConfig {
+        lockstep_streams::HttpConfig {
+            trusted_certificates: self.mirror_cas.clone(),
+            ..lockstep_streams::HttpConfig::default()
+        }
     }
 
     /// True when unsigned metadata is accepted.
@@ -150,11 +212,11 @@ pub enum MetadataSource {
 }
 
 impl MetadataSource {
-    /// `http://` and `https://` URLs are fetched; anything else is a local directory
-    /// (`file://` or a path).
-    pub fn open(url: &str) -> Result<MetadataSource, SourceError> {
+    /// `http://` and `https://` URLs are fetched, trusting the certificate authorities
+    /// `trust` names; anything else is a local directory (`file://` or a path).
+    pub fn open(url: &str, trust: &MetadataTrust) -> Result<MetadataSource, SourceError> {
         if url.starts_with("http://") || url.starts_with("https://") {
-            HttpSource::new(url, lockstep_streams::HttpConfig::default()).map(MetadataSource::Http)
+            HttpSource::new(url, trust.http_config()).map(MetadataSource::Http)
         } else {
             DirectorySource::from_url(url).map(MetadataSource::Directory)
         }
@@ -225,7 +287,7 @@ mod tests {
         let trust = MetadataTrust::new(keyring(&key), false);
         let path = data.write_metadata_keys(&trust.keyring).unwrap();
         let mut conf = conf();
-        trust.pin(&mut conf, Some(path.clone()));
+        trust.pin(&mut conf, Some(path.clone()), None);
         assert_eq!(conf.metadata_key_fingerprints, vec![key.fingerprint()]);
         // Through agent.conf's text and back.
         let conf = AgentConf::parse(&conf.to_yaml().unwrap(), &data.agent_conf_path()).unwrap();
@@ -235,7 +297,7 @@ mod tests {
             read.describe(),
             format!("signed (key {})", key.fingerprint())
         );
-        let config = read.lookup_config().unwrap();
+        let config = read.lookup_config("/srv/mirror").unwrap();
         assert!(!config.allow_unsigned);
         assert_eq!(config.keyring.fingerprints(), vec![key.fingerprint()]);
 
@@ -243,7 +305,7 @@ mod tests {
         let other = SigningKey::generate("other <other@example.invalid>").unwrap();
         data.write_metadata_keys(&keyring(&other)).unwrap();
         let replaced = MetadataTrust::of(&data, &conf);
-        let problem = replaced.lookup_config().unwrap_err();
+        let problem = replaced.lookup_config("/srv/mirror").unwrap_err();
         assert!(
             problem.contains(&key.fingerprint()) && problem.contains(&other.fingerprint()),
             "{problem}"
@@ -253,7 +315,9 @@ mod tests {
 
         // The file gone: refused, naming it.
         std::fs::remove_file(&path).unwrap();
-        let problem = MetadataTrust::of(&data, &conf).lookup_config().unwrap_err();
+        let problem = MetadataTrust::of(&data, &conf)
+            .lookup_config("/srv/mirror")
+            .unwrap_err();
         assert!(problem.contains("metadata-keys.asc"), "{problem}");
     }
 
@@ -263,7 +327,7 @@ mod tests {
         let data = DataDir::new(root.path());
         // Neither flag: nothing is accepted.
         let none = MetadataTrust::of(&data, &conf());
-        let config = none.lookup_config().unwrap();
+        let config = none.lookup_config("/srv/mirror").unwrap();
         assert!(config.keyring.is_empty() && !config.allow_unsigned);
         assert!(none.describe().starts_with("none"), "{}", none.describe());
         // Unsigned allowed, with and without a key.
@@ -271,12 +335,37 @@ mod tests {
         conf.allow_unsigned_metadata = true;
         let unsigned = MetadataTrust::of(&data, &conf);
         assert_eq!(unsigned.describe(), "unsigned-allowed");
-        assert!(unsigned.lookup_config().unwrap().allow_unsigned);
+        assert!(
+            unsigned
+                .lookup_config("/srv/mirror")
+                .unwrap()
+                .allow_unsigned
+        );
+        assert!(
+            unsigned
+                .lookup_config("https://mirror.example.invalid/")
+                .unwrap()
+                .allow_unsigned
+        );
+        // Over plain http, unsigned metadata is never accepted: without a key, nothing is.
+        let problem = unsigned
+            .lookup_config("http://mirror.example.invalid/")
+            .unwrap_err();
+        assert!(
+            problem.contains("over plain http only signed metadata is accepted"),
+            "{problem}"
+        );
         let key = SigningKey::generate("both <both@example.invalid>").unwrap();
         let both = MetadataTrust::new(keyring(&key), true);
         assert_eq!(
             both.describe(),
             format!("unsigned-allowed, else signed (key {})", key.fingerprint())
         );
+        // With a key, plain http reads signed metadata only.
+        let config = both
+            .lookup_config("http://mirror.example.invalid/")
+            .unwrap();
+        assert!(!config.allow_unsigned);
+        assert_eq!(config.keyring.fingerprints(), vec![key.fingerprint()]);
     }
 }

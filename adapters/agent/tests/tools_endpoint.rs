@@ -6,50 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Controller, Mirror, Published, own};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `GET path` on the controller over TLS (its CA), with an `Authorization` header when
-/// given; the status and the body.
-async fn get(controller: &Controller, path: &str, authorization: Option<String>) -> (u16, Vec<u8>) {
-    let file = controller.controller_file();
-    let config = lockstep_transport::tls::client_config(
-        &file.ca_cert,
-        &[&rustls::version::TLS13, &rustls::version::TLS12],
-    )
-    .expect("a TLS client configuration");
-    let tcp = tokio::net::TcpStream::connect(&file.api_endpoints[0])
-        .await
-        .expect("the controller listens");
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut stream = tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-        .expect("a TLS connection");
-    let authorization =
-        authorization.map_or_else(String::new, |value| format!("Authorization: {value}\r\n"));
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    // A server may close a TLS connection without close_notify once it has answered.
-    let _ = stream.read_to_end(&mut answer).await;
-    let split = answer
-        .windows(4)
-        .position(|window| window == b"\r\n\r\n")
-        .expect("a complete head");
-    let status = String::from_utf8_lossy(&answer[9..12]).parse().unwrap();
-    (status, answer[split + 4..].to_vec())
-}
-
-fn basic(tag: &str, password: &str) -> String {
-    use base64::Engine;
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{tag}:{password}"))
-    )
-}
+use common::{Controller, Mirror, Published, basic, own};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_them() {
@@ -77,7 +34,7 @@ async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_t
             Some(basic("machine-7", &file.password)),
         ),
     ] {
-        let (status, body) = get(&controller, &path, authorization).await;
+        let (status, body) = controller.https_get(&path, authorization).await;
         assert_eq!(status, 401, "{who}: {}", String::from_utf8_lossy(&body));
     }
     assert!(
@@ -85,12 +42,9 @@ async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_t
         "a refused download fetched the binary"
     );
 
-    let (status, body) = get(
-        &controller,
-        &path,
-        Some(basic("user-admin", &file.password)),
-    )
-    .await;
+    let (status, body) = controller
+        .https_get(&path, Some(basic("user-admin", &file.password)))
+        .await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let published = std::fs::read(tarball_in(mirror.path(), &binary.to_string()))
         .expect("the mirror's tarball");

@@ -108,10 +108,18 @@ impl Jitter {
 /// The limits, retries and trust of an [`HttpSource`].
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
-    /// The certificate authorities trusted for `https://` mirrors, and only these (DER).
-    /// Load a PEM bundle with [`HttpConfig::trust_pem`]; a public mirror needs the
-    /// system's bundle (`/etc/ssl/certs/ca-certificates.crt`), a private one its own CA.
+    /// Certificate authorities trusted for `https://` mirrors besides the system's (DER): a
+    /// private mirror's own CA (`--metadata-ca FILE`). Load a PEM bundle with
+    /// [`HttpConfig::trust_pem`].
     pub trusted_certificates: Vec<CertificateDer<'static>>,
+    /// Trust the system's certificate authorities too (`rustls-native-certs`: the
+    /// distribution's bundle, or `SSL_CERT_FILE` / `SSL_CERT_DIR` when set), as every
+    /// HTTPS client on the host does. On by default.
+    pub system_roots: bool,
+    /// Follow redirects to another host. Off by default: a redirect is followed only to
+    /// `https://` on the host the fetch began at, so that neither a downgrade to plain
+    /// http nor a hop to a host the operator did not name can happen behind their back.
+    pub redirect_to_other_hosts: bool,
     /// The longest a TCP (and TLS) connection may take to open.
     pub connect_timeout: Duration,
     /// The longest a whole fetch may take, every attempt and backoff included.
@@ -149,11 +157,13 @@ impl HttpConfig {
 }
 
 impl Default for HttpConfig {
-    /// No trusted certificate (plain `http://` only until some are added), 10 s to
-    /// connect, 30 minutes per fetch, at least 16 KiB/s over every 30 s.
+    /// The system's certificate authorities, redirects only to https on the same host,
+    /// 10 s to connect, 30 minutes per fetch, at least 16 KiB/s over every 30 s.
     fn default() -> HttpConfig {
         HttpConfig {
             trusted_certificates: Vec::new(),
+            system_roots: true,
+            redirect_to_other_hosts: false,
             connect_timeout: Duration::from_secs(10),
             deadline: Duration::from_secs(30 * 60),
             throughput_min_bytes_per_second: 16 * 1024,
@@ -278,6 +288,12 @@ impl HttpSource {
             )));
         }
         let mut roots = rustls::RootCertStore::empty();
+        if config.system_roots {
+            // Certificates the platform's bundle holds but rustls cannot parse are skipped,
+            // as browsers do; the count is logged.
+            let (added, ignored) = roots.add_parsable_certificates(system_roots().iter().cloned());
+            tracing::debug!(added, ignored, "system certificate authorities trusted");
+        }
         for certificate in &config.trusted_certificates {
             roots
                 .add(certificate.clone())
@@ -294,7 +310,7 @@ impl HttpSource {
         let client = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .connect_timeout(config.connect_timeout)
-            .redirect(reqwest::redirect::Policy::limited(5))
+            .redirect(redirect_policy(config.redirect_to_other_hosts))
             .build()
             .map_err(|error| invalid(format!("cannot build the HTTP client: {error}")))?;
         Ok(HttpSource {
@@ -443,10 +459,18 @@ impl HttpSource {
         if offset > 0 {
             request = request.header(RANGE, format!("bytes={offset}-"));
         }
-        let mut response = request
-            .send()
-            .await
-            .map_err(|error| transient(error_chain(&error)))?;
+        let mut response = request.send().await.map_err(|error| {
+            if error.is_redirect() {
+                // A redirect the policy refused: final, the mirror will answer the same.
+                Failure::Final(SourceError::Protocol {
+                    location: location.clone(),
+                    path: quote(path),
+                    problem: error_chain(&error),
+                })
+            } else {
+                transient(error_chain(&error))
+            }
+        })?;
         let status = response.status();
         match status {
             StatusCode::OK if offset > 0 => {
@@ -583,6 +607,54 @@ fn check_content_range(
         return Err("the range does not end inside the file");
     }
     Ok(())
+}
+
+/// The most redirects one fetch follows.
+const REDIRECTS_MAX: usize = 5;
+
+/// Redirects are followed only to `https://`, and to another host only when
+/// `to_other_hosts`; at most [`REDIRECTS_MAX`]. A refused redirect names where it pointed.
+fn redirect_policy(to_other_hosts: bool) -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(move |attempt| {
+        let next = attempt.url().clone();
+        let first = attempt.previous().first().cloned();
+        if attempt.previous().len() > REDIRECTS_MAX {
+            return attempt.error(format!(
+                "more than {REDIRECTS_MAX} redirects (the last to {next})"
+            ));
+        }
+        if next.scheme() != "https" {
+            return attempt.error(format!(
+                "redirect to {next} refused: redirects are followed only to https://"
+            ));
+        }
+        let host = |url: &Url| url.host_str().map(str::to_ascii_lowercase);
+        if let Some(first) = first
+            && !to_other_hosts
+            && host(&first) != host(&next)
+        {
+            return attempt.error(format!(
+                "redirect from {first} to {next} refused: redirects are followed only on the \
+                 mirror's own host ({})",
+                first.host_str().unwrap_or("")
+            ));
+        }
+        attempt.follow()
+    })
+}
+
+/// The system's certificate authorities, read once per process (`rustls-native-certs`:
+/// `SSL_CERT_FILE` and `SSL_CERT_DIR` when set, else the platform's bundle). Errors reading
+/// some of them are logged; what could be read is used.
+fn system_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: std::sync::OnceLock<Vec<CertificateDer<'static>>> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for error in &found.errors {
+            tracing::warn!(%error, "reading the system's certificate authorities");
+        }
+        found.certs
+    })
 }
 
 /// An error and its causes, on one line: reqwest's own message says little.

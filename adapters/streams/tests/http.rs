@@ -473,7 +473,75 @@ async fn https_with_a_configured_test_ca() {
     server.stop().await;
 }
 
-/// A CA generated for this test run and a server certificate for 127.0.0.1 it signed.
+/// Redirects: followed only to https on the mirror's own host unless other hosts are
+/// allowed; a refused one is final (not retried) and names where it pointed.
+#[tokio::test]
+async fn redirects_are_followed_only_to_https_on_the_same_host_unless_configured() {
+    let (site, _) = mirror();
+    let (ca_pem, server_config) = test_ca();
+    let target = TestServer::start_with(tools(site.path()), Some(Arc::clone(&server_config))).await;
+    let plain = TestServer::start(tools(site.path())).await;
+    let front = TestServer::start_with(tools(site.path()), Some(server_config)).await;
+    let front_url = format!("https://{}/", front.address);
+    let trusting = || {
+        let mut config = config();
+        config.trust_pem(ca_pem.as_bytes()).unwrap();
+        config
+    };
+    let read = |config: HttpConfig| {
+        let url = front_url.clone();
+        async move {
+            HttpSource::new(&url, config)
+                .unwrap()
+                .read_document("streams/v1/index2.json", 1 << 20)
+                .await
+        }
+    };
+
+    // To plain http: refused, once, naming the target; the http server never asked.
+    let downgrade = format!("http://{}/", plain.address);
+    front.behave(|behaviour| behaviour.redirect_to = Some(downgrade.clone()));
+    let error = read(trusting()).await.unwrap_err();
+    let SourceError::Protocol { problem, .. } = &error else {
+        panic!("expected a refused redirect, got {error:?}");
+    };
+    assert!(
+        problem.contains("redirects are followed only to https://") && problem.contains(&downgrade),
+        "{problem}"
+    );
+    assert_eq!(front.log().len(), 1, "a refused redirect is not retried");
+    assert!(plain.log().is_empty());
+
+    // To https on another host name (localhost, not 127.0.0.1): refused, naming both.
+    let elsewhere = format!("https://localhost:{}/", target.address.port());
+    front.behave(|behaviour| behaviour.redirect_to = Some(elsewhere.clone()));
+    let error = read(trusting()).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("redirects are followed only on the mirror's own host")
+            && error.to_string().contains(&elsewhere),
+        "{error}"
+    );
+    assert!(target.log().is_empty());
+    // ... followed when other hosts are allowed.
+    let mut allowing = trusting();
+    allowing.redirect_to_other_hosts = true;
+    read(allowing).await.unwrap();
+    assert_eq!(target.log().len(), 1);
+
+    // To https on the same host (another port): followed.
+    let same_host = format!("https://127.0.0.1:{}/", target.address.port());
+    front.behave(|behaviour| behaviour.redirect_to = Some(same_host.clone()));
+    read(trusting()).await.unwrap();
+    assert_eq!(target.log().len(), 2);
+    for server in [front, target, plain] {
+        server.stop().await;
+    }
+}
+
+/// A CA generated for this test run and a server certificate for 127.0.0.1 (and
+/// localhost) it signed.
 fn test_ca() -> (String, Arc<rustls::ServerConfig>) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
@@ -482,7 +550,8 @@ fn test_ca() -> (String, Arc<rustls::ServerConfig>) {
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    let params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
     let certificate = params.signed_by(&key, &issuer).unwrap();
     let server_config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),

@@ -90,6 +90,11 @@ enum Command {
         /// the mirror, or the network to it, then chooses what the controller runs.
         #[arg(long)]
         allow_unsigned_metadata: bool,
+        /// Certificate authorities (a PEM bundle) an https:// --metadata-source may chain
+        /// to besides the system's (which honour SSL_CERT_FILE). Copied into the data dir
+        /// and pinned in agent.conf.
+        #[arg(long, value_name = "FILE")]
+        metadata_ca: Option<PathBuf>,
     },
     /// Show the controller's phase, versions, machines, applications and units.
     Status {
@@ -215,6 +220,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             etcd_key,
             metadata_key,
             allow_unsigned_metadata,
+            metadata_ca,
         } => {
             let options = BootstrapOptions {
                 data_dir: args.data_dir.clone(),
@@ -235,6 +241,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                 },
                 metadata_key,
                 allow_unsigned_metadata,
+                metadata_ca,
             };
             bootstrap_command(&options, timeout).await
         }

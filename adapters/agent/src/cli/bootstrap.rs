@@ -219,6 +219,14 @@ pub enum BootstrapError {
         quote(given)
     )]
     MetadataTrustNotChosen { given: String },
+    #[error("--metadata-source {url}: refused: {problem}")]
+    Untrusted { url: String, problem: String },
+    #[error("--metadata-ca {}: {error}", path.display())]
+    MetadataCa {
+        path: PathBuf,
+        #[source]
+        error: DataDirError,
+    },
     #[error("--metadata-key {}: {error}", path.display())]
     MetadataKey {
         path: PathBuf,
@@ -309,6 +317,9 @@ pub struct BootstrapOptions {
     /// `--allow-unsigned-metadata`: accept unsigned metadata (recorded in `agent.conf`,
     /// warned about at every start, shown by `lockstep status`).
     pub allow_unsigned_metadata: bool,
+    /// `--metadata-ca`: certificate authorities (PEM) an `https://` metadata source may
+    /// chain to besides the system's; copied into the data dir and pinned in `agent.conf`.
+    pub metadata_ca: Option<PathBuf>,
 }
 
 /// What `prepare` made.
@@ -428,6 +439,17 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     } else {
         Some(data.write_metadata_keys(&trust.keyring)?)
     };
+    let ca_path = match &options.metadata_ca {
+        Some(given) => {
+            let (pem, _) =
+                datadir::read_metadata_ca(given).map_err(|error| BootstrapError::MetadataCa {
+                    path: given.clone(),
+                    error,
+                })?;
+            Some(data.write_metadata_ca(&pem)?)
+        }
+        None => None,
+    };
     let (binary, local_sha) = match (&metadata_source, options.build_agent) {
         (Some(url), false) => match install_published(&data, url, wanted, &trust).await? {
             Some(binary) => (binary, None),
@@ -530,7 +552,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     conf.apiaddresses = vec![address.clone()];
     conf.cacert = credentials.ca_pem.clone();
     settings.apply(&mut conf);
-    trust.pin(&mut conf, keyring_path);
+    trust.pin(&mut conf, keyring_path, ca_path);
     data.write_agent_conf(&conf)?;
     Ok(Prepared {
         data,
@@ -557,7 +579,18 @@ fn metadata_trust(options: &BootstrapOptions) -> Result<MetadataTrust, Bootstrap
             given: source.clone(),
         });
     }
-    Ok(MetadataTrust::new(keyring, options.allow_unsigned_metadata))
+    let mirror_cas = match &options.metadata_ca {
+        Some(path) => {
+            datadir::read_metadata_ca(path)
+                .map_err(|error| BootstrapError::MetadataCa {
+                    path: path.clone(),
+                    error,
+                })?
+                .1
+        }
+        None => Vec::new(),
+    };
+    Ok(MetadataTrust::new(keyring, options.allow_unsigned_metadata).with_mirror_cas(mirror_cas))
 }
 
 /// Installs `version` from the metadata source, if published there for this host; the
@@ -568,14 +601,17 @@ async fn install_published(
     version: Version,
     trust: &MetadataTrust,
 ) -> Result<Option<Binary>, BootstrapError> {
-    let source = MetadataSource::open(url).map_err(|error| BootstrapError::Source {
+    let source = MetadataSource::open(url, trust).map_err(|error| BootstrapError::Source {
         url: url.to_owned(),
         error,
     })?;
     let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
     let config = trust
-        .lookup_config()
-        .expect("a trust made at bootstrap has no problem");
+        .lookup_config(url)
+        .map_err(|problem| BootstrapError::Untrusted {
+            url: url.to_owned(),
+            problem,
+        })?;
     let lookup = source
         .look_up(&mark, &config, unix_now())
         .await

@@ -1147,6 +1147,7 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
         etcd_tls: Default::default(),
         metadata_key: Some(public_key),
         allow_unsigned_metadata: false,
+        metadata_ca: None,
     };
     let prepared = bootstrap::prepare(&options).await?;
     let pid = bootstrap::spawn_daemon(

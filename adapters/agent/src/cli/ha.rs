@@ -195,6 +195,15 @@ pub async fn enable_ha(
             }
             None => None,
         };
+        // And the mirror's certificate authorities, likewise.
+        let metadata_ca = match &conf.metadata_ca {
+            Some(path) => {
+                let from = primary.root().join(path);
+                let bytes = std::fs::read(&from).map_err(DataDirError::io(&from, "read"))?;
+                Some(data.write_metadata_ca(&bytes)?)
+            }
+            None => None,
+        };
         data.install_local_binary(&binary, &exe, forced)?;
         let tag = format!("machine-{id}");
         data.switch_to(&tag, &binary)?;
@@ -215,6 +224,7 @@ pub async fn enable_ha(
         member.metadata_keyring = metadata_keyring;
         member.metadata_key_fingerprints = conf.metadata_key_fingerprints.clone();
         member.allow_unsigned_metadata = conf.allow_unsigned_metadata;
+        member.metadata_ca = metadata_ca;
         settings.apply(&mut member);
         data.write_agent_conf(&member)?;
         on_line(&format!(

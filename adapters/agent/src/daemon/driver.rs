@@ -536,7 +536,14 @@ impl Driver {
             Request::StageBinary(plan) => {
                 let status = self.status.clone();
                 self.tasks.spawn(async move {
-                    let result = stage(&*store, &config.data, &plan, &status).await;
+                    let result = stage(
+                        &*store,
+                        &config.data,
+                        &config.metadata_trust,
+                        &plan,
+                        &status,
+                    )
+                    .await;
                     status.send_modify(|status| status.download = None);
                     if let Err(error) = &result {
                         tracing::warn!(target: "lockstep::agent", binary = %plan.binary, %error, "staging failed");
@@ -824,8 +831,8 @@ pub(crate) fn metadata_url(store: &dyn Store) -> Result<Option<String>, Catalogu
     Ok(model.agent_metadata_url)
 }
 
-fn open_source(url: &str) -> Result<MetadataSource, CatalogueError> {
-    MetadataSource::open(url).map_err(|error| CatalogueError::Source {
+fn open_source(url: &str, trust: &MetadataTrust) -> Result<MetadataSource, CatalogueError> {
+    MetadataSource::open(url, trust).map_err(|error| CatalogueError::Source {
         url: url.to_owned(),
         error,
     })
@@ -845,13 +852,24 @@ pub async fn look_up(
     let Some(url) = metadata_url(store)? else {
         return Ok(Catalogue::default());
     };
+    look_up_at(&url, data, trust, streams).await
+}
+
+/// `LookupCatalogue` at `url` (the model's `agent-metadata-url`, read by the caller).
+pub async fn look_up_at(
+    url: &str,
+    data: &DataDir,
+    trust: &MetadataTrust,
+    streams: &'static [Stream],
+) -> Result<Catalogue, CatalogueError> {
+    let url = url.to_owned();
     let config = trust
-        .lookup_config()
+        .lookup_config(&url)
         .map_err(|problem| CatalogueError::Untrusted {
             url: url.clone(),
             problem,
         })?;
-    let source = open_source(&url)?;
+    let source = open_source(&url, trust)?;
     let mark = lockstep_streams::HighWaterMarkFile::new(data.streams_mark_path());
     let lookup = source
         .look_up(&mark, &config, unix_now())
@@ -878,6 +896,7 @@ pub async fn look_up(
 async fn stage(
     store: &dyn Store,
     data: &DataDir,
+    trust: &MetadataTrust,
     plan: &lockstep_core::lifecycle::StagePlan,
     status: &watch::Sender<AgentStatus>,
 ) -> Result<(), StageError> {
@@ -909,7 +928,7 @@ async fn stage(
                 return Ok(());
             }
             let url = metadata_url(store)?.ok_or(CatalogueError::NoMetadataUrl)?;
-            let source = open_source(&url)?;
+            let source = open_source(&url, trust)?;
             let entry = CatalogueEntry {
                 binary: plan.binary.clone(),
                 stream: Stream::Released,

@@ -10,6 +10,8 @@
 //!   store, streams and data-dir adapters.
 //! - [`step_runner`]: how this daemon runs the database and host steps of
 //!   [`crate::steps`].
+//! - [`catalogue`]: the API's catalogue, read in the background so that a stalled mirror
+//!   never stalls a call.
 //! - [`api_limits`]: the flags for the API's limits on connections, logins, replies and
 //!   watchers.
 //! - [`error`]: [`DaemonError`](error::DaemonError), why `lockstepd` cannot start or go on.
@@ -21,6 +23,7 @@
 //! settings, the metadata source, the step registry) is in the crate's shared modules.
 
 pub mod api_limits;
+pub mod catalogue;
 pub mod driver;
 pub mod error;
 #[cfg(feature = "failpoints")]

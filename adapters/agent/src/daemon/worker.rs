@@ -26,6 +26,7 @@ use lockstep_transport::tls::Credentials;
 use tokio::sync::{mpsc, watch};
 
 use crate::api::StoreState;
+use crate::daemon::catalogue::CatalogueCache;
 use crate::daemon::driver::{self, AgentStatus, Driver, DriverConfig, Exit};
 use crate::daemon::error::{DaemonError, ListenFdProblem};
 use crate::daemon::notify::Notifier;
@@ -151,14 +152,10 @@ struct AgentBackend {
     data: DataDir,
     /// Which metadata the API's lookups accept (the driver's own, from `agent.conf`).
     metadata_trust: Arc<MetadataTrust>,
-    /// The last catalogue read for the API, and when: FindTools, ModelSet, Upgrader.Tools
-    /// and the tools endpoint ask often; the mirror is read at most every
-    /// [`CATALOGUE_CACHE_TTL`].
-    catalogue: tokio::sync::Mutex<Option<(std::time::Instant, Catalogue)>>,
+    /// The catalogue FindTools, ModelSet, Upgrader.Tools and the tools endpoint are
+    /// answered from: read in the background, never waited on while one can be served.
+    catalogue: CatalogueCache,
 }
-
-/// How long the API reuses a catalogue it read.
-pub const CATALOGUE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[async_trait]
 impl Backend for AgentBackend {
@@ -212,19 +209,27 @@ impl Backend for AgentBackend {
         let _ = self.inputs.send(Input::AgentVersionChanged(version));
     }
 
+    /// Through [`CatalogueCache`]: never waits on the mirror while a catalogue can be
+    /// served, and at most [`crate::daemon::catalogue::WAIT_AT_MOST`] when none can.
     async fn catalogue(&self) -> Result<Catalogue, String> {
-        let mut cached = self.catalogue.lock().await;
-        if let Some((read_at, catalogue)) = &*cached
-            && read_at.elapsed() < CATALOGUE_CACHE_TTL
-        {
-            return Ok(catalogue.clone());
-        }
-        let catalogue =
-            driver::look_up(&*self.store, &self.data, &self.metadata_trust, &Stream::ALL)
-                .await
-                .map_err(|error| error.to_string())?;
-        *cached = Some((std::time::Instant::now(), catalogue.clone()));
-        Ok(catalogue)
+        let store = Arc::clone(&self.store);
+        let url = tokio::task::spawn_blocking(move || driver::metadata_url(&*store))
+            .await
+            .map_err(|error| format!("reading the model's agent-metadata-url: {error}"))?
+            .map_err(|error| error.to_string())?;
+        let data = self.data.clone();
+        let trust = Arc::clone(&self.metadata_trust);
+        let reading = url.clone();
+        self.catalogue
+            .get(url, move || async move {
+                match reading {
+                    None => Ok(Catalogue::default()),
+                    Some(url) => driver::look_up_at(&url, &data, &trust, &Stream::ALL)
+                        .await
+                        .map_err(|error| error.to_string()),
+                }
+            })
+            .await
     }
 
     async fn fetch_binary(
@@ -237,7 +242,8 @@ impl Backend for AgentBackend {
         let url = driver::metadata_url(&*self.store)
             .map_err(|error| error.to_string())?
             .ok_or_else(|| driver::CatalogueError::NoMetadataUrl.to_string())?;
-        let source = MetadataSource::open(&url).map_err(|error| error.to_string())?;
+        let source =
+            MetadataSource::open(&url, &self.metadata_trust).map_err(|error| error.to_string())?;
         source
             .download(&entry, &destination, &mut |_| {})
             .await
@@ -373,7 +379,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
         store: Arc::clone(&store),
         data: data.clone(),
         metadata_trust: Arc::clone(&metadata_trust),
-        catalogue: tokio::sync::Mutex::new(None),
+        catalogue: CatalogueCache::new(),
     });
     let api = Api::new(
         ApiConfig {

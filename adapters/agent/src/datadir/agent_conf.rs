@@ -136,6 +136,15 @@ pub struct AgentConf {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub allow_unsigned_metadata: bool,
+    /// The certificate authorities trusted for an `https://` `agent-metadata-url` besides
+    /// the system's: the data dir's `metadata-ca.pem`, copied there by `lockstep bootstrap
+    /// --metadata-ca`. As the keys, never taken from the shared store or the API.
+    #[serde(
+        rename = "metadata-ca",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub metadata_ca: Option<PathBuf>,
 }
 
 impl AgentConf {
@@ -164,6 +173,7 @@ impl AgentConf {
             metadata_keyring: None,
             metadata_key_fingerprints: Vec::new(),
             allow_unsigned_metadata: false,
+            metadata_ca: None,
         };
         conf.set_snapshot(snapshot);
         conf

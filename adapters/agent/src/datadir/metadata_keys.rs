@@ -7,11 +7,15 @@
 use std::path::{Path, PathBuf};
 
 use lockstep_streams::Keyring;
+use rustls::pki_types::CertificateDer;
 
 use super::error::DataDirError;
 use super::files::read_capped;
 use super::layout::DataDir;
-use super::names::{METADATA_KEYS, METADATA_KEYS_BYTES_MAX, METADATA_KEYS_MODE};
+use super::names::{
+    METADATA_CA, METADATA_CA_BYTES_MAX, METADATA_CA_MODE, METADATA_KEYS, METADATA_KEYS_BYTES_MAX,
+    METADATA_KEYS_MODE,
+};
 
 impl DataDir {
     /// `<root>/metadata-keys.asc`
@@ -33,6 +37,42 @@ impl DataDir {
             .map_err(DataDirError::Write)?;
         Ok(path)
     }
+}
+
+impl DataDir {
+    /// `<root>/metadata-ca.pem`
+    pub fn metadata_ca_path(&self) -> PathBuf {
+        self.root().join(METADATA_CA)
+    }
+
+    /// Replaces `metadata-ca.pem` with `pem` (checked by [`read_metadata_ca`] first),
+    /// atomically, mode [`METADATA_CA_MODE`]; returns its path.
+    pub fn write_metadata_ca(&self, pem: &[u8]) -> Result<PathBuf, DataDirError> {
+        let path = self.metadata_ca_path();
+        lockstep_fs::write_file_atomically(&path, pem, METADATA_CA_MODE)
+            .map_err(DataDirError::Write)?;
+        Ok(path)
+    }
+}
+
+/// Reads the PEM bundle at `path` (`--metadata-ca FILE`, or the data dir's copy): at most
+/// [`METADATA_CA_BYTES_MAX`] bytes holding at least one certificate, every one valid PEM.
+/// Returns the bytes, to be copied, and the certificates.
+pub fn read_metadata_ca(
+    path: &Path,
+) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), DataDirError> {
+    let bytes = read_capped(path, METADATA_CA_BYTES_MAX)?.ok_or_else(|| DataDirError::Missing {
+        path: path.to_path_buf(),
+        hint: "it holds the certificate authorities trusted for the https:// mirror".into(),
+    })?;
+    let mut config = lockstep_streams::HttpConfig::default();
+    config
+        .trust_pem(&bytes)
+        .map_err(|error| DataDirError::Malformed {
+            path: path.to_path_buf(),
+            detail: format!("not a PEM bundle of certificates: {error}"),
+        })?;
+    Ok((bytes, config.trusted_certificates))
 }
 
 /// Reads the keyring at `path` (a file `agent.conf` names, or one given to `--metadata-key`):

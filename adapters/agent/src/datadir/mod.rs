@@ -44,6 +44,7 @@
 //! - `downloaded_tools`: [`DownloadedTools`], Juju's provenance file;
 //! - `users`: [`User`], `users.json`;
 //! - `metadata_keys`: `metadata-keys.asc`, the keys that sign the mirror's metadata;
+//!   `metadata-ca.pem`, the certificate authorities trusted for an https:// mirror;
 //! - `binaries`: installing binaries, switching the agent link, `FORCE-VERSION`.
 
 mod agent_conf;
@@ -61,7 +62,7 @@ pub use binaries::read_force_version;
 pub use downloaded_tools::DownloadedTools;
 pub use error::DataDirError;
 pub use layout::{DataDir, check_tag, host_binary, juju_arch};
-pub use metadata_keys::read_keyring;
+pub use metadata_keys::{read_keyring, read_metadata_ca};
 pub use names::*;
 pub use users::User;
 

@@ -75,3 +75,10 @@ pub const METADATA_KEYS: &str = "metadata-keys.asc";
 pub const METADATA_KEYS_BYTES_MAX: u64 = lockstep_streams::signature::KEY_FILE_BYTES_MAX;
 /// `metadata-keys.asc`'s mode: only the agent reads it, and only root may replace it.
 pub const METADATA_KEYS_MODE: u32 = SECRET_FILE_MODE;
+/// The certificate authorities trusted for an `https://` mirror besides the system's
+/// (`lockstep bootstrap --metadata-ca`), PEM; `agent.conf`'s `metadata-ca` names it.
+pub const METADATA_CA: &str = "metadata-ca.pem";
+/// Largest `metadata-ca.pem` read: a bundle of a few dozen certificates.
+pub const METADATA_CA_BYTES_MAX: u64 = 1 << 20;
+/// `metadata-ca.pem`'s mode: as every file of the data dir but the controller's own CA.
+pub const METADATA_CA_MODE: u32 = SECRET_FILE_MODE;

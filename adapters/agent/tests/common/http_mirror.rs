@@ -6,8 +6,12 @@
 //! One thread accepts, one thread per connection answers `GET` with the file (`Connection:
 //! close`, no `Range`: a resuming client starts again from the first byte). Dropping it
 //! releases what it holds, stops accepting and joins every thread.
+//!
+//! [`HttpMirror::serve_tls`] serves the same over HTTPS with a certificate for 127.0.0.1
+//! signed by a CA made for the test ([`TestCa`]); [`HttpMirror::blackhole_metadata`] makes
+//! every later metadata request hang (a mirror that accepts and never answers).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +21,7 @@ use std::time::Duration;
 
 pub struct HttpMirror {
     address: SocketAddr,
+    tls: bool,
     stop: Arc<AtomicBool>,
     hold: Arc<Hold>,
     acceptor: Option<JoinHandle<()>>,
@@ -30,6 +35,8 @@ pub enum HoldBack {
     /// The download of one agent binary, `juju-<binary>.tgz` (`binary` as
     /// `2.9.44-ubuntu-amd64`): the controller downloading it stays `upgrading`.
     Binary(String),
+    /// Metadata (`streams/...`) asked for after [`HttpMirror::blackhole_metadata`].
+    MetadataFromNow,
     /// Metadata (`streams/...`) asked for once the mirror has served a binary. `lockstep
     /// bootstrap` reads the metadata and downloads its binary before it starts the
     /// controller; the controller then checks the metadata again (`checking-agent-version`),
@@ -46,6 +53,7 @@ struct Hold {
 #[derive(Default)]
 struct HoldState {
     released: bool,
+    blackholed: bool,
     binaries_asked: usize,
     held: usize,
 }
@@ -58,6 +66,7 @@ impl Hold {
         let held = match &self.back {
             HoldBack::Nothing => false,
             HoldBack::Binary(name) => binary && path.ends_with(&format!("/juju-{name}.tgz")),
+            HoldBack::MetadataFromNow => path.contains("/streams/") && state.blackholed,
             HoldBack::MetadataAfterABinary => {
                 path.contains("/streams/") && state.binaries_asked > 0
             }
@@ -83,6 +92,21 @@ impl HttpMirror {
 
     /// Serves `root`, holding back the requests `back` names until [`HttpMirror::release`].
     pub fn serve_holding(root: &Path, metadata_delay: Duration, back: HoldBack) -> HttpMirror {
+        HttpMirror::start(root, metadata_delay, back, None)
+    }
+
+    /// Serves `root` over HTTPS with `ca`'s certificate for 127.0.0.1, holding back the
+    /// requests `back` names.
+    pub fn serve_tls(root: &Path, ca: &TestCa, back: HoldBack) -> HttpMirror {
+        HttpMirror::start(root, Duration::ZERO, back, Some(Arc::clone(&ca.server)))
+    }
+
+    fn start(
+        root: &Path,
+        metadata_delay: Duration,
+        back: HoldBack,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> HttpMirror {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1");
         let address = listener.local_addr().expect("a local address");
         let stop = Arc::new(AtomicBool::new(false));
@@ -92,6 +116,7 @@ impl HttpMirror {
             changed: Condvar::new(),
         });
         let root = root.to_path_buf();
+        let tls_on = tls.is_some();
         let stopping = Arc::clone(&stop);
         let holding = Arc::clone(&hold);
         let acceptor = std::thread::spawn(move || {
@@ -103,8 +128,18 @@ impl HttpMirror {
                 let Ok(stream) = stream else { continue };
                 let root = root.clone();
                 let hold = Arc::clone(&holding);
+                let tls = tls.clone();
                 connections.push(std::thread::spawn(move || {
-                    let _ = answer(stream, &root, metadata_delay, &hold);
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+                    let _ = match tls {
+                        None => answer(stream, &root, metadata_delay, &hold),
+                        Some(config) => rustls::ServerConnection::new(config)
+                            .map_err(std::io::Error::other)
+                            .and_then(|connection| {
+                                let stream = rustls::StreamOwned::new(connection, stream);
+                                answer(stream, &root, metadata_delay, &hold)
+                            }),
+                    };
                 }));
             }
             for connection in connections {
@@ -113,6 +148,7 @@ impl HttpMirror {
         });
         HttpMirror {
             address,
+            tls: tls_on,
             stop,
             hold,
             acceptor: Some(acceptor),
@@ -121,7 +157,14 @@ impl HttpMirror {
 
     /// The URL of `tools/`, as `--metadata-source` takes it.
     pub fn tools_url(&self) -> String {
-        format!("http://{}/tools/", self.address)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}/tools/", self.address)
+    }
+
+    /// From now on, every metadata request hangs until [`HttpMirror::release`] (with
+    /// [`HoldBack::MetadataFromNow`]).
+    pub fn blackhole_metadata(&self) {
+        self.hold.state.lock().expect("not poisoned").blackholed = true;
     }
 
     /// How many requests the mirror has held back so far (answered or not).
@@ -149,22 +192,23 @@ impl Drop for HttpMirror {
 }
 
 fn answer(
-    stream: TcpStream,
+    mut stream: impl Read + Write,
     root: &Path,
     metadata_delay: Duration,
     hold: &Hold,
 ) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
     let mut request = String::new();
-    reader.read_line(&mut request)?;
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header)? == 0 || header.trim().is_empty() {
-            break;
+    {
+        // A GET has no body: what the reader buffered past the head is not needed.
+        let mut reader = BufReader::new(&mut stream);
+        reader.read_line(&mut request)?;
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header)? == 0 || header.trim().is_empty() {
+                break;
+            }
         }
     }
-    let mut stream = stream;
     let path = request.split_whitespace().nth(1).unwrap_or("/");
     let Some(file) = resolve(root, path) else {
         return stream.write_all(
@@ -183,6 +227,43 @@ fn answer(
     )?;
     std::io::copy(&mut body, &mut stream)?;
     stream.flush()
+}
+
+/// A certificate authority made for one test, and a server configuration for 127.0.0.1
+/// with a certificate it signed.
+pub struct TestCa {
+    /// The CA's certificate, PEM: what `--metadata-ca` or `SSL_CERT_FILE` is given.
+    pub pem: String,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl TestCa {
+    pub fn new() -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        let certificate = params.signed_by(&key, &issuer).unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![certificate.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+        TestCa {
+            pem: ca.pem(),
+            server: Arc::new(server),
+        }
+    }
 }
 
 /// The regular file under `root` that `path` names; nothing outside it.

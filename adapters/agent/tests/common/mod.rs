@@ -274,8 +274,12 @@ impl Controller {
         DataDir::new(&self.data_dir)
     }
 
+    /// `logs/lockstepd.log`, without the terminal colours tracing writes around fields, so
+    /// that `key=value` can be matched.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.data_dir.join("logs/lockstepd.log")).unwrap_or_default()
+        let log =
+            std::fs::read_to_string(self.data_dir.join("logs/lockstepd.log")).unwrap_or_default();
+        strip_ansi(&log)
     }
 
     pub fn controller_file(&self) -> ControllerFile {
@@ -331,6 +335,41 @@ impl Controller {
             )
             .await
             .expect("FullStatus")
+    }
+
+    /// `GET path` on the controller over TLS (its CA), with an `Authorization` header when
+    /// given; the status and the body.
+    pub async fn https_get(&self, path: &str, authorization: Option<String>) -> (u16, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let file = self.controller_file();
+        let config = lockstep_transport::tls::client_config(
+            &file.ca_cert,
+            &[&rustls::version::TLS13, &rustls::version::TLS12],
+        )
+        .expect("a TLS client configuration");
+        let tcp = tokio::net::TcpStream::connect(&file.api_endpoints[0])
+            .await
+            .expect("the controller listens");
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut stream = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .expect("a TLS connection");
+        let authorization =
+            authorization.map_or_else(String::new, |value| format!("Authorization: {value}\r\n"));
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        // A server may close a TLS connection without close_notify once it has answered.
+        let _ = stream.read_to_end(&mut answer).await;
+        let split = answer
+            .windows(4)
+            .position(|window| window == b"\r\n\r\n")
+            .expect("a complete head");
+        let status = String::from_utf8_lossy(&answer[9..12]).parse().unwrap();
+        (status, answer[split + 4..].to_vec())
     }
 
     /// Waits for Ready (through restarts), up to `deadline`.
@@ -591,7 +630,7 @@ pub fn ready_unix_micros(log: &str) -> Option<u64> {
 }
 
 /// `line` without its terminal colour codes (`ESC [ ... m`).
-fn strip_ansi(line: &str) -> String {
+pub fn strip_ansi(line: &str) -> String {
     let mut plain = String::with_capacity(line.len());
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
@@ -606,4 +645,13 @@ fn strip_ansi(line: &str) -> String {
         }
     }
     plain
+}
+
+/// An HTTP Basic `Authorization` value.
+pub fn basic(tag: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{tag}:{password}"))
+    )
 }

@@ -47,6 +47,9 @@ pub struct Behaviour {
     pub failures_remaining: u32,
     /// Hold every answer back this long before the headers.
     pub delay_headers: Option<std::time::Duration>,
+    /// Answer every request with `302 Found` to this base URL followed by the request's
+    /// path.
+    pub redirect_to: Option<String>,
 }
 
 /// One request the server answered.
@@ -178,6 +181,15 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Body> {
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let response = match behaviour.fail_with_status {
+        _ if behaviour.redirect_to.is_some() => {
+            let mut response = empty(StatusCode::FOUND);
+            let location = format!("{}{path}", behaviour.redirect_to.as_deref().unwrap_or(""));
+            response.headers_mut().insert(
+                hyper::header::LOCATION,
+                hyper::header::HeaderValue::from_str(&location).unwrap(),
+            );
+            response
+        }
         Some(status) if behaviour.failures_remaining > 0 => {
             shared.behaviour.lock().unwrap().failures_remaining -= 1;
             empty(StatusCode::from_u16(status).unwrap())
