@@ -31,7 +31,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::daemon::error::DaemonError;
-use crate::daemon::notify::{NOTIFY_SOCKET, Notification, Notifier};
+use crate::daemon::notify::{self, NOTIFY_SOCKET, Notification, Notifier};
 use crate::daemon::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD};
 use crate::datadir::{DataDir, DataDirError};
 
@@ -105,6 +105,20 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             data_dir: options.data_dir.clone(),
         })?;
     let _lock = lock_data_dir(&data)?;
+    // Holding the lock, no other lockstepd writes here: what a crash left half-written goes.
+    match data.sweep_temporaries() {
+        Ok(swept) => {
+            for path in swept.files {
+                tracing::info!(target: "lockstep::launcher", path = %path.display(), "removed a temporary file left by an interrupted write");
+            }
+            if swept.staging_entries > 0 {
+                tracing::info!(target: "lockstep::launcher", tools = %data.tools_dir().display(), entries = swept.staging_entries, "removed staging entries left by an interrupted install");
+            }
+        }
+        Err(error) => {
+            tracing::warn!(target: "lockstep::launcher", %error, "cannot sweep leftover temporary files");
+        }
+    }
     let listener = bind(&conf.api_listen).await?;
     // Inherited by every worker.
     rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty())
@@ -114,6 +128,9 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
         .map_err(DaemonError::system("name the notification socket"))?;
     let notify_std = std::os::unix::net::UnixDatagram::bind_addr(&notify_address)
         .map_err(DaemonError::system("open the notification socket"))?;
+    crate::daemon::notify::pass_credentials(&notify_std).map_err(DaemonError::system(
+        "ask for the notification senders' credentials",
+    ))?;
     notify_std
         .set_nonblocking(true)
         .map_err(DaemonError::system(
@@ -153,12 +170,28 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
         let mut ready = false;
         let mut last_ping = Instant::now();
         let mut buffer = vec![0u8; 4096];
+        let mut ignored = 0u64;
         let ended = loop {
             let hung_at = last_ping + options.watchdog;
             tokio::select! {
                 status = child.wait() => break Ended::Exited(status.map_err(DaemonError::system("wait for the worker"))?),
-                received = notify.recv(&mut buffer) => {
-                    let Ok(length) = received else { continue };
+                received = notify::receive(&notify, &mut buffer) => {
+                    let Ok((length, sender)) = received else { continue };
+                    if sender != Some(pid) {
+                        // Another local process (the socket is abstract): ignored, so that
+                        // a hung worker cannot be kept alive or declared Ready from outside.
+                        ignored += 1;
+                        if ignored.is_power_of_two() {
+                            tracing::warn!(
+                                target: "lockstep::launcher",
+                                sender = %sender.map_or_else(|| "unknown".to_owned(), |pid| pid.to_string()),
+                                worker = pid,
+                                ignored,
+                                "ignored a notification not sent by the worker"
+                            );
+                        }
+                        continue;
+                    }
                     let notification = Notification::parse(&buffer[..length]);
                     last_ping = Instant::now();
                     if notification.reloading {

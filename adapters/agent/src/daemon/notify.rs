@@ -5,6 +5,12 @@
 //! launcher listens on a socket of its own, which it hands its worker as `NOTIFY_SOCKET`,
 //! and forwards `READY=1` and `STATUS=` to systemd's socket when it runs under systemd.
 //! No socket configured: nothing is sent.
+//!
+//! The launcher's socket is abstract (no file), so any local process could send to it: the
+//! launcher therefore reads each datagram with the sender's credentials, which the kernel
+//! attaches (`SO_PASSCRED`; the sender cannot forge them), and acts only on those from its
+//! current worker's pid ([`receive`]), as systemd does with `NotifyAccess=main`. Otherwise
+//! a hung trial binary could be kept alive, or declared Ready, from outside.
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -88,6 +94,42 @@ impl Notifier {
     }
 }
 
+/// Makes `socket` receive each datagram with its sender's credentials (`SO_PASSCRED`).
+pub fn pass_credentials(socket: &impl std::os::fd::AsFd) -> std::io::Result<()> {
+    rustix::net::sockopt::set_socket_passcred(socket, true).map_err(std::io::Error::from)
+}
+
+/// Receives one datagram into `buffer` on a socket set up with [`pass_credentials`]:
+/// its length, and the sender's pid (`None` when the kernel attached no credentials).
+pub async fn receive(
+    socket: &tokio::net::UnixDatagram,
+    buffer: &mut [u8],
+) -> std::io::Result<(usize, Option<u32>)> {
+    use std::mem::MaybeUninit;
+
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+
+    socket
+        .async_io(tokio::io::Interest::READABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmCredentials(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let received = rustix::net::recvmsg(
+                socket,
+                &mut [std::io::IoSliceMut::new(buffer)],
+                &mut control,
+                RecvFlags::DONTWAIT,
+            )?;
+            let sender = control.drain().find_map(|message| match message {
+                RecvAncillaryMessage::ScmCredentials(credentials) => {
+                    Some(credentials.pid.as_raw_nonzero().get() as u32)
+                }
+                _ => None,
+            });
+            Ok((received.bytes, sender))
+        })
+        .await
+}
+
 /// One parsed notification.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Notification {
@@ -118,6 +160,22 @@ impl Notification {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_datagram_is_received_with_its_senders_pid() {
+        let name = format!("lockstep-test-credentials-{}", std::process::id());
+        let address = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixDatagram::bind_addr(&address).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        pass_credentials(&listener).unwrap();
+        let listener = tokio::net::UnixDatagram::from_std(listener).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        sender.send_to_addr(b"WATCHDOG=1", &address).unwrap();
+        let mut buffer = [0u8; 64];
+        let (length, pid) = receive(&listener, &mut buffer).await.unwrap();
+        assert_eq!(&buffer[..length], b"WATCHDOG=1");
+        assert_eq!(pid, Some(std::process::id()));
+    }
 
     #[test]
     fn a_notifier_reaches_a_listener_on_an_abstract_socket() {

@@ -45,7 +45,8 @@
 //! - `users`: [`User`], `users.json`;
 //! - `metadata_keys`: `metadata-keys.asc`, the keys that sign the mirror's metadata;
 //!   `metadata-ca.pem`, the certificate authorities trusted for an https:// mirror;
-//! - `binaries`: installing binaries, switching the agent link, `FORCE-VERSION`.
+//! - `binaries`: installing binaries, switching the agent link, `FORCE-VERSION`;
+//! - `sweep`: removing the temporary files a crash left, at the launcher's start.
 
 mod agent_conf;
 mod binaries;
@@ -55,6 +56,7 @@ mod files;
 mod layout;
 mod metadata_keys;
 pub mod names;
+mod sweep;
 mod users;
 
 pub use agent_conf::{AGENT_CONF_MODE, AgentConf, StoreEngine};
@@ -64,6 +66,7 @@ pub use error::DataDirError;
 pub use layout::{DataDir, check_tag, host_binary, juju_arch};
 pub use metadata_keys::{read_keyring, read_metadata_ca};
 pub use names::*;
+pub use sweep::Swept;
 pub use users::User;
 
 /// Sets the process umask to [`UMASK`] (`0077`): what `lockstepd` and `lockstep bootstrap`
