@@ -1057,6 +1057,110 @@ fn a_local_binary_installs_with_its_digest_and_force_version() {
     );
 }
 
+/// A file identified as an agent binary of `version` for this host: the real lockstepd's
+/// ELF header (this host's arch), padding, and a marker.
+fn synthetic_agent(dir: &Path, version: &str) -> PathBuf {
+    let mut bytes = fs::read(env!("CARGO_BIN_EXE_lockstepd")).unwrap()[..64].to_vec();
+    bytes.extend_from_slice(&[0u8; 4096]);
+    bytes.extend_from_slice(
+        format!("LOCKSTEP-AGENT-IDENTITY:v1:version={version};os=ubuntu\0").as_bytes(),
+    );
+    let path = dir.join("lockstepd");
+    fs::write(&path, bytes).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn the_built_lockstepd_is_identified_by_its_marker_and_elf_header_as_this_build_on_this_host() {
+    let lockstepd = Path::new(env!("CARGO_BIN_EXE_lockstepd"));
+    let identity = datadir::read_binary_identity(lockstepd).unwrap();
+    let own = lockstep_agent::steps::build_version();
+    assert_eq!(identity.binary, datadir::host_binary(own));
+    assert_eq!(identity.binary.arch, datadir::host_arch());
+    assert_eq!(identity.built_version, own);
+    assert_eq!(identity.forced_version, None);
+    let bytes = fs::read(lockstepd).unwrap();
+    assert_eq!(identity.size_bytes, bytes.len() as u64);
+    assert_eq!(identity.sha256, sha256_of(&bytes));
+    assert!(identity.require_arch(datadir::host_arch()).is_ok());
+}
+
+#[test]
+fn the_lockstep_cli_is_refused_as_an_agent_binary_for_it_holds_no_identity_marker() {
+    // It links the reader (and so the marker's prefix), but not the marker.
+    let lockstep = Path::new(env!("CARGO_BIN_EXE_lockstep"));
+    let error = datadir::read_binary_identity(lockstep).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(
+            error,
+            DataDirError::Identity {
+                problem: datadir::IdentityProblem::NoMarker,
+                ..
+            }
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains(&lockstep.display().to_string()),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_identified_binary_installs_as_its_identity_with_its_digest_and_force_version() {
+    let (temporary, data) = data_dir();
+    let build = temporary.path().join("build");
+    fs::create_dir(&build).unwrap();
+    let exe = synthetic_agent(&build, "2.9.43");
+    fs::write(build.join("FORCE-VERSION"), "2.9.44\n").unwrap();
+    let identity = datadir::read_binary_identity(&exe).unwrap();
+    let b = binary(&format!("2.9.44-ubuntu-{}", datadir::host_arch()));
+    assert_eq!(identity.binary, b);
+
+    let installed = data.install_identified_binary(&identity).unwrap();
+    assert_eq!(installed, data.binary_path(&b));
+    assert_eq!(fs::read(&installed).unwrap(), fs::read(&exe).unwrap());
+    let tools = data.read_downloaded_tools(&b).unwrap().unwrap();
+    assert_eq!(
+        tools,
+        DownloadedTools {
+            version: b.clone(),
+            url: format!("file://{}", fs::canonicalize(&exe).unwrap().display()),
+            sha256: identity.sha256,
+            size_bytes: identity.size_bytes,
+        }
+    );
+    assert_eq!(
+        read_force_version(&data.binary_dir(&b)).unwrap(),
+        Some(Version::new(2, 9, 44))
+    );
+    assert_eq!(temporaries(&data), Vec::<String>::new());
+}
+
+#[test]
+fn a_binary_changed_after_it_was_identified_is_refused_and_nothing_is_installed() {
+    let (temporary, data) = data_dir();
+    let exe = synthetic_agent(temporary.path(), "2.9.43");
+    let identity = datadir::read_binary_identity(&exe).unwrap();
+    let mut bytes = fs::read(&exe).unwrap();
+    bytes.extend_from_slice(b"appended after it was read");
+    fs::write(&exe, &bytes).unwrap();
+
+    let error = data.install_identified_binary(&identity).unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, DataDirError::Mismatch { .. }), "{message}");
+    assert!(message.contains(&exe.display().to_string()), "{message}");
+    assert!(
+        message.contains(&identity.sha256.to_string())
+            && message.contains(&sha256_of(&bytes).to_string()),
+        "names both digests: {message}"
+    );
+    assert_eq!(data.installed_binaries().unwrap(), Vec::<Binary>::new());
+    assert_eq!(temporaries(&data), Vec::<String>::new());
+}
+
 #[test]
 fn force_version_is_trimmed_and_a_malformed_one_names_the_file_and_text() {
     let temporary = tempfile::tempdir().unwrap();

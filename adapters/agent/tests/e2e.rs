@@ -283,6 +283,84 @@ async fn a_local_binary_is_run_as_built() {
     assert_eq!(installed, std::fs::read(common::LOCKSTEPD).unwrap());
 }
 
+/// A copy of this build's lockstepd in a fresh directory, as an operator's build would be.
+fn copy_of_lockstepd() -> (tempfile::TempDir, std::path::PathBuf) {
+    let build = tempfile::tempdir().unwrap();
+    let copy = build.path().join("lockstepd");
+    std::fs::copy(common::LOCKSTEPD, &copy).unwrap();
+    (build, copy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_binary_built_for_another_arch_is_refused_naming_both_arches_and_the_file() {
+    let (_build, copy) = copy_of_lockstepd();
+    let host = lockstep_agent::datadir::host_arch();
+    // The ELF header's e_machine (bytes 18 and 19, little-endian on both hosts) says aarch64
+    // on an amd64 host, x86_64 on any other.
+    let (machine, foreign): (u16, &str) = if host == "amd64" {
+        (183, "arm64")
+    } else {
+        (62, "amd64")
+    };
+    let mut bytes = std::fs::read(&copy).unwrap();
+    bytes[18..20].copy_from_slice(&machine.to_le_bytes());
+    std::fs::write(&copy, bytes).unwrap();
+    let copy_text = copy.to_str().unwrap();
+
+    let controller = Controller::bootstrap(&["--build-agent", "--agent-binary", copy_text], &[]);
+    let said = text(&controller.bootstrap);
+    assert!(!controller.bootstrap.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "local agent binary {copy_text}: it is built for {foreign}, but this host is {host}"
+        )),
+        "the refusal names the file and both arches: {said}"
+    );
+    // Refused before anything was written or started.
+    assert!(!controller.data_dir.exists(), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_version_beside_a_local_binary_is_the_version_the_controller_runs_and_reports() {
+    let (build, copy) = copy_of_lockstepd();
+    std::fs::write(build.path().join("FORCE-VERSION"), format!("{}\n", next())).unwrap();
+    let controller = Controller::bootstrap(
+        &["--build-agent", "--agent-binary", copy.to_str().unwrap()],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    let status = controller.status().await;
+    assert_eq!(status["agent-version"], next().to_string(), "{status:#}");
+    let full = controller.full_status().await;
+    assert_eq!(full["model"]["version"], next().to_string(), "{full:#}");
+    let exe = controller.serving_exe().unwrap();
+    assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
+    // What was recorded: the identity, and the size and sha256 of the operator's file.
+    let binary = lockstep_agent::datadir::host_binary(next());
+    let recorded = controller
+        .data()
+        .read_downloaded_tools(&binary)
+        .unwrap()
+        .unwrap();
+    let bytes = std::fs::read(&copy).unwrap();
+    assert_eq!(recorded.version, binary);
+    assert_eq!(recorded.size_bytes, bytes.len() as u64);
+    use sha2::Digest;
+    assert_eq!(
+        recorded.sha256.0,
+        <[u8; 32]>::from(sha2::Sha256::digest(&bytes))
+    );
+    let said = String::from_utf8_lossy(&controller.bootstrap.stdout).into_owned();
+    assert!(
+        said.contains(&format!(
+            "Its version {} is from the FORCE-VERSION beside {}",
+            next(),
+            copy.display()
+        )),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_binary_is_refused_reported_and_agent_version_reset() {
     let mirror = Mirror::n_and_next(Published::Tampered);

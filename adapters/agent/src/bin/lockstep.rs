@@ -52,9 +52,15 @@ enum Command {
         /// The stream to take agent binaries from (released, proposed, devel, testing).
         #[arg(long, value_parser = Stream::parse)]
         agent_stream: Option<Stream>,
-        /// Use the local lockstepd binary and nothing else.
+        /// Use the local lockstepd binary and nothing else. Its version and arch are read
+        /// from the file (its identity marker, its ELF header, a FORCE-VERSION beside it),
+        /// never guessed; one built for another arch than this host's is refused.
         #[arg(long)]
         build_agent: bool,
+        /// The lockstepd to install with --build-agent (default: the one beside this
+        /// lockstep).
+        #[arg(long, value_name = "FILE", requires = "build_agent")]
+        agent_binary: Option<PathBuf>,
         /// A simplestreams mirror: a directory, file:// or http(s):// URL.
         #[arg(long)]
         metadata_source: Option<String>,
@@ -210,6 +216,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             agent_version,
             agent_stream,
             build_agent,
+            agent_binary,
             metadata_source,
             api_port,
             name,
@@ -231,7 +238,10 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                 build_agent,
                 metadata_source,
                 api_port,
-                local_agent: lockstep_agent::paths::sibling_executable("lockstepd")?,
+                local_agent: match agent_binary {
+                    Some(path) => path,
+                    None => lockstep_agent::paths::sibling_executable("lockstepd")?,
+                },
                 store,
                 etcd_endpoints,
                 etcd_tls: lockstep_agent::store::EtcdTlsFiles {

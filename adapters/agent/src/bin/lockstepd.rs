@@ -19,6 +19,13 @@ use lockstep_agent::store::StoreEngine;
 use lockstep_core::Millis;
 use lockstep_core::lifecycle::Limits;
 
+/// This build's identity marker (`datadir::AGENT_IDENTITY_MARKER`: its version and OS),
+/// which `lockstep bootstrap --build-agent` reads from the file without running it. Kept in
+/// every build, release and stripped ones included: `#[used]`, and read at every start
+/// (`main`), through `black_box` so that no optimisation can fold it away.
+#[used]
+static AGENT_IDENTITY: &str = lockstep_agent::datadir::AGENT_IDENTITY_MARKER;
+
 #[derive(Parser, Debug)]
 #[command(name = "lockstepd", version, about = "lockstep's controller agent")]
 struct Args {
@@ -96,7 +103,23 @@ enum Command {
     Version,
 }
 
+/// The marker embedded in this executable names this build: an invariant, checked at
+/// every start (a panic naming both when it breaks).
+fn check_identity_marker() {
+    let embedded = std::hint::black_box(AGENT_IDENTITY);
+    let marked = lockstep_agent::datadir::parse_identity_marker(embedded);
+    let built = lockstep_agent::steps::build_version();
+    assert!(
+        matches!(&marked, Ok(marked) if marked.version == built
+            && marked.os == lockstep_agent::datadir::AGENT_OS),
+        "the identity marker embedded in lockstepd ({embedded:?}: {marked:?}) does not name \
+         this build ({built}, {})",
+        lockstep_agent::datadir::AGENT_OS
+    );
+}
+
 fn main() -> ExitCode {
+    check_identity_marker();
     // Whatever the daemon creates without an explicit mode is private to its user.
     lockstep_agent::datadir::private_umask();
     let args = Args::parse();

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use lockstep_core::jobs::Capabilities;
 use lockstep_core::lifecycle::{ControllerSet, Snapshot};
-use lockstep_core::policy::{Sha256, Stream, UpgradePolicy};
+use lockstep_core::policy::{Stream, UpgradePolicy};
 use lockstep_core::{Binary, Role, Roles, Version};
 use lockstep_fs::AtomicWriteError;
 use lockstep_store::{Machine, Model, StoreError};
@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::datadir::{
-    self, AgentConf, DATA_DIR_MODE, DataDir, DataDirError, DownloadedTools, User, private_umask,
+    self, AgentConf, BinaryIdentity, DATA_DIR_MODE, DataDir, DataDirError, DownloadedTools, User,
+    private_umask,
 };
 use crate::metadata::{MetadataSource, MetadataTrust, unix_now};
 use crate::quote::quote;
@@ -240,12 +241,18 @@ pub enum BootstrapError {
     #[error("no agent binaries for {version} found at {url}")]
     NotPublished { version: Version, url: String },
     #[error(
-        "--agent-version {version} needs published binaries (--metadata-source): this \
-         lockstepd is {own}"
+        "--agent-version {version} needs published binaries (--metadata-source): the local \
+         lockstepd {} is {own}",
+        path.display()
     )]
-    NeedsPublished { version: Version, own: Version },
-    #[error("{} was installed without its downloaded-tools.txt", dir.display())]
-    NoToolsMetadata { dir: PathBuf },
+    NeedsPublished {
+        version: Version,
+        own: Version,
+        path: PathBuf,
+    },
+    /// The local binary's identity cannot be read, or it cannot run on this host.
+    #[error("local agent binary {0}")]
+    LocalAgent(#[source] DataDirError),
     #[error(transparent)]
     StoreSetup(#[from] StoreSetupError),
     #[error("cannot use {store}: {error}")]
@@ -328,6 +335,8 @@ pub struct Prepared {
     pub data: DataDir,
     pub binary: Binary,
     pub controller: ControllerFile,
+    /// The local binary installed, as read from its file; `None` when a published one was.
+    pub local: Option<BinaryIdentity>,
 }
 
 pub fn random_hex(bytes: usize) -> String {
@@ -373,6 +382,13 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     // from its local binary looks nothing up, so it needs neither flag; one given a
     // metadata source must be told which key signs it, or that it is trusted unsigned.
     let trust = metadata_trust(options)?;
+    // Before anything is written: which binary the local file is, when it will be installed
+    // (read from the file, never guessed from the host), and that this host can run it.
+    let local = if options.build_agent || options.metadata_source.is_none() {
+        Some(identify_local(options)?)
+    } else {
+        None
+    };
     // Before anything is written: a port in use would leave a data dir that cannot serve.
     let port = match options.api_port {
         0 => free_port().map_err(BootstrapError::NoFreePort)?,
@@ -450,8 +466,8 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
         }
         None => None,
     };
-    let (binary, local_sha) = match (&metadata_source, options.build_agent) {
-        (Some(url), false) => match install_published(&data, url, wanted, &trust).await? {
+    let (binary, local) = match (&metadata_source, local) {
+        (Some(url), None) => match install_published(&data, url, wanted, &trust).await? {
             Some(binary) => (binary, None),
             None if options.agent_version.is_some() => {
                 return Err(BootstrapError::NotPublished {
@@ -459,20 +475,29 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
                     url: url.clone(),
                 });
             }
-            None => install_local(&data, options, own)?,
+            None => {
+                let identity = identify_local(options)?;
+                (install_local(&data, &identity, None)?, Some(identity))
+            }
         },
-        _ => install_local(&data, options, wanted)?,
+        (_, Some(identity)) => (
+            install_local(&data, &identity, options.agent_version)?,
+            Some(identity),
+        ),
+        (None, None) => unreachable!("without a metadata source the local binary is identified"),
     };
     data.switch_to(AGENT_TAG, &binary)?;
 
     let policy = if let Some(version) = options.agent_version {
         UpgradePolicy::Pinned(version)
     } else if options.build_agent {
-        let (sha256, size_bytes) = local_sha.expect("a local binary was installed");
+        let identity = local
+            .as_ref()
+            .expect("--build-agent installs the local binary");
         UpgradePolicy::LocalBinary {
             binary: binary.clone(),
-            sha256,
-            size_bytes,
+            sha256: identity.sha256,
+            size_bytes: identity.size_bytes,
         }
     } else if options.auto_upgrade {
         UpgradePolicy::AutoPatch
@@ -558,6 +583,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
         data,
         binary,
         controller,
+        local,
     })
 }
 
@@ -647,24 +673,45 @@ async fn install_published(
     Ok(Some(entry.binary))
 }
 
-/// Installs the local `lockstepd` as `version` (which must be the build's own, or it is
-/// forced with FORCE-VERSION when asked explicitly).
+/// Reads which binary the local `lockstepd` is (`options.local_agent`: its marker, its ELF
+/// header, a `FORCE-VERSION` beside it) and refuses one this host cannot run.
+fn identify_local(options: &BootstrapOptions) -> Result<BinaryIdentity, BootstrapError> {
+    let identity =
+        datadir::read_binary_identity(&options.local_agent).map_err(BootstrapError::LocalAgent)?;
+    identity
+        .require_arch(datadir::host_arch())
+        .map_err(BootstrapError::LocalAgent)?;
+    tracing::info!(
+        target: "lockstep::bootstrap",
+        path = %identity.path.display(),
+        binary = %identity.binary,
+        sha256 = %identity.sha256,
+        size_bytes = identity.size_bytes,
+        "local agent binary identified"
+    );
+    Ok(identity)
+}
+
+/// Installs the identified local binary; with `requested` (`--agent-version`), only when it
+/// is that version.
 fn install_local(
     data: &DataDir,
-    options: &BootstrapOptions,
-    version: Version,
-) -> Result<(Binary, Option<(Sha256, u64)>), BootstrapError> {
-    let own = crate::steps::build_version();
-    if version != own {
-        return Err(BootstrapError::NeedsPublished { version, own });
+    identity: &BinaryIdentity,
+    requested: Option<Version>,
+) -> Result<Binary, BootstrapError> {
+    if let Some(version) = requested
+        && version != identity.binary.number
+    {
+        return Err(BootstrapError::NeedsPublished {
+            version,
+            own: identity.binary.number,
+            path: identity.path.clone(),
+        });
     }
-    let binary = datadir::host_binary(version);
-    let dir = data.install_local_binary(&binary, &options.local_agent, false)?;
-    let installed = data
-        .read_downloaded_tools(&binary)?
-        .ok_or_else(|| BootstrapError::NoToolsMetadata { dir: dir.clone() })?;
+    // A copy that does not hash as the file read is refused naming the file.
+    let dir = data.install_identified_binary(identity)?;
     tracing::debug!(target: "lockstep::bootstrap", dir = %dir.display(), "local agent installed");
-    Ok((binary, Some((installed.sha256, installed.size_bytes))))
+    Ok(identity.binary.clone())
 }
 
 /// Starts `lockstepd` detached (its own session, output appended to
@@ -867,6 +914,15 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
         prepared.binary,
         prepared.data.binary_dir(&prepared.binary).display()
     ));
+    if let Some(identity) = &prepared.local
+        && let Some(forced) = identity.forced_version
+    {
+        on_line(&format!(
+            "Its version {forced} is from the FORCE-VERSION beside {} (built as {})",
+            identity.path.display(),
+            identity.built_version
+        ));
+    }
     let pid = spawn_daemon(&prepared.data, &[])?;
     on_line(&format!(
         "Started lockstepd (pid {pid}) on {}; waiting for its API",

@@ -14,13 +14,12 @@ use crate::unpack::{UnpackLimits, unpack_tgz};
 
 use super::downloaded_tools::DownloadedTools;
 use super::error::DataDirError;
-use super::files::{
-    copy_hashed, random_u64, read_capped, sha256_of_file, sync_directory, write_new_file,
-};
+use super::files::{copy_hashed, random_u64, sha256_of_file, sync_directory, write_new_file};
+use super::identity::{BinaryIdentity, read_force_version};
 use super::layout::{DataDir, check_binary, check_tag};
 use super::names::{
-    DOWNLOADED_TOOLS, EXECUTABLE, EXECUTABLE_MODE, FORCE_VERSION, FORCE_VERSION_BYTES_MAX,
-    LOCAL_BINARY_BYTES_MAX, PRIVATE_FILE_MODE,
+    DOWNLOADED_TOOLS, EXECUTABLE, EXECUTABLE_MODE, FORCE_VERSION, LOCAL_BINARY_BYTES_MAX,
+    PRIVATE_FILE_MODE,
 };
 
 /// Prefixes of the temporary entries made in `tools/`; none is a valid tag or binary.
@@ -193,17 +192,45 @@ impl DataDir {
         self.place(binary, staging, sha256, None)
     }
 
-    /// Installs the executable `exe` (the operator's own build, `--build-agent`) as
-    /// `tools/<binary>/lockstepd`; returns its path. Its sha256 and size go into
-    /// `downloaded-tools.txt` with the url `file://<exe>`. With `force_version`, a
-    /// `FORCE-VERSION` file makes the binary report `binary`'s version whatever it was
-    /// built as (Juju's mechanism). Same temporary-directory discipline and idempotence as
-    /// [`DataDir::install_tarball`].
+    /// Installs the executable `exe` as `tools/<binary>/lockstepd`; returns its path. Its
+    /// sha256 and size go into `downloaded-tools.txt` with the url `file://<exe>`. With
+    /// `force_version`, a `FORCE-VERSION` file makes the binary report `binary`'s version
+    /// whatever it was built as (Juju's mechanism). Same temporary-directory discipline and
+    /// idempotence as [`DataDir::install_tarball`]. For a binary already installed (what
+    /// `enable-ha` copies); an operator's own build goes through
+    /// [`DataDir::install_identified_binary`].
     pub fn install_local_binary(
         &self,
         binary: &Binary,
         exe: &Path,
         force_version: bool,
+    ) -> Result<PathBuf, DataDirError> {
+        self.install_executable(binary, exe, force_version.then_some(binary.number), None)
+    }
+
+    /// Installs a local binary as its identity says (the operator's own build,
+    /// `--build-agent`): as `tools/<identity.binary>/lockstepd`, with `FORCE-VERSION` when
+    /// one was beside it, and `downloaded-tools.txt` recording the identity, size and
+    /// sha256. The copy must hash as the identity was read, else it is refused naming the
+    /// file (it changed in between) and nothing is installed.
+    pub fn install_identified_binary(
+        &self,
+        identity: &BinaryIdentity,
+    ) -> Result<PathBuf, DataDirError> {
+        self.install_executable(
+            &identity.binary,
+            &identity.path,
+            identity.forced_version,
+            Some((identity.sha256, identity.size_bytes)),
+        )
+    }
+
+    fn install_executable(
+        &self,
+        binary: &Binary,
+        exe: &Path,
+        forced_version: Option<Version>,
+        expected: Option<(Sha256, u64)>,
     ) -> Result<PathBuf, DataDirError> {
         check_binary(binary)?;
         let metadata = fs::metadata(exe).map_err(DataDirError::io(exe, "read the metadata of"))?;
@@ -216,13 +243,23 @@ impl DataDir {
         let staging = self.staging_dir(binary)?;
         let staged = staging.path().join(EXECUTABLE);
         let (sha256, size_bytes) = copy_hashed(exe, &staged, LOCAL_BINARY_BYTES_MAX)?;
-        let forced = force_version.then_some(binary.number);
+        if let Some((expected_sha256, expected_size_bytes)) = expected
+            && (sha256, size_bytes) != (expected_sha256, expected_size_bytes)
+        {
+            return Err(DataDirError::Mismatch {
+                path: exe.to_path_buf(),
+                what: "the sha256 and size of the copy (the file changed since it was read)",
+                expected: format!("{expected_sha256} ({expected_size_bytes} bytes)"),
+                actual: format!("{sha256} ({size_bytes} bytes)"),
+            });
+        }
+        let forced = Some(forced_version);
         let target = self.binary_dir(binary);
-        if self.is_installed(&target, sha256, Some(forced))? {
+        if self.is_installed(&target, sha256, forced)? {
             tracing::debug!(binary = %binary, "local agent binary already installed");
             return Ok(target.join(EXECUTABLE));
         }
-        if let Some(version) = forced {
+        if let Some(version) = forced_version {
             write_new_file(
                 &staging.path().join(FORCE_VERSION),
                 format!("{version}\n").as_bytes(),
@@ -242,7 +279,7 @@ impl DataDir {
             PRIVATE_FILE_MODE,
         )?;
         sync_directory(staging.path())?;
-        self.place(binary, staging, sha256, Some(forced))
+        self.place(binary, staging, sha256, forced)
     }
 
     /// Removes what an interrupted install or switch left in `tools/` (temporary
@@ -458,23 +495,4 @@ fn check_executable(path: &Path) -> Result<(), DataDirError> {
         });
     }
     Ok(())
-}
-
-/// Juju's FORCE-VERSION: `dir/FORCE-VERSION`, beside the executable, sets the version the
-/// binary reports. `None` when there is no such file; its text is trimmed and parsed with
-/// [`Version::parse`].
-pub fn read_force_version(dir: &Path) -> Result<Option<Version>, DataDirError> {
-    let path = dir.join(FORCE_VERSION);
-    let Some(bytes) = read_capped(&path, FORCE_VERSION_BYTES_MAX)? else {
-        return Ok(None);
-    };
-    let text = String::from_utf8_lossy(&bytes);
-    let trimmed = text.trim();
-    Version::parse(trimmed)
-        .map(Some)
-        .map_err(|error| DataDirError::ForceVersion {
-            path,
-            text: trimmed.to_owned(),
-            error: Box::new(error),
-        })
 }

@@ -9,7 +9,7 @@ use lockstep_core::version::ParseVersionError;
 use crate::quote::quote;
 use crate::unpack::UnpackError;
 
-use super::names::TAG_LENGTH_MAX;
+use super::names::{ELF_HEADER_READ_BYTES, TAG_LENGTH_MAX};
 
 /// Something in the data directory that cannot be read, written or trusted.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +65,13 @@ pub enum DataDirError {
         #[source]
         error: Box<ParseVersionError>,
     },
+    /// A local agent binary whose identity cannot be read, or that this host cannot run.
+    #[error("{}: {problem}", path.display())]
+    Identity {
+        path: PathBuf,
+        #[source]
+        problem: IdentityProblem,
+    },
     /// A binary directory without a usable executable.
     #[error("no usable agent binary at {}: {detail}", path.display())]
     NotInstalled { path: PathBuf, detail: String },
@@ -97,4 +104,79 @@ impl DataDirError {
             error,
         }
     }
+}
+
+/// Byte order of an ELF file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endianness {
+    Little,
+    Big,
+}
+
+impl std::fmt::Display for Endianness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Endianness::Little => "little-endian",
+            Endianness::Big => "big-endian",
+        })
+    }
+}
+
+/// Why a file's identity cannot be read, or is not one this host can run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityProblem {
+    /// Shorter than the part of the ELF header that is read.
+    #[error(
+        "it is {size_bytes} bytes long, shorter than an ELF header ({ELF_HEADER_READ_BYTES} \
+         bytes are read): not an agent binary"
+    )]
+    Truncated { size_bytes: u64 },
+    /// Not an ELF file, or an ELF version this reader does not know.
+    #[error("it is not an ELF executable: it starts with {first_bytes}")]
+    NotElf {
+        /// The first bytes, escaped.
+        first_bytes: String,
+    },
+    /// An ELF file that is not an executable (an object file, a core dump).
+    #[error("it is an ELF file of type {e_type}, not an executable (2 or 3)")]
+    NotExecutable { e_type: u16 },
+    /// An ELF executable for an architecture lockstep does not install.
+    #[error(
+        "it is a {class_bits}-bit {endianness} ELF executable for {machine_name} \
+         (e_machine {machine}): lockstep agents are 64-bit builds for amd64, arm64, ppc64el \
+         (little-endian), s390x (big-endian) or riscv64"
+    )]
+    UnsupportedArch {
+        class_bits: u8,
+        endianness: Endianness,
+        machine: u16,
+        machine_name: &'static str,
+    },
+    /// An executable for another architecture than this host's.
+    #[error(
+        "it is built for {arch}, but this host is {host_arch}: build lockstepd for \
+         {host_arch}, or name one built for it"
+    )]
+    ForeignArch { arch: String, host_arch: String },
+    /// No marker: not a `lockstepd` build (or one from before markers). The message never
+    /// spells a marker out: a literal one in the reader's code would be found in every
+    /// binary holding it (`lockstep`, `lockstepd`).
+    #[error("it holds no lockstep agent identity marker: it is not a lockstepd build")]
+    NoMarker,
+    /// A marker whose body does not parse.
+    #[error("its identity marker at byte {offset} is malformed: {detail}")]
+    BadMarker { offset: u64, detail: String },
+    /// Two markers that disagree: which one is true cannot be told.
+    #[error(
+        "it holds two different identity markers, {} at byte {first_offset} and {} at byte \
+         {second_offset}: which one it is cannot be told",
+        quote(first),
+        quote(second)
+    )]
+    TwoMarkers {
+        first: String,
+        first_offset: u64,
+        second: String,
+        second_offset: u64,
+    },
 }

@@ -157,17 +157,29 @@ pub(super) fn check_binary(binary: &Binary) -> Result<(), DataDirError> {
     }
 }
 
-/// This host's binary for `version`: release `ubuntu`, arch by Juju's name.
-pub fn host_binary(version: Version) -> Binary {
-    let arch = if std::env::consts::ARCH == "powerpc64" && cfg!(target_endian = "little") {
+/// The OS lockstep's agents are built for and name in their binaries (Juju 2.9 names agent
+/// binaries by OS, not series). Every `lockstepd` embeds it in its identity marker
+/// ([`AGENT_IDENTITY_MARKER`](super::identity::AGENT_IDENTITY_MARKER)).
+pub const AGENT_OS: &str = "ubuntu";
+
+/// The architecture this process was built for, by Juju's name: the host's, since the
+/// process runs on it. A local agent binary must be built for it.
+pub fn host_arch() -> &'static str {
+    if std::env::consts::ARCH == "powerpc64" && cfg!(target_endian = "little") {
         "ppc64el"
     } else {
         juju_arch(std::env::consts::ARCH)
-    };
+    }
+}
+
+/// The binary this build is for `version`: [`AGENT_OS`], [`host_arch`]. For a binary built
+/// into this process (what a running `lockstepd` is, what a mirror is asked for); a local
+/// file's identity is read from the file instead (`identity::read_binary_identity`).
+pub fn host_binary(version: Version) -> Binary {
     Binary {
         number: version,
-        release: "ubuntu".to_owned(),
-        arch: arch.to_owned(),
+        release: AGENT_OS.to_owned(),
+        arch: host_arch().to_owned(),
     }
 }
 

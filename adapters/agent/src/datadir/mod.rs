@@ -40,12 +40,15 @@
 //! - `error`: [`DataDirError`], naming the file and the offending value;
 //! - `layout`: [`DataDir`], where each file is; agent tags and binaries as names;
 //! - `files`: capped reads, new files in a staging directory, hashing copies;
+//! - `identity`: which agent binary a local file is, read without running it (its
+//!   embedded marker, its ELF header, `FORCE-VERSION` beside it), with its size and sha256;
 //! - `agent_conf`: [`AgentConf`] (format, read, atomic write, mode 0600);
 //! - `downloaded_tools`: [`DownloadedTools`], Juju's provenance file;
 //! - `users`: [`User`], `users.json`;
 //! - `metadata_keys`: `metadata-keys.asc`, the keys that sign the mirror's metadata;
 //!   `metadata-ca.pem`, the certificate authorities trusted for an https:// mirror;
-//! - `binaries`: installing binaries, switching the agent link, `FORCE-VERSION`;
+//! - `binaries`: installing binaries (a tarball, or a local binary as identified), switching
+//!   the agent link;
 //! - `sweep`: removing the temporary files a crash left, at the launcher's start.
 
 mod agent_conf;
@@ -53,6 +56,7 @@ mod binaries;
 mod downloaded_tools;
 mod error;
 mod files;
+mod identity;
 mod layout;
 mod metadata_keys;
 pub mod names;
@@ -60,10 +64,13 @@ mod sweep;
 mod users;
 
 pub use agent_conf::{AGENT_CONF_MODE, AgentConf, StoreEngine};
-pub use binaries::read_force_version;
 pub use downloaded_tools::DownloadedTools;
-pub use error::DataDirError;
-pub use layout::{DataDir, check_tag, host_binary, juju_arch};
+pub use error::{DataDirError, Endianness, IdentityProblem};
+pub use identity::{
+    AGENT_IDENTITY_MARKER, BinaryIdentity, MarkedIdentity, parse_identity_marker,
+    read_binary_identity, read_force_version,
+};
+pub use layout::{AGENT_OS, DataDir, check_tag, host_arch, host_binary, juju_arch};
 pub use metadata_keys::{read_keyring, read_metadata_ca};
 pub use names::*;
 pub use sweep::Swept;

@@ -43,6 +43,9 @@ pub const FORCE_VERSION_BYTES_MAX: u64 = 1024;
 /// Largest local executable installed by
 /// [`DataDir::install_local_binary`](super::DataDir::install_local_binary).
 pub const LOCAL_BINARY_BYTES_MAX: u64 = UnpackLimits::TOTAL_BYTES_MAX_DEFAULT;
+/// Bytes of a local agent binary's ELF header read for its architecture: the
+/// identification (`e_ident`, 16 bytes), `e_type` (2) and `e_machine` (2).
+pub const ELF_HEADER_READ_BYTES: usize = 20;
 /// Longest agent tag.
 pub const TAG_LENGTH_MAX: usize = 64;
 
