@@ -613,21 +613,32 @@ impl EtcdStore {
             };
             let _ = sender.send(outcome);
         });
-        let client = receiver
+        let connected = receiver
             .recv()
-            .map_err(|error| engine(format!("the client's runtime stopped: {error}")))?
-            .map_err(|failure| match failure {
-                Failure::Refused(error) => {
-                    match denial(&error, config.user.as_ref(), &config.prefix) {
-                        Some(detail) => StoreError::Denied {
-                            path: site.clone(),
-                            detail,
-                        },
-                        None => engine(format!("cannot connect: {error}")),
+            .map_err(|error| engine(format!("the client's runtime stopped: {error}")))
+            .and_then(|outcome| {
+                outcome.map_err(|failure| match failure {
+                    Failure::Refused(error) => {
+                        match denial(&error, config.user.as_ref(), &config.prefix) {
+                            Some(detail) => StoreError::Denied {
+                                path: site.clone(),
+                                detail,
+                            },
+                            None => engine(format!("cannot connect: {error}")),
+                        }
                     }
-                }
-                Failure::GaveUp(detail) => engine(format!("cannot connect: {detail}")),
-            })?;
+                    Failure::GaveUp(detail) => engine(format!("cannot connect: {detail}")),
+                })
+            });
+        let client = match connected {
+            Ok(client) => client,
+            Err(error) => {
+                // Dropping a runtime blocks, which panics inside the caller's own runtime
+                // (bootstrap's): shut it down in the background, as `Inner`'s drop does.
+                runtime.shutdown_background();
+                return Err(error);
+            }
+        };
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 client,
