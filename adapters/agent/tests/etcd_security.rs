@@ -8,7 +8,8 @@
 //! - `--etcd-insecure` is recorded in `agent.conf`, warned about at every start and shown by
 //!   `lockstep status`;
 //! - etcd's user authentication against a real etcd with it enabled: the right user
-//!   bootstraps a controller that reaches Ready and writes its password nowhere; a wrong
+//!   bootstraps a controller that reaches Ready and writes its password nowhere, and the
+//!   controllers `enable-ha` adds log in as the same user; a wrong
 //!   password is refused naming the user and never the password, at bootstrap and at a
 //!   daemon's start; no user is refused naming the flags; a password file others can read,
 //!   or another user owns, is refused naming the file and its mode.
@@ -315,6 +316,52 @@ fn bootstrap_as_the_right_etcd_user_reaches_ready_and_writes_the_password_nowher
         "the password is written only in the operator's file"
     );
     assert!(!text(&controller.bootstrap).contains(PASSWORD));
+}
+
+#[test]
+fn enable_ha_controllers_log_in_as_the_bootstrap_etcd_user() {
+    let etcd = etcd_with_auth();
+    let secrets = tempfile::tempdir().unwrap();
+    let file = password_file(secrets.path(), "etcd.password", PASSWORD, 0o600);
+    let endpoints = etcd.endpoints().join(",");
+    let primary = Controller::bootstrap(
+        &[
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--etcd-user",
+            USER,
+            "--etcd-password-file",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    primary.assert_bootstrapped();
+    // enable-ha waits until every new controller is Ready: each logged in to etcd.
+    let enable = lockstep(&primary.data_dir, &["enable-ha", "-n", "3"], &[]);
+    let members: Vec<Controller> = (1..3)
+        .map(|id| Controller::attach(primary.data().ha_member_dir(id)))
+        .collect();
+    assert!(
+        enable.status.success(),
+        "enable-ha: {}\nlog:\n{}",
+        text(&enable),
+        primary.log()
+    );
+    for member in &members {
+        let conf = member.data().read_agent_conf().unwrap().unwrap();
+        assert_eq!(conf.etcd_user.as_deref(), Some(USER));
+        assert_eq!(conf.etcd_password_file.as_deref(), Some(file.as_path()));
+        assert_eq!(
+            files_containing(&member.data_dir, PASSWORD),
+            Vec::<PathBuf>::new()
+        );
+    }
+    for member in members.iter().rev() {
+        member.stop();
+    }
+    primary.stop();
 }
 
 #[test]
