@@ -715,6 +715,9 @@ fn full_conf() -> AgentConf {
     conf.etcd_cacert = Some("/etc/etcd/ca.pem".into());
     conf.etcd_cert = Some("/etc/etcd/client.pem".into());
     conf.etcd_key = Some("/etc/etcd/client-key.pem".into());
+    conf.etcd_user = Some("lockstep".into());
+    conf.etcd_password_file = Some("/etc/etcd/lockstep.password".into());
+    conf.etcd_insecure = true;
     conf
 }
 
@@ -749,6 +752,9 @@ fn agent_conf_round_trips_with_juju_s_keys_written_atomically_0600() {
         "etcd-cacert: /etc/etcd/ca.pem",
         "etcd-cert: /etc/etcd/client.pem",
         "etcd-key: /etc/etcd/client-key.pem",
+        "etcd-user: lockstep",
+        "etcd-password-file: /etc/etcd/lockstep.password",
+        "etcd-insecure: true",
     ] {
         assert!(text.contains(key), "{key} in\n{text}");
     }

@@ -32,6 +32,10 @@ pub enum StoreError {
     Busy { path: PathBuf },
     /// Any other engine error.
     Engine { path: PathBuf, detail: String },
+    /// The engine refused this client's credentials or their permissions (etcd with
+    /// authentication): no retry helps until the user, its password or its role change.
+    /// `detail` names the user, never the password.
+    Denied { path: PathBuf, detail: String },
     /// The in-memory store crashed while this transaction was open: nothing was committed.
     Crashed,
     /// Optimistic transactions kept conflicting with concurrent writers.
@@ -105,6 +109,9 @@ impl fmt::Display for StoreError {
             ),
             StoreError::Engine { path, detail } => {
                 write!(f, "store {}: {detail}", path.display())
+            }
+            StoreError::Denied { path, detail } => {
+                write!(f, "store {} refused access: {detail}", path.display())
             }
             StoreError::Crashed => {
                 f.write_str("the store crashed during the transaction; nothing was committed")

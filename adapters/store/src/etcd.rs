@@ -89,6 +89,19 @@
 //!   without a scheme follows the setting). PEM that does not parse is refused at connect,
 //!   saying which (CA, certificate or key); a certificate the cluster rejects fails the first
 //!   call, after the retries.
+//! - **Plain http stays on this machine.** An endpoint spoken to in plain http whose host is
+//!   not loopback is refused at connect, naming it, unless [`EtcdConfig::insecure`] is set
+//!   (the rule is [`crate::endpoint`]'s): whoever can write the store can change the model's
+//!   config, `agent-metadata-url` included, and plain http lets the network between do so.
+//! - **Authentication.** With [`EtcdConfig::user`] ([`EtcdUser`]) the client authenticates
+//!   at connect (transient failures retried for [`EtcdConfig::retry_for`]) and whenever its
+//!   token expired (etcd's simple tokens last `--auth-token-ttl`, 300 s by default, after
+//!   their last use). The user needs a role with `readwrite` on the prefix; leases need no
+//!   more. What etcd refuses for authentication or permission (a wrong password, no user
+//!   against an etcd with authentication, a user given to an etcd without it, a role
+//!   without the prefix) is [`StoreError::Denied`], never retried, naming the user and
+//!   never the password. A user given to an etcd whose authentication is disabled is
+//!   refused too: whoever configured one expects the store to be closed to others.
 //!
 //! ## Sync over async
 //!
@@ -156,6 +169,25 @@ pub struct EtcdConfig {
     pub server_ttl_min: Duration,
     /// TLS to the members (`https://` endpoints); `None`: plain `http://`.
     pub tls: Option<EtcdTls>,
+    /// etcd's user authentication: the user and its password.
+    pub user: Option<EtcdUser>,
+    /// Accept plain http to endpoints that are not loopback (refused at connect otherwise).
+    pub insecure: bool,
+}
+
+/// An etcd user and its password (`etcdctl --user`). The password is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUser")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// TLS to etcd (endpoints `https://...`): the CA that signed the members' certificates, and
@@ -206,6 +238,8 @@ impl EtcdConfig {
             request_timeout: Duration::from_secs(3),
             server_ttl_min: Duration::ZERO,
             tls: None,
+            user: None,
+            insecure: false,
         }
     }
 
@@ -217,6 +251,30 @@ impl EtcdConfig {
     pub fn with_tls(mut self, tls: EtcdTls) -> EtcdConfig {
         self.tls = Some(tls);
         self
+    }
+
+    pub fn with_user(mut self, name: impl Into<String>, password: impl Into<String>) -> EtcdConfig {
+        self.user = Some(EtcdUser {
+            name: name.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Refuses an endpoint spoken to in plain http off loopback, unless `insecure`.
+    fn check_plain_endpoints(&self) -> Result<(), String> {
+        if self.insecure {
+            return Ok(());
+        }
+        let tls = self.tls.is_some();
+        match crate::endpoint::plain_off_loopback(self.endpoints.iter().map(String::as_str), tls) {
+            Some(endpoint) => Err(format!(
+                "endpoint {endpoint} is plain http to a host that is not loopback: whoever is \
+                 on the network between can read and change the store; use https:// with TLS, \
+                 or set `insecure` to accept it"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The client's TLS options, after checking that every endpoint's scheme agrees with
@@ -411,6 +469,41 @@ fn compacted(error: &etcd_client::Error) -> bool {
     matches!(error, etcd_client::Error::GRpcStatus(status) if i32::from(status.code()) == 11)
 }
 
+/// What etcd's refusal of this client's credentials or permissions means, naming `user`
+/// (never its password); `None` when `error` is not such a refusal. etcd's messages are
+/// matched (`api/v3rpc/rpctypes`), as their codes are shared with other errors.
+fn denial(error: &etcd_client::Error, user: Option<&EtcdUser>, prefix: &str) -> Option<String> {
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return None;
+    };
+    let message = status.message();
+    let who = match user {
+        Some(user) => format!("user {:?}", user.name),
+        None => "this client (no user)".to_owned(),
+    };
+    let meaning = if message.contains("authentication failed") {
+        format!("etcd refused {who}: wrong user name or password")
+    } else if message.contains("user name is empty") {
+        "etcd has authentication enabled and this client gave no user: configure a user and \
+         its password"
+            .to_owned()
+    } else if message.contains("authentication is not enabled") {
+        format!(
+            "{who} was configured but etcd has authentication disabled, so anyone who reaches \
+             it can change the store: enable it (etcdctl auth enable) or configure no user"
+        )
+    } else if message.contains("permission denied") {
+        format!("etcd denied {who} access to {prefix}: grant its role readwrite on that prefix")
+    } else if message.contains("invalid auth token") {
+        format!("etcd refused the authentication token of {who}")
+    } else if i32::from(status.code()) == 16 {
+        format!("etcd refused {who}")
+    } else {
+        return None;
+    };
+    Some(format!("{meaning} ({message})"))
+}
+
 fn number(key: u64) -> String {
     format!("{key:020}")
 }
@@ -464,6 +557,7 @@ impl EtcdStore {
         if config.endpoints.is_empty() {
             return Err(engine("no etcd endpoints given".to_owned()));
         }
+        config.check_plain_endpoints().map_err(engine)?;
         let tls = config.tls_options().map_err(engine)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -482,17 +576,69 @@ impl EtcdStore {
         if let Some(tls) = tls {
             options = options.with_tls(tls);
         }
+        if let Some(user) = &config.user {
+            // A token expires `--auth-token-ttl` after its last use: a quiet controller
+            // authenticates again rather than failing its next call.
+            options = options
+                .with_user(user.name.clone(), user.password.clone())
+                .with_auto_token_refresh(true);
+        }
         // On the store's runtime, waited for on a channel: `block_on` here would panic when
-        // the caller is itself inside a runtime. The channel connects lazily; a failure here
-        // is a bad endpoint.
+        // the caller is itself inside a runtime. Without a user the channel connects lazily
+        // and a failure here is a bad endpoint; with one, connecting authenticates, retried
+        // like any call while etcd cannot be reached.
+        let (retry_for, timeout) = (config.retry_for, config.request_timeout);
         let (sender, receiver) = std::sync::mpsc::sync_channel(1);
         handle.spawn(async move {
-            let _ = sender.send(Client::connect(endpoints, Some(options)).await);
+            let deadline = tokio::time::Instant::now() + retry_for;
+            let mut backoff = BACKOFF_FIRST;
+            let mut attempts = 0u32;
+            let outcome = loop {
+                attempts += 1;
+                let attempt = Client::connect(endpoints.clone(), Some(options.clone()));
+                let error = match tokio::time::timeout(timeout, attempt).await {
+                    Ok(Ok(client)) => break Ok(client),
+                    Ok(Err(error)) if !retriable(&error) => break Err(Failure::Refused(error)),
+                    Ok(Err(error)) => error.to_string(),
+                    Err(_) => format!("no answer within {timeout:?}"),
+                };
+                let pause = jittered(backoff);
+                if tokio::time::Instant::now() + pause > deadline {
+                    break Err(Failure::GaveUp(format!(
+                        "{error} (gave up after {attempts} attempts in {retry_for:?})"
+                    )));
+                }
+                tokio::time::sleep(pause).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            };
+            let _ = sender.send(outcome);
         });
-        let client = receiver
+        let connected = receiver
             .recv()
-            .map_err(|error| engine(format!("the client's runtime stopped: {error}")))?
-            .map_err(|error| engine(format!("cannot connect: {error}")))?;
+            .map_err(|error| engine(format!("the client's runtime stopped: {error}")))
+            .and_then(|outcome| {
+                outcome.map_err(|failure| match failure {
+                    Failure::Refused(error) => {
+                        match denial(&error, config.user.as_ref(), &config.prefix) {
+                            Some(detail) => StoreError::Denied {
+                                path: site.clone(),
+                                detail,
+                            },
+                            None => engine(format!("cannot connect: {error}")),
+                        }
+                    }
+                    Failure::GaveUp(detail) => engine(format!("cannot connect: {detail}")),
+                })
+            });
+        let client = match connected {
+            Ok(client) => client,
+            Err(error) => {
+                // Dropping a runtime blocks, which panics inside the caller's own runtime
+                // (bootstrap's): shut it down in the background, as `Inner`'s drop does.
+                runtime.shutdown_background();
+                return Err(error);
+            }
+        };
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 client,
@@ -525,7 +671,15 @@ impl Inner {
 
     fn fail(&self, what: &str, failure: Failure) -> StoreError {
         match failure {
-            Failure::Refused(error) => self.engine(what, error),
+            Failure::Refused(error) => {
+                match denial(&error, self.config.user.as_ref(), &self.config.prefix) {
+                    Some(detail) => StoreError::Denied {
+                        path: self.site.clone(),
+                        detail: format!("{what}: {detail}"),
+                    },
+                    None => self.engine(what, error),
+                }
+            }
             Failure::GaveUp(detail) => self.engine(what, detail),
         }
     }

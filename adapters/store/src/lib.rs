@@ -18,6 +18,8 @@
 //!   `synchronous=FULL`), with its schema migrated by version at open.
 //! - `EtcdStore` (feature `etcd`): the engine for several controllers, on etcd's
 //!   transactions, leases and watches (`etcd.rs` says how each method maps to etcd).
+//! - [`endpoint`]: which etcd endpoints may be spoken to in plain http (loopback only,
+//!   unless the operator accepted the risk); compiled without the feature too.
 //! - [`seed004`]: roles, capabilities and reported jobs at the store level, and lockstep's
 //!   own database step that migrates legacy machines (jobs only) to roles.
 //! - [`Watcher`]: a watcher's cursor: replay after a revision, then follow live changes,
@@ -109,6 +111,7 @@
 //! dyn-compatible (`&dyn Store`), which native `async fn` in traits is not. An etcd engine
 //! can implement it by blocking on its client's futures inside its own runtime.
 
+pub mod endpoint;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
@@ -127,7 +130,7 @@ mod suite;
 
 pub use error::StoreError;
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls};
+pub use etcd::{EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls, EtcdUser};
 pub use lease::{Clock, Lease, ManualClock, SystemClock};
 pub use memory::{Durability, MemoryStore};
 pub use sqlite::{OpenMode, SqliteStore};

@@ -69,6 +69,9 @@ pub struct LocalController {
     /// `metadata-verification`: which agent-binary metadata it accepts
     /// ([`MetadataTrust::describe`](crate::metadata::MetadataTrust::describe)).
     pub metadata_verification: String,
+    /// `etcd`: how it reaches etcd, `--etcd-insecure` included
+    /// ([`StoreSettings::access`](crate::store::StoreSettings::access)); absent on SQLite.
+    pub etcd: Option<String>,
 }
 
 /// How blocked watchers hear of a write made through this API.
@@ -108,15 +111,18 @@ impl StoreState {
     }
 
     /// This state served by the controller of machine `machine`, whose `FullStatus` entry
-    /// then shows its `metadata-verification` (under `lockstep`).
+    /// then shows its `metadata-verification` and, on etcd, how it reaches etcd (`etcd`),
+    /// under `lockstep`.
     pub fn with_local_controller(
         mut self,
         machine: String,
         metadata_verification: String,
+        etcd: Option<String>,
     ) -> StoreState {
         self.local = Some(LocalController {
             machine,
             metadata_verification,
+            etcd,
         });
         self
     }
@@ -199,10 +205,12 @@ impl SharedState for StoreState {
         if let Some(local) = &self.local
             && let Some(Value::Object(machine)) = status.machines.get_mut(&local.machine)
         {
-            machine.insert(
-                "lockstep".to_owned(),
-                serde_json::json!({"metadata-verification": local.metadata_verification}),
-            );
+            let mut lockstep =
+                serde_json::json!({"metadata-verification": local.metadata_verification});
+            if let Some(etcd) = &local.etcd {
+                lockstep["etcd"] = Value::String(etcd.clone());
+            }
+            machine.insert("lockstep".to_owned(), lockstep);
         }
         Ok(status)
     }

@@ -40,6 +40,10 @@ struct Args {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per run; bootstrap's many flags are its size"
+)]
 enum Command {
     /// Start a local controller and wait until its API is fully available.
     Bootstrap {
@@ -86,6 +90,20 @@ enum Command {
         /// TLS to etcd: the client certificate's private key (PEM).
         #[arg(long, value_name = "FILE", requires = "etcd_cert")]
         etcd_key: Option<PathBuf>,
+        /// etcd's user authentication: the user this controller logs in as (its role needs
+        /// readwrite on the prefix lockstep/<controller-uuid>/). Recorded in agent.conf.
+        #[arg(long, value_name = "NAME", requires = "etcd_password_file")]
+        etcd_user: Option<String>,
+        /// The file holding --etcd-user's password (one line), mode 0600 and owned by the
+        /// user running lockstep. agent.conf records its path, never the password; it is
+        /// read at every start.
+        #[arg(long, value_name = "FILE", requires = "etcd_user")]
+        etcd_password_file: Option<PathBuf>,
+        /// Accept plain http to etcd endpoints that are not loopback (refused otherwise):
+        /// whoever is on the network between can then change the controllers' state.
+        /// Recorded in agent.conf, warned about at every start, shown by `lockstep status`.
+        #[arg(long)]
+        etcd_insecure: bool,
         /// The OpenPGP public key (or keyring; armored or binary) that must sign the
         /// --metadata-source's metadata. Copied into the data dir and pinned in agent.conf:
         /// never taken from the store or the API.
@@ -225,6 +243,9 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             etcd_cacert,
             etcd_cert,
             etcd_key,
+            etcd_user,
+            etcd_password_file,
+            etcd_insecure,
             metadata_key,
             allow_unsigned_metadata,
             metadata_ca,
@@ -249,6 +270,11 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                     cert: etcd_cert,
                     key: etcd_key,
                 },
+                etcd_auth: lockstep_agent::store::EtcdAuthFiles {
+                    user: etcd_user,
+                    password_file: etcd_password_file,
+                },
+                etcd_insecure,
                 metadata_key,
                 allow_unsigned_metadata,
                 metadata_ca,

@@ -15,7 +15,7 @@ use lockstep_agent::daemon::launcher::{self, LauncherOptions};
 use lockstep_agent::daemon::notify::Notifier;
 use lockstep_agent::daemon::worker::{self, RestartMode, WorkerOptions};
 use lockstep_agent::logging::{self, LogFormat};
-use lockstep_agent::store::StoreEngine;
+use lockstep_agent::store::{StoreEngine, StoreOverrides};
 use lockstep_core::Millis;
 use lockstep_core::lifecycle::Limits;
 
@@ -79,6 +79,10 @@ struct Args {
         global = true
     )]
     etcd_endpoints: Vec<String>,
+    /// Accept plain http to etcd endpoints that are not loopback for this run (refused
+    /// otherwise; `lockstep bootstrap --etcd-insecure` records it in agent.conf).
+    #[arg(long, env = "LOCKSTEPD_ETCD_INSECURE", global = true)]
+    etcd_insecure: bool,
     /// Seconds controllers wait for each other to join an upgrade before it is aborted.
     #[arg(
         long,
@@ -118,6 +122,15 @@ fn check_identity_marker() {
     );
 }
 
+/// What this run's flags change of agent.conf's store.
+fn store_overrides(args: &Args) -> StoreOverrides {
+    StoreOverrides {
+        engine: args.store,
+        etcd_endpoints: args.etcd_endpoints.clone(),
+        etcd_insecure: args.etcd_insecure,
+    }
+}
+
 fn main() -> ExitCode {
     check_identity_marker();
     // Whatever the daemon creates without an explicit mode is private to its user.
@@ -145,8 +158,7 @@ fn main() -> ExitCode {
                 restart: args.restart,
                 limits,
                 capabilities: args.capabilities.clone(),
-                store: args.store,
-                etcd_endpoints: args.etcd_endpoints.clone(),
+                store: store_overrides(&args),
                 api_limits: args.api_limits.limits(),
             };
             runtime.block_on(worker::run(options, Notifier::from_env()))
@@ -177,10 +189,14 @@ fn main() -> ExitCode {
                 worker_args.push("--etcd-endpoints".to_owned());
                 worker_args.push(args.etcd_endpoints.join(","));
             }
+            if args.etcd_insecure {
+                worker_args.push("--etcd-insecure".to_owned());
+            }
             runtime.block_on(launcher::run(LauncherOptions {
                 data_dir: args.data_dir.clone(),
                 watchdog: Duration::from_secs(args.watchdog_sec.max(1)),
                 stop_timeout: Duration::from_secs(args.stop_timeout_sec),
+                store: store_overrides(&args),
                 worker_args,
             }))
         }

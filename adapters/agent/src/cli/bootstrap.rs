@@ -318,6 +318,10 @@ pub struct BootstrapOptions {
     pub etcd_endpoints: Vec<String>,
     /// TLS to etcd (its CA; a client certificate and key if it asks for one).
     pub etcd_tls: crate::store::EtcdTlsFiles,
+    /// etcd's user authentication (`--etcd-user`, `--etcd-password-file`).
+    pub etcd_auth: crate::store::EtcdAuthFiles,
+    /// `--etcd-insecure`: accept plain http to etcd endpoints that are not loopback.
+    pub etcd_insecure: bool,
     /// `--metadata-key`: the OpenPGP public key (or keyring) that must sign the metadata
     /// source's metadata; copied into the data dir and pinned in `agent.conf`.
     pub metadata_key: Option<PathBuf>,
@@ -406,14 +410,22 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
         crate::store::StoreEngine::Etcd => crate::store::StoreSettings::etcd(
             &options.etcd_endpoints,
             options.etcd_tls.clone(),
+            options.etcd_auth.clone(),
+            options.etcd_insecure,
             &controller_uuid,
         )?,
     };
     let shared = if settings.engine == crate::store::StoreEngine::Etcd {
         let store = crate::store::open(&data, &settings)?;
-        store.revision().map_err(|error| BootstrapError::Store {
-            store: settings.describe(&data),
-            error,
+        // The first read: etcd refusing the user (or the want of one) is named here.
+        store.revision().map_err(|error| match error {
+            lockstep_store::StoreError::Denied { .. } => {
+                BootstrapError::StoreSetup(settings.setup_error(error))
+            }
+            error => BootstrapError::Store {
+                store: settings.describe(&data),
+                error,
+            },
         })?;
         Some(store)
     } else {

@@ -1145,6 +1145,8 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
         store: crate::store::StoreEngine::Sqlite,
         etcd_endpoints: Vec::new(),
         etcd_tls: Default::default(),
+        etcd_auth: Default::default(),
+        etcd_insecure: false,
         metadata_key: Some(public_key),
         allow_unsigned_metadata: false,
         metadata_ca: None,

@@ -303,7 +303,8 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
             rows,
         );
         // What the controller that answered says of itself: which agent-binary metadata
-        // it accepts (its `agent.conf`, pinned at bootstrap).
+        // it accepts (its `agent.conf`, pinned at bootstrap), and on etcd how it reaches
+        // etcd (`--etcd-insecure` included).
         let verifications: Vec<Vec<String>> = machines
             .iter()
             .filter_map(|(id, machine)| {
@@ -318,6 +319,17 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
                 &["Machine", "Metadata-verification"],
                 verifications,
             );
+        }
+        let etcd: Vec<Vec<String>> = machines
+            .iter()
+            .filter_map(|(id, machine)| {
+                let access = machine.get("lockstep")?.get("etcd")?;
+                Some(vec![clean(id), cell(Some(access))])
+            })
+            .collect();
+        if !etcd.is_empty() {
+            out.push('\n');
+            table(&mut out, &["Machine", "Etcd"], etcd);
         }
     }
 
@@ -599,6 +611,34 @@ mod tests {
         // A controller that does not say shows no such table.
         let tabular = render(&json!({"machines": {"0": {}}}), Format::Tabular).unwrap();
         assert!(!tabular.contains("Metadata-verification"), "{tabular}");
+    }
+
+    #[test]
+    fn how_the_controller_reaches_etcd_is_shown_in_every_format() {
+        let access = "INSECURE: plain http to http://192.0.2.1:2379, not loopback, accepted by --etcd-insecure, no user";
+        let status = json!({
+            "machines": {
+                "0": {"lockstep": {"metadata-verification": "unsigned-allowed", "etcd": access}},
+                "1": {},
+            },
+        });
+        let tabular = render(&status, Format::Tabular).unwrap();
+        assert!(
+            tabular.contains(&format!("\nMachine  Etcd\n0        {access}\n")),
+            "{tabular}"
+        );
+        for format in [Format::Json, Format::Yaml] {
+            let text = render(&status, format).unwrap();
+            assert!(text.contains("etcd"), "{text}");
+            assert!(text.contains("--etcd-insecure"), "{text}");
+        }
+        // A controller on SQLite says nothing of etcd.
+        let tabular = render(
+            &json!({"machines": {"0": {"lockstep": {"metadata-verification": "unsigned-allowed"}}}}),
+            Format::Tabular,
+        )
+        .unwrap();
+        assert!(!tabular.contains("Etcd"), "{tabular}");
     }
 
     #[test]

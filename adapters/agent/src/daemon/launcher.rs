@@ -17,7 +17,9 @@
 //!   `tools/<agent-tag>` back at the previous binary and starts that; the previous
 //!   binary's lifecycle then decides, with its bounded counters, whether to try the switch
 //!   again or to fall back and report why. This is the only place the launcher reads
-//!   `agent.conf`; every other decision is the lifecycle's.
+//!   `agent.conf` for the lifecycle; every other decision is the lifecycle's. (At start it
+//!   also checks the store's settings as the worker would, so that settings no restart can
+//!   fix are one error, not a worker restarted forever.)
 //! - SIGTERM or SIGINT: the worker gets SIGTERM, then SIGKILL after `--stop-timeout`.
 
 use std::os::fd::AsRawFd;
@@ -43,6 +45,8 @@ pub struct LauncherOptions {
     pub watchdog: Duration,
     /// How long a worker may take to stop after SIGTERM.
     pub stop_timeout: Duration,
+    /// This run's overrides of `agent.conf`'s store, checked before any worker starts.
+    pub store: crate::store::StoreOverrides,
     /// Arguments the worker is started with, before `worker`.
     pub worker_args: Vec<String>,
 }
@@ -104,6 +108,10 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             agent_conf: data.agent_conf_path(),
             data_dir: options.data_dir.clone(),
         })?;
+    // What every worker would refuse at start (a plain etcd endpoint off loopback without
+    // --etcd-insecure, a password file others can read) is refused once, here, before
+    // anything connects: restarting a worker cannot fix it.
+    options.store.settings(&conf)?;
     let _lock = lock_data_dir(&data)?;
     // Holding the lock, no other lockstepd writes here: what a crash left half-written goes.
     match data.sweep_temporaries() {

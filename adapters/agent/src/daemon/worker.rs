@@ -66,39 +66,19 @@ pub struct WorkerOptions {
     pub limits: Limits,
     /// Capabilities the local provider reports.
     pub capabilities: String,
-    /// `--store`: overrides `agent.conf`'s engine.
-    pub store: Option<crate::store::StoreEngine>,
-    /// `--etcd-endpoints`: override `agent.conf`'s.
-    pub etcd_endpoints: Vec<String>,
+    /// `--store`, `--etcd-endpoints`, `--etcd-insecure`: override `agent.conf`'s store.
+    pub store: crate::store::StoreOverrides,
     /// The API's limits (`--max-connections` and the rest).
     pub api_limits: lockstep_transport::limits::ApiLimits,
 }
 
 impl WorkerOptions {
-    /// The store `conf` names, with this run's overrides.
+    /// The store `conf` names, with this run's overrides, checked.
     pub fn store_settings(
         &self,
         conf: &AgentConf,
     ) -> Result<crate::store::StoreSettings, StoreSetupError> {
-        let mut settings = crate::store::StoreSettings::of(conf);
-        if let Some(engine) = self.store {
-            settings.engine = engine;
-        }
-        if !self.etcd_endpoints.is_empty() {
-            settings.etcd_endpoints =
-                crate::store::parse_endpoints(&self.etcd_endpoints, settings.etcd_tls.is_tls())?;
-        }
-        if settings.engine == crate::store::StoreEngine::Etcd {
-            if settings.etcd_endpoints.is_empty() {
-                return Err(StoreSetupError::NoEndpoints);
-            }
-            if settings.etcd_prefix.is_empty() {
-                // A controller bootstrapped on SQLite and pointed at etcd: its state is
-                // under its controller's uuid, as bootstrap would have put it.
-                settings.etcd_prefix = crate::store::etcd_prefix(&conf.controller);
-            }
-        }
-        Ok(settings)
+        self.store.settings(conf)
     }
 }
 
@@ -264,6 +244,19 @@ fn log_metadata_trust(trust: &MetadataTrust) {
     }
 }
 
+/// Says at every start how etcd is reached: a warning when the operator accepted plain http
+/// off loopback (`--etcd-insecure`).
+fn log_store_access(settings: &crate::store::StoreSettings) {
+    let Some(access) = settings.access() else {
+        return;
+    };
+    if settings.etcd_insecure {
+        tracing::warn!(target: "lockstep::agent", etcd = %access, "etcd is reached with --etcd-insecure: plain http to endpoints that are not loopback is accepted, and whoever is on the network between can read the controllers' state and change it, agent-metadata-url included");
+    } else {
+        tracing::info!(target: "lockstep::agent", etcd = %access, "etcd access");
+    }
+}
+
 /// Reads the PEM files bootstrap wrote.
 fn credentials(data: &DataDir) -> Result<Credentials, DataDirError> {
     let read =
@@ -297,6 +290,7 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
         })?;
     let settings = options.store_settings(&conf)?;
     tracing::info!(target: "lockstep::agent", %running, tag = %conf.tag, pid = std::process::id(), store = %settings.describe(&data), "worker starting");
+    log_store_access(&settings);
     let metadata_trust = Arc::new(MetadataTrust::of(&data, &conf));
     log_metadata_trust(&metadata_trust);
     let store: Arc<dyn Store> = crate::store::open(&data, &settings)?;
@@ -392,10 +386,11 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             limits: options.api_limits.clone(),
         },
         handles.gate.clone(),
-        Arc::new(
-            StoreState::new(Arc::clone(&store))
-                .with_local_controller(conf.controller_id.to_string(), metadata_trust.describe()),
-        ),
+        Arc::new(StoreState::new(Arc::clone(&store)).with_local_controller(
+            conf.controller_id.to_string(),
+            metadata_trust.describe(),
+            settings.access(),
+        )),
         backend,
     );
     let server = tokio::spawn(Arc::clone(&api).serve(listener, tls));

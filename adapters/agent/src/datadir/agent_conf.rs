@@ -112,6 +112,25 @@ pub struct AgentConf {
     /// Its private key (PEM file), as etcdctl's `--key`.
     #[serde(rename = "etcd-key", default, skip_serializing_if = "Option::is_none")]
     pub etcd_key: Option<PathBuf>,
+    /// etcd's user authentication: the user (`--etcd-user`), as etcdctl's `--user`.
+    #[serde(rename = "etcd-user", default, skip_serializing_if = "Option::is_none")]
+    pub etcd_user: Option<String>,
+    /// The file holding that user's password (`--etcd-password-file`, mode 0600, owned by
+    /// the user running lockstep), read at every start; the password is never written here.
+    #[serde(
+        rename = "etcd-password-file",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub etcd_password_file: Option<PathBuf>,
+    /// `--etcd-insecure`: the operator accepted plain http to etcd endpoints that are not
+    /// loopback (warned about at every start, shown by `lockstep status`).
+    #[serde(
+        rename = "etcd-insecure",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub etcd_insecure: bool,
     /// The OpenPGP public keys that must sign the metadata of `agent-metadata-url`: the
     /// data dir's `metadata-keys.asc`, copied there by `lockstep bootstrap --metadata-key`.
     /// Only this file is trusted, never anything from the shared store or the API.
@@ -170,6 +189,9 @@ impl AgentConf {
             etcd_cacert: None,
             etcd_cert: None,
             etcd_key: None,
+            etcd_user: None,
+            etcd_password_file: None,
+            etcd_insecure: false,
             metadata_keyring: None,
             metadata_key_fingerprints: Vec::new(),
             allow_unsigned_metadata: false,

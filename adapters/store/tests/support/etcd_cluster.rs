@@ -8,6 +8,9 @@
 //! server certificate (127.0.0.1 and localhost) every member serves to clients and peers,
 //! client certificates required on both (`--client-cert-auth`, `--peer-client-cert-auth`),
 //! and one client certificate for the tests ([`EtcdCluster::tls`]).
+//!
+//! [`EtcdCluster::enable_auth`] turns etcd's user authentication on (with `etcdctl`): a
+//! `root` user, and users whose role may read and write one prefix.
 
 #![allow(dead_code)]
 
@@ -318,6 +321,43 @@ impl EtcdCluster {
             command.arg(format!("--key={}", files.key.display()));
         }
         command
+    }
+
+    /// Turns on etcd's user authentication: adds `root` with `root_password` and, for each
+    /// `(user, password, prefix)`, a role `<user>` with readwrite on keys starting with
+    /// `prefix` and the user holding it; then `auth enable`. Every client must then log
+    /// in (`endpoint health` without a user fails from here on).
+    pub fn enable_auth(&self, root_password: &str, users: &[(&str, &str, &str)]) {
+        let run = |args: &[&str]| {
+            let output = self
+                .etcdctl()
+                .arg("--command-timeout=10s")
+                .args(args)
+                .output()
+                .expect("etcdctl runs");
+            assert!(
+                output.status.success(),
+                "etcdctl {}: {}{}",
+                args.first().copied().unwrap_or_default(),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        run(&["user", "add", "root", "--new-user-password", root_password]);
+        for (user, password, prefix) in users {
+            run(&["role", "add", user]);
+            run(&[
+                "role",
+                "grant-permission",
+                user,
+                "--prefix=true",
+                "readwrite",
+                prefix,
+            ]);
+            run(&["user", "add", user, "--new-user-password", password]);
+            run(&["user", "grant-role", user, user]);
+        }
+        run(&["auth", "enable"]);
     }
 
     /// `etcdctl endpoint health` over the running members.
