@@ -255,14 +255,15 @@ async fn main() {
 
     // N+1's catalogue entry, looked up (and its signature verified) as the controller does.
     let tools_url = mirror.path().join("tools").display().to_string();
-    let metadata = MetadataSource::open(&tools_url).unwrap();
+    let keyring = lockstep_agent::datadir::read_keyring(Path::new(&public_key)).unwrap();
+    let trust = lockstep_agent::metadata::MetadataTrust::new(keyring, false);
+    let metadata = MetadataSource::open(&tools_url, &trust).unwrap();
     let mark_dir = tempfile::tempdir().unwrap();
     let mark = lockstep_streams::HighWaterMarkFile::new(mark_dir.path().join("mark.json"));
-    let keyring = lockstep_agent::datadir::read_keyring(Path::new(&public_key)).unwrap();
     let lookup = metadata
         .look_up(
             &mark,
-            &lockstep_streams::LookupConfig::signed_by(keyring),
+            &trust.lookup_config(&tools_url).unwrap(),
             lockstep_agent::metadata::unix_now(),
         )
         .await

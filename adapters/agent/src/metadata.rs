@@ -208,7 +208,8 @@ impl MetadataTrust {
 #[derive(Debug)]
 pub enum MetadataSource {
     Directory(DirectorySource),
-    Http(HttpSource),
+    /// Boxed: an HTTP source carries its client and limits.
+    Http(Box<HttpSource>),
 }
 
 impl MetadataSource {
@@ -216,7 +217,8 @@ impl MetadataSource {
     /// `trust` names; anything else is a local directory (`file://` or a path).
     pub fn open(url: &str, trust: &MetadataTrust) -> Result<MetadataSource, SourceError> {
         if url.starts_with("http://") || url.starts_with("https://") {
-            HttpSource::new(url, trust.http_config()).map(MetadataSource::Http)
+            HttpSource::new(url, trust.http_config())
+                .map(|source| MetadataSource::Http(Box::new(source)))
         } else {
             DirectorySource::from_url(url).map(MetadataSource::Directory)
         }
@@ -233,7 +235,7 @@ impl MetadataSource {
                 lockstep_streams::look_up_async(source, mark, config, now).await
             }
             MetadataSource::Http(source) => {
-                lockstep_streams::look_up_async(source, mark, config, now).await
+                lockstep_streams::look_up_async(&**source, mark, config, now).await
             }
         }
     }
@@ -249,7 +251,7 @@ impl MetadataSource {
                 AsyncSource::download(source, entry, destination, progress).await
             }
             MetadataSource::Http(source) => {
-                AsyncSource::download(source, entry, destination, progress).await
+                AsyncSource::download(&**source, entry, destination, progress).await
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Looking up the catalogue at a source, with the freshness guards.
 
-use lockstep_core::policy::{Catalogue, HighWaterMark, SIZE_BYTES_MAX};
+use lockstep_core::policy::{Catalogue, HighWaterMark, PolicyError, SIZE_BYTES_MAX};
 
 use crate::error::{LookupError, MetadataError, SourceError};
 use crate::metadata::{INDEX_PATH, Index, LEGACY_INDEX_PATH, Products, build_catalogue};
@@ -257,9 +257,12 @@ pub fn look_up(
             stored.admit_version(highest)?;
             let mut advanced = *stored;
             advanced.advance(index.updated_unix_seconds, highest);
-            Ok(advanced)
+            Ok::<_, Box<PolicyError>>(advanced)
         })?
-        .map_err(policy)?;
+        .map_err(|error| LookupError::Policy {
+            file: index_file.to_owned(),
+            error,
+        })?;
     for rejection in &rejected {
         tracing::warn!(
             file = %rejection.file,

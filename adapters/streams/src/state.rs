@@ -88,7 +88,7 @@ impl HighWaterMarkFile {
             .mode(MARK_MODE)
             .open(&lock_path)
             .map_err(|error| problem(format!("cannot open the mark's lock: {error}")))?;
-        lock.lock()
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|error| problem(format!("cannot lock: {error}")))?;
         let stored = self.load()?;
         let decided = match decide(&stored) {

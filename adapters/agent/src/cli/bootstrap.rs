@@ -226,7 +226,7 @@ pub enum BootstrapError {
     MetadataCa {
         path: PathBuf,
         #[source]
-        error: DataDirError,
+        error: Box<DataDirError>,
     },
     #[error("--metadata-key {}: {error}", path.display())]
     MetadataKey {
@@ -472,7 +472,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
             let (pem, _) =
                 datadir::read_metadata_ca(given).map_err(|error| BootstrapError::MetadataCa {
                     path: given.clone(),
-                    error,
+                    error: Box::new(error),
                 })?;
             Some(data.write_metadata_ca(&pem)?)
         }
@@ -622,7 +622,7 @@ fn metadata_trust(options: &BootstrapOptions) -> Result<MetadataTrust, Bootstrap
             datadir::read_metadata_ca(path)
                 .map_err(|error| BootstrapError::MetadataCa {
                     path: path.clone(),
-                    error,
+                    error: Box::new(error),
                 })?
                 .1
         }
