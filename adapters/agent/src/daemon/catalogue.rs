@@ -146,8 +146,8 @@ impl CatalogueCache {
         let failed = state.failed.as_ref().filter(|read| &read.url == url);
         let failure_remembered =
             failed.is_some_and(|read| now.duration_since(read.at) < FAILURE_REMEMBERED_FOR);
-        // What can be served without waiting: a stale good catalogue, else a remembered
-        // failure newer than it.
+        // What can be served without waiting: a stale good catalogue, else a failure still
+        // remembered.
         let stale_good = good.map(|read| read.value.clone());
         let remembered_failure = failed
             .filter(|_| failure_remembered)
@@ -183,7 +183,11 @@ impl CatalogueCache {
         let state = Arc::clone(&self.state);
         let finished = self.finished.clone();
         tokio::spawn(async move {
-            let result = look_up.await;
+            // In a task of its own, so that a lookup that panics ends this refresh with an
+            // error instead of leaving it marked running forever.
+            let result = tokio::spawn(look_up).await.unwrap_or_else(|error| {
+                Err(format!("the catalogue lookup ended abnormally: {error}"))
+            });
             let at = Instant::now();
             {
                 let mut state = state
