@@ -1255,3 +1255,34 @@ fn downloaded_tools_keep_jujus_format_and_a_malformed_digest_names_the_file_and_
     data.install_tarball(&b, &path, &tools).unwrap();
     assert_eq!(data.read_downloaded_tools(&b).unwrap(), Some(tools));
 }
+
+/// `cacert` is written as a literal block only when one reads back unchanged; the values a
+/// literal block cannot hold (found by the `agent_conf_parse` fuzz target: `"\n"` came back
+/// as `""`) are written quoted. Each round-trips, and so does the fuzzer's input.
+#[test]
+fn agent_conf_strings_a_literal_block_cannot_hold_are_written_so_that_they_read_back_unchanged() {
+    let path = Path::new("agent.conf");
+    let binary = Binary::new(Version::new(2, 9, 43), "ubuntu", "amd64").unwrap();
+    for cacert in [
+        "\n",
+        "\n\n",
+        "a\n\n",
+        " indented\n",
+        "\tindented\n",
+        "nul\u{0}inside\n",
+        "no final line break\nsecond",
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    ] {
+        let mut conf = AgentConf::new("machine-0", Snapshot::bootstrapped(&binary));
+        conf.cacert = cacert.to_owned();
+        let written = conf.to_yaml().unwrap();
+        let read = AgentConf::parse(&written, path).unwrap();
+        assert_eq!(read.cacert, cacert, "written as:\n{written}");
+    }
+    let found = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus/agent_conf_parse/regression-cacert-only-a-line-break");
+    let text = String::from_utf8(fs::read(found).unwrap()).unwrap();
+    let conf = AgentConf::parse(&text, path).unwrap();
+    let again = AgentConf::parse(&conf.to_yaml().unwrap(), path).unwrap();
+    assert_eq!(again, conf);
+}

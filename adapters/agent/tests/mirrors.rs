@@ -143,7 +143,7 @@ async fn over_plain_http_unsigned_metadata_is_refused_even_with_allow_unsigned_m
             text(&refused.bootstrap)
         );
     }
-    assert!(!refused.data().pid_path().exists(), "nothing was started");
+    assert!(!refused.data_dir.exists(), "nothing was written");
 }
 
 /// `Client.FindTools` for every version, and how long it took.

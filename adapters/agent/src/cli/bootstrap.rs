@@ -386,6 +386,16 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     // from its local binary looks nothing up, so it needs neither flag; one given a
     // metadata source must be told which key signs it, or that it is trusted unsigned.
     let trust = metadata_trust(options)?;
+    // Before anything is written: a source the trust cannot read at all (plain http with
+    // no key pinned: over plain http only signed metadata is accepted).
+    if let Some(source) = &options.metadata_source
+        && let Err(problem) = trust.lookup_config(source)
+    {
+        return Err(BootstrapError::Untrusted {
+            url: source.clone(),
+            problem,
+        });
+    }
     // Before anything is written: which binary the local file is, when it will be installed
     // (read from the file, never guessed from the host), and that this host can run it.
     let local = if options.build_agent || options.metadata_source.is_none() {

@@ -281,9 +281,20 @@ impl AgentConf {
     }
 }
 
-/// A multi-line string as a YAML literal block (`|`), readable as the PEM it is.
+/// A multi-line string as a YAML literal block (`|`), readable as the PEM it is, when a
+/// literal block reads back as exactly `text`: some text before exactly one final line
+/// break, no leading space, printable characters only. Anything else (found by the
+/// `agent_conf_parse` fuzz target: `"\n"` written as an empty block read back as `""`) is
+/// written as a quoted string, which always reads back unchanged.
 fn literal_block<S: serde::Serializer>(text: &str, serializer: S) -> Result<S::Ok, S::Error> {
-    if text.contains('\n') {
+    let body = text.strip_suffix('\n').unwrap_or("");
+    let faithful = !body.is_empty()
+        && !body.ends_with('\n')
+        && !body.starts_with([' ', '\t'])
+        && body
+            .chars()
+            .all(|c| c == '\n' || (!c.is_control() && c != '\u{feff}'));
+    if faithful {
         serde_saphyr::LitStr(text).serialize(serializer)
     } else {
         serializer.serialize_str(text)
