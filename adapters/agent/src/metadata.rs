@@ -38,6 +38,9 @@ pub struct MetadataTrust {
     /// `--metadata-ca`: certificate authorities an `https://` mirror may chain to besides
     /// the system's.
     pub mirror_cas: Vec<CertificateDer<'static>>,
+    /// `--allow-metadata-redirects`: an `https://` mirror's redirects are followed to other
+    /// hosts too (by default only to its own host).
+    pub redirects_to_other_hosts: bool,
     /// Why the pinned keys could not be read (a missing or replaced `metadata-keys.asc`):
     /// every lookup is then refused with this reason.
     pub problem: Option<String>,
@@ -52,6 +55,7 @@ impl MetadataTrust {
             keyring: Keyring::empty(),
             allow_unsigned: conf.allow_unsigned_metadata,
             mirror_cas: Vec::new(),
+            redirects_to_other_hosts: conf.allow_metadata_redirects,
             problem: None,
         };
         if let Some(path) = &conf.metadata_ca {
@@ -104,7 +108,16 @@ impl MetadataTrust {
             keyring,
             allow_unsigned,
             mirror_cas: Vec::new(),
+            redirects_to_other_hosts: false,
             problem: None,
+        }
+    }
+
+    /// This trust, following an `https://` mirror's redirects to other hosts or not.
+    pub fn with_redirects_to_other_hosts(self, allowed: bool) -> MetadataTrust {
+        MetadataTrust {
+            redirects_to_other_hosts: allowed,
+            ..self
         }
     }
 
@@ -128,6 +141,7 @@ impl MetadataTrust {
         conf.metadata_keyring = keyring_path;
         conf.metadata_key_fingerprints = self.keyring.fingerprints();
         conf.allow_unsigned_metadata = self.allow_unsigned;
+        conf.allow_metadata_redirects = self.redirects_to_other_hosts;
     }
 
     /// The configuration of a lookup at `url`; `Err` (the reason) when the pinned keys are
@@ -153,10 +167,12 @@ impl MetadataTrust {
     }
 
     /// The HTTP(S) settings of a mirror under this trust: the system's certificate
-    /// authorities and `--metadata-ca`'s; redirects only to https on the same host.
+    /// authorities and `--metadata-ca`'s; redirects only to https, and only on the same host
+    /// unless `--allow-metadata-redirects`.
     pub fn http_config(&self) -> lockstep_streams::HttpConfig {
         lockstep_streams::HttpConfig {
             trusted_certificates: self.mirror_cas.clone(),
+            redirect_to_other_hosts: self.redirects_to_other_hosts,
             ..lockstep_streams::HttpConfig::default()
         }
     }
@@ -167,11 +183,20 @@ impl MetadataTrust {
     }
 
     /// What `lockstep status` shows as `metadata-verification`: `signed (key <fingerprint>)`,
-    /// `unsigned-allowed`, both, `none (...)` or `broken: ...`.
+    /// `unsigned-allowed`, both, `none (...)` or `broken: ...`; with `; redirects to other
+    /// hosts followed` after it under `--allow-metadata-redirects`.
     pub fn describe(&self) -> String {
         if let Some(problem) = &self.problem {
             return format!("broken: {problem}");
         }
+        let verification = self.describe_keys();
+        match self.redirects_to_other_hosts {
+            true => format!("{verification}; redirects to other hosts followed"),
+            false => verification,
+        }
+    }
+
+    fn describe_keys(&self) -> String {
         let fingerprints = self.keyring.fingerprints();
         let signed = match fingerprints.as_slice() {
             [] => None,
@@ -190,6 +215,13 @@ impl MetadataTrust {
 
     /// A hint for an error of a lookup under this trust: the flags that choose it.
     pub fn hint(&self, error: &LookupError) -> String {
+        if let LookupError::Source(SourceError::RedirectRefused { .. }) = error
+            && !self.redirects_to_other_hosts
+        {
+            return " (a redirect to another https host is followed only when the controller \
+                    was bootstrapped with --allow-metadata-redirects)"
+                .to_owned();
+        }
         let signature =
             matches!(error, LookupError::Metadata(error) if error.field == "(signature)");
         if !signature {

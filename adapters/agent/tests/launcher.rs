@@ -4,7 +4,10 @@
 //!   act only on what its own worker sends; otherwise a hung worker (here: stopped with
 //!   SIGSTOP) could be kept alive from outside with `WATCHDOG=1`;
 //! - at start, holding the data dir's lock, it removes the temporary files an interrupted
-//!   write left behind.
+//!   write left behind;
+//! - the shipped systemd unit runs it as a dedicated unprivileged user: systemd's own checks
+//!   accept the unit and its sysusers.d file, and a controller handed to such a user, as the
+//!   unit's `StateDirectory=` does, serves and upgrades itself.
 
 mod common;
 
@@ -12,7 +15,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::{Duration, Instant};
 
-use common::{Controller, Mirror, Published};
+use common::{Controller, Mirror, Published, next, text};
 
 /// The launcher's `NOTIFY_SOCKET` (`@name`), read from its worker's environment.
 fn notify_socket(worker: u32) -> String {
@@ -126,4 +129,164 @@ async fn temporary_files_left_by_interrupted_writes_are_removed_at_start() {
     );
     assert!(kept.exists());
     assert_eq!(std::fs::read(data.agent_conf_path()).unwrap(), agent_conf);
+}
+
+/// The unit and the sysusers.d file as shipped, beside this crate's manifest.
+fn shipped(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
+}
+
+/// What `systemd-analyze verify` says of `unit` (written to a scratch directory under its
+/// own name), with `ExecStart=` pointed at a program that exists on this host: it checks
+/// that the executable exists, and `/var/lib/lockstep` is not set up here.
+fn systemd_verify(unit: &str) -> std::process::Output {
+    let scratch = tempfile::tempdir().unwrap();
+    let path = scratch.path().join("lockstepd.service");
+    let unit: String = unit
+        .lines()
+        .map(|line| match line.starts_with("ExecStart=") {
+            true => "ExecStart=/bin/true".to_owned(),
+            false => line.to_owned(),
+        })
+        .map(|line| line + "\n")
+        .collect();
+    std::fs::write(&path, unit).unwrap();
+    std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze runs (Debian's systemd package)")
+}
+
+#[test]
+fn the_shipped_unit_runs_as_the_dedicated_user_its_sysusers_file_declares_and_systemd_accepts_both()
+{
+    let unit = std::fs::read_to_string(shipped("lockstepd.service")).unwrap();
+    let settings: Vec<&str> = unit
+        .lines()
+        .filter(|line| !line.starts_with('#') && line.contains('='))
+        .collect();
+    for wanted in [
+        "User=lockstep",
+        "Group=lockstep",
+        "StateDirectory=lockstep",
+        "StateDirectoryMode=0700",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "UMask=0077",
+        "Type=notify",
+    ] {
+        assert!(
+            settings.contains(&wanted),
+            "the unit lacks {wanted}:\n{unit}"
+        );
+    }
+    let verified = systemd_verify(&unit);
+    assert!(
+        verified.status.success() && verified.stderr.is_empty() && verified.stdout.is_empty(),
+        "systemd-analyze verify objects to the unit:\n{}",
+        text(&verified)
+    );
+    // The check sees a mistake: the same unit with a misspelt setting is reported.
+    let misspelt = unit.replace("NoNewPrivileges=yes", "NoNewPrivilege=yes");
+    let objected = systemd_verify(&misspelt);
+    assert!(
+        String::from_utf8_lossy(&objected.stderr).contains("Unknown key 'NoNewPrivilege'"),
+        "{}",
+        text(&objected)
+    );
+
+    // sysusers.d: parsed by systemd-sysusers itself, without writing /etc (--dry-run).
+    let sysusers = std::process::Command::new("systemd-sysusers")
+        .arg("--dry-run")
+        .arg(shipped("lockstep.sysusers"))
+        .output()
+        .expect("systemd-sysusers runs");
+    let said = text(&sysusers);
+    assert!(sysusers.status.success(), "{said}");
+    assert!(
+        said.contains("user 'lockstep'") || said.contains("User lockstep"),
+        "systemd-sysusers would not make the user lockstep:\n{said}"
+    );
+}
+
+/// Hands `path` and everything under it to `uid`:`gid`, not following symlinks: what
+/// systemd's `StateDirectory=` does when the directory's owner is not the unit's `User=`.
+fn chown_tree(path: &std::path::Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid)).unwrap();
+    if std::fs::symlink_metadata(path).unwrap().is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            chown_tree(&entry.unwrap().path(), uid, gid);
+        }
+    }
+}
+
+/// Every file under `path` whose owner is not `uid`.
+fn not_owned_by(path: &std::path::Path, uid: u32) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::symlink_metadata(path).unwrap();
+    let mut found = Vec::new();
+    if metadata.uid() != uid {
+        found.push(path.to_path_buf());
+    }
+    if metadata.is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            found.extend(not_owned_by(&entry.unwrap().path(), uid));
+        }
+    }
+    found
+}
+
+/// The real user id of process `pid`, from `/proc/<pid>/status`.
+fn uid_of(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("Uid:"))
+        .unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_handed_to_an_unprivileged_user_as_the_unit_does_serves_and_upgrades_itself() {
+    // `nobody`: a user with no rights to anything here but what is handed to it.
+    const UID: u32 = 65534;
+    const GID: u32 = 65534;
+    assert_eq!(
+        rustix::process::geteuid().as_raw(),
+        0,
+        "this test hands files to another user: it runs as root, as CI does"
+    );
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let (source, key) = (mirror.source(), mirror.key());
+    let controller =
+        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
+    controller.assert_bootstrapped();
+    controller.wait_ready(Duration::from_secs(120)).await;
+    controller.stop();
+    // Bootstrapped as root; then, as `StateDirectory=` does before the first start, the data
+    // directory (and here its parent and the mirror, both private temporary directories)
+    // handed to the service's user.
+    chown_tree(controller.dir.path(), UID, GID);
+    chown_tree(mirror.path(), UID, GID);
+
+    let launcher = controller.start_as(UID, GID, &[]);
+    controller.wait_ready(Duration::from_secs(120)).await;
+    let worker = controller.worker_pid().expect("a worker");
+    assert_eq!((uid_of(launcher), uid_of(worker)), (UID, UID));
+
+    // A self-upgrade: download, unpack into tools/, switch, re-exec, all as that user.
+    let upgrade = controller.run(&["upgrade-controller"]);
+    assert!(upgrade.status.success(), "{}", text(&upgrade));
+    controller
+        .wait_running(next(), Duration::from_secs(180))
+        .await;
+    let exe = controller.serving_exe().expect("a serving worker");
+    assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
+    let worker = controller.worker_pid().expect("a worker");
+    assert_eq!(uid_of(worker), UID);
+    // Nothing the controller made since belongs to anyone else.
+    let strays = not_owned_by(&controller.data_dir, UID);
+    assert!(strays.is_empty(), "not owned by uid {UID}: {strays:?}");
 }

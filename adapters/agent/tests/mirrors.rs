@@ -6,6 +6,9 @@
 //!   the system's trust store holds it (`SSL_CERT_FILE`);
 //! - over plain `http://` only signed metadata is accepted, `--allow-unsigned-metadata` or
 //!   not;
+//! - an `https://` mirror's redirect to another host is refused, naming it, until the
+//!   operator allows it (`--allow-metadata-redirects`, pinned in `agent.conf` and shown by
+//!   status);
 //! - a mirror that stops answering (blackholed) does not stall the API: `FindTools`,
 //!   `ModelSet agent-version` and the tools endpoint answer from the last good catalogue, or,
 //!   when there is none, say the lookup is still running, within a bound far below the
@@ -144,6 +147,65 @@ async fn over_plain_http_unsigned_metadata_is_refused_even_with_allow_unsigned_m
         );
     }
     assert!(!refused.data_dir.exists(), "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_mirror_redirecting_to_another_host_is_refused_until_allow_metadata_redirects() {
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let ca = TestCa::new();
+    // The files at https://localhost:<port>; the mirror the operator names, at
+    // https://127.0.0.1:<other port>, redirects every request there: another host name.
+    let files = HttpMirror::serve_tls(mirror.path(), &ca, HoldBack::Nothing);
+    let elsewhere = format!("https://localhost:{}", files.port());
+    let front = HttpMirror::redirect_tls(&ca, &elsewhere);
+    let source = front.tools_url();
+    let ca_file = mirror.path().join("mirror-ca.pem");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let (key, ca_path) = (mirror.key(), ca_file.to_str().unwrap().to_owned());
+    let args = [
+        "--metadata-source",
+        &source,
+        "--metadata-key",
+        &key,
+        "--metadata-ca",
+        &ca_path,
+    ];
+
+    let refused = Controller::bootstrap(&args, &[]);
+    let said = text(&refused.bootstrap);
+    assert!(!refused.bootstrap.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("to {elsewhere}/tools/"))
+            && said.contains("redirects are followed only on the mirror's own host")
+            && said.contains("--allow-metadata-redirects"),
+        "{said}"
+    );
+    assert!(!refused.data().pid_path().exists(), "nothing was started");
+
+    let mut allowed = args.to_vec();
+    allowed.extend(["--allow-metadata-redirects", "--auto-upgrade"]);
+    let trusted = Controller::bootstrap(&allowed, &[]);
+    trusted.assert_bootstrapped();
+    // The daemon follows it too: it found N+1 through the redirect and upgraded to it.
+    trusted.wait_running(next(), READY_WITHIN).await;
+    let conf = trusted.data().read_agent_conf().unwrap().unwrap();
+    assert!(conf.allow_metadata_redirects, "{conf:?}");
+    let status = trusted.full_status().await;
+    let verification = status["machines"]["0"]["lockstep"]["metadata-verification"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        verification.ends_with("; redirects to other hosts followed"),
+        "{verification}"
+    );
+    assert!(
+        trusted
+            .log()
+            .contains("redirects are followed to other hosts"),
+        "{}",
+        trusted.log()
+    );
 }
 
 /// `Client.FindTools` for every version, and how long it took.

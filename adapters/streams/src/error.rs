@@ -155,6 +155,16 @@ pub enum SourceError {
         /// What was wrong, with the offending value.
         problem: String,
     },
+    /// The server redirected the fetch where this source does not follow: to plain http,
+    /// to another host (unless configured), or too many times.
+    RedirectRefused {
+        /// The source.
+        location: String,
+        /// The path asked for.
+        path: String,
+        /// Where the redirect pointed and which rule refused it.
+        problem: String,
+    },
     /// Any other I/O failure.
     Io {
         /// The source.
@@ -236,6 +246,11 @@ impl fmt::Display for SourceError {
                  agent-metadata-url and the mirror"
             ),
             SourceError::Protocol {
+                location,
+                path,
+                problem,
+            } => write!(f, "{path} from {location}: {problem}"),
+            SourceError::RedirectRefused {
                 location,
                 path,
                 problem,

@@ -462,7 +462,7 @@ impl HttpSource {
         let mut response = request.send().await.map_err(|error| {
             if error.is_redirect() {
                 // A redirect the policy refused: final, the mirror will answer the same.
-                Failure::Final(SourceError::Protocol {
+                Failure::Final(SourceError::RedirectRefused {
                     location: location.clone(),
                     path: quote(path),
                     problem: error_chain(&error),

@@ -502,7 +502,7 @@ async fn redirects_are_followed_only_to_https_on_the_same_host_unless_configured
     let downgrade = format!("http://{}/", plain.address);
     front.behave(|behaviour| behaviour.redirect_to = Some(downgrade.clone()));
     let error = read(trusting()).await.unwrap_err();
-    let SourceError::Protocol { problem, .. } = &error else {
+    let SourceError::RedirectRefused { problem, .. } = &error else {
         panic!("expected a refused redirect, got {error:?}");
     };
     assert!(

@@ -119,6 +119,11 @@ enum Command {
         /// and pinned in agent.conf.
         #[arg(long, value_name = "FILE")]
         metadata_ca: Option<PathBuf>,
+        /// Follow an https:// --metadata-source's redirects to other hosts too (by default
+        /// only to its own host; never to plain http). Recorded in agent.conf, warned about
+        /// at every start, shown by `lockstep status`.
+        #[arg(long)]
+        allow_metadata_redirects: bool,
     },
     /// Show the controller's phase, versions, machines, applications and units.
     Status {
@@ -249,6 +254,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             metadata_key,
             allow_unsigned_metadata,
             metadata_ca,
+            allow_metadata_redirects,
         } => {
             let options = BootstrapOptions {
                 data_dir: args.data_dir.clone(),
@@ -278,6 +284,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                 metadata_key,
                 allow_unsigned_metadata,
                 metadata_ca,
+                allow_metadata_redirects,
             };
             bootstrap_command(&options, timeout).await
         }

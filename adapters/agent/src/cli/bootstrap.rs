@@ -331,6 +331,9 @@ pub struct BootstrapOptions {
     /// `--metadata-ca`: certificate authorities (PEM) an `https://` metadata source may
     /// chain to besides the system's; copied into the data dir and pinned in `agent.conf`.
     pub metadata_ca: Option<PathBuf>,
+    /// `--allow-metadata-redirects`: follow an `https://` metadata source's redirects to other
+    /// hosts (recorded in `agent.conf`, shown by `lockstep status`).
+    pub allow_metadata_redirects: bool,
 }
 
 /// What `prepare` made.
@@ -638,7 +641,9 @@ fn metadata_trust(options: &BootstrapOptions) -> Result<MetadataTrust, Bootstrap
         }
         None => Vec::new(),
     };
-    Ok(MetadataTrust::new(keyring, options.allow_unsigned_metadata).with_mirror_cas(mirror_cas))
+    Ok(MetadataTrust::new(keyring, options.allow_unsigned_metadata)
+        .with_mirror_cas(mirror_cas)
+        .with_redirects_to_other_hosts(options.allow_metadata_redirects))
 }
 
 /// Installs `version` from the metadata source, if published there for this host; the

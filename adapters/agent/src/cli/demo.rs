@@ -1150,6 +1150,7 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
         metadata_key: Some(public_key),
         allow_unsigned_metadata: false,
         metadata_ca: None,
+        allow_metadata_redirects: false,
     };
     let prepared = bootstrap::prepare(&options).await?;
     let pid = bootstrap::spawn_daemon(

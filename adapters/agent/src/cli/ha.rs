@@ -225,6 +225,7 @@ pub async fn enable_ha(
         member.metadata_key_fingerprints = conf.metadata_key_fingerprints.clone();
         member.allow_unsigned_metadata = conf.allow_unsigned_metadata;
         member.metadata_ca = metadata_ca;
+        member.allow_metadata_redirects = conf.allow_metadata_redirects;
         settings.apply(&mut member);
         data.write_agent_conf(&member)?;
         on_line(&format!(

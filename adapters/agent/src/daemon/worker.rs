@@ -242,6 +242,9 @@ fn log_metadata_trust(trust: &MetadataTrust) {
     } else {
         tracing::info!(target: "lockstep::agent", metadata_verification = %verification, "agent-binary metadata verification");
     }
+    if trust.redirects_to_other_hosts {
+        tracing::warn!(target: "lockstep::agent", "an https agent-metadata-url's redirects are followed to other hosts (bootstrapped with --allow-metadata-redirects): those hosts' certificates are checked, but they, not only the mirror, serve what this controller reads");
+    }
 }
 
 /// Says at every start how etcd is reached: a warning when the operator accepted plain http

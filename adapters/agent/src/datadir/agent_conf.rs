@@ -164,6 +164,14 @@ pub struct AgentConf {
         skip_serializing_if = "Option::is_none"
     )]
     pub metadata_ca: Option<PathBuf>,
+    /// `lockstep bootstrap --allow-metadata-redirects`: an `https://` `agent-metadata-url`'s
+    /// redirects are followed to other hosts too (still https only, at most 5).
+    #[serde(
+        rename = "allow-metadata-redirects",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub allow_metadata_redirects: bool,
 }
 
 impl AgentConf {
@@ -196,6 +204,7 @@ impl AgentConf {
             metadata_key_fingerprints: Vec::new(),
             allow_unsigned_metadata: false,
             metadata_ca: None,
+            allow_metadata_redirects: false,
         };
         conf.set_snapshot(snapshot);
         conf

@@ -8,8 +8,10 @@
 //! releases what it holds, stops accepting and joins every thread.
 //!
 //! [`HttpMirror::serve_tls`] serves the same over HTTPS with a certificate for 127.0.0.1
-//! signed by a CA made for the test ([`TestCa`]); [`HttpMirror::blackhole_metadata`] makes
-//! every later metadata request hang (a mirror that accepts and never answers).
+//! (and `localhost`) signed by a CA made for the test ([`TestCa`]);
+//! [`HttpMirror::blackhole_metadata`] makes every later metadata request hang (a mirror that
+//! accepts and never answers); [`HttpMirror::redirect_tls`] answers every request with a
+//! redirect to another origin.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -25,6 +27,15 @@ pub struct HttpMirror {
     stop: Arc<AtomicBool>,
     hold: Arc<Hold>,
     acceptor: Option<JoinHandle<()>>,
+}
+
+/// What a mirror answers: files, or redirects.
+#[derive(Clone, Debug)]
+enum Serve {
+    /// The files under this directory.
+    Files(PathBuf),
+    /// `302 Found` to this origin (`https://host:port`) and the path asked for.
+    RedirectTo(String),
 }
 
 /// Which requests a mirror holds back, unanswered, until [`HttpMirror::release`].
@@ -92,17 +103,26 @@ impl HttpMirror {
 
     /// Serves `root`, holding back the requests `back` names until [`HttpMirror::release`].
     pub fn serve_holding(root: &Path, metadata_delay: Duration, back: HoldBack) -> HttpMirror {
-        HttpMirror::start(root, metadata_delay, back, None)
+        HttpMirror::start(Serve::Files(root.into()), metadata_delay, back, None)
     }
 
-    /// Serves `root` over HTTPS with `ca`'s certificate for 127.0.0.1, holding back the
+    /// Serves `root` over HTTPS with `ca`'s certificate, holding back the
     /// requests `back` names.
     pub fn serve_tls(root: &Path, ca: &TestCa, back: HoldBack) -> HttpMirror {
-        HttpMirror::start(root, Duration::ZERO, back, Some(Arc::clone(&ca.server)))
+        let serve = Serve::Files(root.into());
+        HttpMirror::start(serve, Duration::ZERO, back, Some(Arc::clone(&ca.server)))
+    }
+
+    /// Over HTTPS with `ca`'s certificate, answers every request with `302 Found` to the
+    /// same path at `origin` (`https://host:port`).
+    pub fn redirect_tls(ca: &TestCa, origin: &str) -> HttpMirror {
+        let serve = Serve::RedirectTo(origin.to_owned());
+        let server = Some(Arc::clone(&ca.server));
+        HttpMirror::start(serve, Duration::ZERO, HoldBack::Nothing, server)
     }
 
     fn start(
-        root: &Path,
+        serve: Serve,
         metadata_delay: Duration,
         back: HoldBack,
         tls: Option<Arc<rustls::ServerConfig>>,
@@ -115,7 +135,6 @@ impl HttpMirror {
             state: Mutex::default(),
             changed: Condvar::new(),
         });
-        let root = root.to_path_buf();
         let tls_on = tls.is_some();
         let stopping = Arc::clone(&stop);
         let holding = Arc::clone(&hold);
@@ -126,18 +145,18 @@ impl HttpMirror {
                     break;
                 }
                 let Ok(stream) = stream else { continue };
-                let root = root.clone();
+                let serve = serve.clone();
                 let hold = Arc::clone(&holding);
                 let tls = tls.clone();
                 connections.push(std::thread::spawn(move || {
                     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
                     let _ = match tls {
-                        None => answer(stream, &root, metadata_delay, &hold),
+                        None => answer(stream, &serve, metadata_delay, &hold),
                         Some(config) => rustls::ServerConnection::new(config)
                             .map_err(std::io::Error::other)
                             .and_then(|connection| {
                                 let stream = rustls::StreamOwned::new(connection, stream);
-                                answer(stream, &root, metadata_delay, &hold)
+                                answer(stream, &serve, metadata_delay, &hold)
                             }),
                     };
                 }));
@@ -153,6 +172,11 @@ impl HttpMirror {
             hold,
             acceptor: Some(acceptor),
         }
+    }
+
+    /// The port it listens on (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.address.port()
     }
 
     /// The URL of `tools/`, as `--metadata-source` takes it.
@@ -193,7 +217,7 @@ impl Drop for HttpMirror {
 
 fn answer(
     mut stream: impl Read + Write,
-    root: &Path,
+    serve: &Serve,
     metadata_delay: Duration,
     hold: &Hold,
 ) -> std::io::Result<()> {
@@ -210,6 +234,16 @@ fn answer(
         }
     }
     let path = request.split_whitespace().nth(1).unwrap_or("/");
+    let root = match serve {
+        Serve::Files(root) => root,
+        Serve::RedirectTo(origin) => {
+            return write!(
+                stream,
+                "HTTP/1.1 302 Found\r\nLocation: {origin}{path}\r\nContent-Length: 0\r\n\
+                 Connection: close\r\n\r\n"
+            );
+        }
+    };
     let Some(file) = resolve(root, path) else {
         return stream.write_all(
             b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
@@ -229,8 +263,8 @@ fn answer(
     stream.flush()
 }
 
-/// A certificate authority made for one test, and a server configuration for 127.0.0.1
-/// with a certificate it signed.
+/// A certificate authority made for one test, and a server configuration for 127.0.0.1 and
+/// `localhost` with a certificate it signed.
 pub struct TestCa {
     /// The CA's certificate, PEM: what `--metadata-ca` or `SSL_CERT_FILE` is given.
     pub pem: String,
@@ -246,7 +280,8 @@ impl TestCa {
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let issuer = Issuer::new(ca_params, ca_key);
         let key = KeyPair::generate().unwrap();
-        let params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        let params =
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
         let certificate = params.signed_by(&key, &issuer).unwrap();
         let server = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),

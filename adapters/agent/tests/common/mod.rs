@@ -486,18 +486,47 @@ impl Controller {
 
     /// Starts `lockstepd` again on the same data dir (and so the same port), detached, as
     /// `lockstep bootstrap` does. Returns the launcher's pid.
+    pub fn start(&self, env: &[(&str, &str)]) -> u32 {
+        self.start_through(&[], env)
+    }
+
+    /// [`Controller::start`] as user `uid` and group `gid` (no supplementary groups, no new
+    /// privileges), through `setpriv(1)`, which execs `lockstepd` in its own process: as
+    /// systemd runs the shipped unit's `User=`.
+    pub fn start_as(&self, uid: u32, gid: u32, env: &[(&str, &str)]) -> u32 {
+        let (reuid, regid) = (format!("--reuid={uid}"), format!("--regid={gid}"));
+        let prefix = [
+            "setpriv",
+            &reuid,
+            &regid,
+            "--clear-groups",
+            "--no-new-privs",
+        ];
+        self.start_through(&prefix, env)
+    }
+
+    /// `lockstepd` started by `prefix` (a program that execs the rest of its arguments), or
+    /// directly if `prefix` is empty.
     #[allow(
         clippy::zombie_processes,
         reason = "children are kept and reaped by `reap`"
     )]
-    pub fn start(&self, env: &[(&str, &str)]) -> u32 {
+    fn start_through(&self, prefix: &[&str], env: &[(&str, &str)]) -> u32 {
         use std::os::unix::process::CommandExt;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.data_dir.join("logs/lockstepd.log"))
             .unwrap();
-        let mut command = Command::new(self.data().agent_link(&self.tag()).join("lockstepd"));
+        let lockstepd = self.data().agent_link(&self.tag()).join("lockstepd");
+        let mut command = match prefix.split_first() {
+            None => Command::new(lockstepd),
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(lockstepd);
+                command
+            }
+        };
         command
             .arg("--data-dir")
             .arg(&self.data_dir)
