@@ -17,8 +17,7 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
-#[path = "../tests/common/python.rs"]
-mod python;
+use common::python;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! is limited), what they may call, and the `Upgrader` facade with the controllers-first
 //! rule of `DesiredVersion`.
 
-mod api_support;
+use crate::api_support;
 
 use api_support::*;
 use lockstep_core::{Binary, Phase, Role, Roles};

@@ -4,7 +4,7 @@
 //! over to another controller of the same model (one store). The transport's
 //! `tests/client.rs` runs the same client tests over its in-memory state.
 
-mod api_support;
+use crate::api_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! `upgrade in progress` and changes nothing. So "no write admitted before Ready" is checked
 //! against what the calls really do, not against the list itself.
 
-mod api_support;
+use crate::api_support;
 
 use api_support::*;
 use lockstep_agent::api::applications;

@@ -18,9 +18,8 @@
 //! a client starts and after it has finished, while the mirror still holds it there; its
 //! `/metrics` count the calls it refused.
 
-mod common;
-#[path = "common/python.rs"]
-mod python;
+use crate::common;
+use crate::common::python;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -28,9 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::http_mirror::{HoldBack, HttpMirror};
 use common::{Controller, Mirror, Published, next, own, text};
-use lockstep_agent::cli::bootstrap::ControllerFile;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// How long a client or a bootstrap may take before the test gives up on it.
 const BOUND: Duration = Duration::from_secs(120);
@@ -130,31 +127,12 @@ fn json_line(output: &Output) -> Value {
         .unwrap_or_else(|error| panic!("{error}: {}", text(output)))
 }
 
-/// `GET /metrics` of the controller (HTTPS, verified with its CA).
-async fn metrics(file: &ControllerFile) -> String {
-    let config = lockstep_transport::tls::client_config(
-        &file.ca_cert,
-        &[&rustls::version::TLS13, &rustls::version::TLS12],
-    )
-    .expect("a TLS client configuration");
-    let tcp = tokio::net::TcpStream::connect(&file.api_endpoints[0])
-        .await
-        .expect("the controller listens");
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut stream = tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-        .expect("a TLS connection");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    // A server may close a TLS connection without close_notify once it has answered.
-    let _ = stream.read_to_end(&mut answer).await;
-    let answer = String::from_utf8(answer).expect("UTF-8");
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    answer
+/// `GET /metrics` of the controller (HTTPS, verified with its CA): the body.
+async fn metrics(controller: &Controller) -> String {
+    let (status, body) = controller.https_get("/metrics", None).await;
+    let body = String::from_utf8(body).expect("UTF-8");
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 /// `lockstep_gate_rejections_total{facade="<facade>"}` of a `/metrics` text (0 if absent).
@@ -289,7 +267,7 @@ async fn libjuju_connects_reads_and_watches_while_bootstrap_auto_upgrades_and_it
     );
     // The controller was upgrading all along: the mirror still holds its new binary back.
     assert_eq!(held.phase().await, "upgrading", "{seen}");
-    let refused = all_rejections(&metrics(&file).await);
+    let refused = all_rejections(&metrics(&held.controller).await);
 
     assert_eq!(
         (&seen["model_name"], &seen["model_uuid"]),
@@ -407,12 +385,11 @@ async fn jujuclient_resends_a_refused_add_machine_through_a_limited_phase_and_it
         HoldBack::MetadataAfterABinary,
     );
     held.wait_held_in("checking-agent-version").await;
-    let file = held.controller.controller_file();
 
     let mut client = start_client("jujuclient_retries.py", &held.controller, &[]);
     // Release only once the controller has turned jujuclient's write away three times.
     let started = Instant::now();
-    while rejections(&metrics(&file).await, "Client") < 3 {
+    while rejections(&metrics(&held.controller).await, "Client") < 3 {
         assert!(
             client.running(),
             "jujuclient exited while the controller was limited"
@@ -437,7 +414,7 @@ async fn jujuclient_resends_a_refused_add_machine_through_a_limited_phase_and_it
     assert_eq!(seen["machines"], json!(["0", "1"]), "{seen}");
     // Every refusal was resent, and only the last send, once Ready, was applied. The
     // controller never restarted, so its counters cover the whole run.
-    let refused = all_rejections(&metrics(&file).await);
+    let refused = all_rejections(&metrics(&held.controller).await);
     let sends = seen["add_machines_sends"].as_u64().unwrap();
     assert_eq!(refused, json!({"Client": sends - 1}), "{seen}");
     let status = held.controller.status().await;

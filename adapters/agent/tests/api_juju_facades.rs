@@ -3,7 +3,7 @@
 //! all-watcher's deltas in Juju's shape, and the rules lockstep adds (what it refuses, what
 //! it says of the units it runs no charms for).
 
-mod api_support;
+use crate::api_support;
 
 use api_support::*;
 use lockstep_agent::api::applications;

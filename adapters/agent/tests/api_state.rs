@@ -2,7 +2,7 @@
 //! deploys through `operation-id`, watchers that send the whole state, block for changes,
 //! resume after a revision, and stop; seed 004's jobs for machines added with jobs.
 
-mod api_support;
+use crate::api_support;
 
 use std::time::Duration;
 

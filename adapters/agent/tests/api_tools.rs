@@ -2,7 +2,7 @@
 //! `agent-version` with Juju's refusals (moved from the transport's `tests/tools.rs`, whose
 //! `FindTools` and tools-endpoint tests stay there).
 
-mod api_support;
+use crate::api_support;
 
 use api_support::*;
 use lockstep_core::lifecycle::{ControllerSet, UpgradeInfo, UpgradeStatus};

@@ -2,7 +2,7 @@
 //! tests SIGKILL (launcher and worker) and start again on the same data dir and port,
 //! between events and in the middle of calls. Issue 7's "tests with real processes".
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! 127.0.0.1, real self-upgrades through re-exec. Each test asserts outcomes (versions
 //! running, `/proc/<pid>/exe`, store contents, what clients saw), not just exit codes.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

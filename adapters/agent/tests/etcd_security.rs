@@ -1,5 +1,6 @@
 //! Who may reach a controller's etcd store, with real `lockstep` and `lockstepd` processes
-//! (feature `etcd`; `cargo test -p lockstep-agent --features etcd --test etcd_security`):
+//! (feature `etcd`; `cargo test -p lockstep-agent --features etcd --test integration
+//! etcd_security::`):
 //!
 //! - a plain http endpoint off loopback is refused by `lockstep bootstrap`, by `lockstepd`
 //!   (its flags and `agent.conf`) and by `enable-ha`, naming the endpoint and
@@ -18,9 +19,8 @@
 
 #![allow(clippy::print_stderr)]
 
-mod common;
-#[path = "../../store/tests/support/etcd_cluster.rs"]
-mod etcd_cluster;
+use crate::common;
+use crate::etcd_cluster;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

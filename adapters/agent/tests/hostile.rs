@@ -8,19 +8,18 @@
 //! `/metrics`). Each prints `hostile <name>: legit median <ms> worst <ms> over <n> calls;
 //! peak rss <MiB>` for BENCHMARKS.md.
 //!
-//! The tests take turns ([`hostile::ONE_LOAD_AT_A_TIME`]): each load's figures are its own.
+//! The tests take turns ([`loads::ONE_LOAD_AT_A_TIME`]): each load's figures are its own.
 #![allow(clippy::print_stderr)]
 
-mod common;
 #[path = "common/hostile.rs"]
-mod hostile;
+mod loads;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hostile::{
+use loads::{
     Attack, Metrics, ONE_LOAD_AT_A_TIME, Received, Socket, Target, loopback, receive, request,
     send, tcp_from,
 };
@@ -223,7 +222,7 @@ fn closed_by_server(stream: &tokio::net::TcpStream) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_idle_tcp_connections_leave_the_admin_served_and_memory_bounded() {
     let _one = ONE_LOAD_AT_A_TIME.lock().await;
-    let limit = hostile::raise_open_files_limit();
+    let limit = loads::raise_open_files_limit();
     let target = Arc::new(Target::bootstrap(&[]));
     let room = limit.saturating_sub(open_descriptors() + IDLE_DESCRIPTOR_MARGIN);
     let wanted = IDLE_CONNECTIONS.min(usize::try_from(room).unwrap_or(usize::MAX));

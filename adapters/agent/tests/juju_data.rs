@@ -6,9 +6,8 @@
 //! python-libjuju 3.6.1.3 then connects with no arguments (`Controller().connect()`,
 //! `Model().connect()`), as its users do.
 
-mod common;
-#[path = "common/python.rs"]
-mod python;
+use crate::common;
+use crate::common::python;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -9,7 +9,7 @@
 //!   accept the unit and its sysusers.d file, and a controller handed to such a user, as the
 //!   unit's `StateDirectory=` does, serves and upgrades itself.
 
-mod common;
+use crate::common;
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -27,16 +27,24 @@ fn notify_socket(worker: u32) -> String {
         .expect("the worker has a NOTIFY_SOCKET")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_worker_kept_pinging_by_another_process_is_still_killed_as_hung() {
+/// A controller bootstrapped from a signed mirror publishing N and N+1 (returned too: it
+/// must outlive the controller, which may upgrade from it), Ready, then stopped, for the
+/// test to start again its own way.
+async fn bootstrapped_then_stopped() -> (Mirror, Controller) {
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let (source, key) = (mirror.source(), mirror.key());
     let controller =
         Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
     controller.assert_bootstrapped();
     controller.wait_ready(Duration::from_secs(120)).await;
-    // Again with a 2 s watchdog.
     controller.stop();
+    (mirror, controller)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_kept_pinging_by_another_process_is_still_killed_as_hung() {
+    let (_mirror, controller) = bootstrapped_then_stopped().await;
+    // Again with a 2 s watchdog.
     controller.start(&[("LOCKSTEPD_WATCHDOG_SEC", "2")]);
     controller.wait_ready(Duration::from_secs(120)).await;
     let hung = controller.worker_pid().expect("a worker");
@@ -78,13 +86,7 @@ async fn a_stopped_worker_kept_pinging_by_another_process_is_still_killed_as_hun
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn temporary_files_left_by_interrupted_writes_are_removed_at_start() {
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let (source, key) = (mirror.source(), mirror.key());
-    let controller =
-        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
-    controller.assert_bootstrapped();
-    controller.wait_ready(Duration::from_secs(120)).await;
-    controller.stop();
+    let (_mirror, controller) = bootstrapped_then_stopped().await;
     let data = controller.data();
     let agent_conf = std::fs::read(data.agent_conf_path()).unwrap();
     // What a process killed mid-write leaves: lockstep_fs's temporary files (in the root,
@@ -258,13 +260,7 @@ async fn a_controller_handed_to_an_unprivileged_user_as_the_unit_does_serves_and
         0,
         "this test hands files to another user: it runs as root, as CI does"
     );
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let (source, key) = (mirror.source(), mirror.key());
-    let controller =
-        Controller::bootstrap(&["--metadata-source", &source, "--metadata-key", &key], &[]);
-    controller.assert_bootstrapped();
-    controller.wait_ready(Duration::from_secs(120)).await;
-    controller.stop();
+    let (mirror, controller) = bootstrapped_then_stopped().await;
     // Bootstrapped as root; then, as `StateDirectory=` does before the first start, the data
     // directory (and here its parent and the mirror, both private temporary directories)
     // handed to the service's user.

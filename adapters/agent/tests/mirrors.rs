@@ -14,7 +14,7 @@
 //!   when there is none, say the lookup is still running, within a bound far below the
 //!   mirror's own timeouts.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

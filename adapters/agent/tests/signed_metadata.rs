@@ -11,7 +11,7 @@
 //! the attacker's binary never ran. Without the defense (lookups that allow unsigned
 //! metadata and trust no key, as before) each of them installs the attacker's binary.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

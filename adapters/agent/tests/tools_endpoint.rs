@@ -2,7 +2,7 @@
 //! nobody without credentials downloads (or makes the controller fetch) an agent binary;
 //! the admin downloads the one the controller runs, byte for byte the mirror's tarball.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

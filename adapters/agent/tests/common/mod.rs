@@ -5,6 +5,7 @@
 
 pub mod http_mirror;
 pub mod proxy;
+pub mod python;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
