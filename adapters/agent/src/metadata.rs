@@ -10,7 +10,8 @@
 
 use lockstep_core::policy::CatalogueEntry;
 use lockstep_streams::{
-    AsyncSource, DirectorySource, HttpSource, Keyring, LookupConfig, LookupError, SourceError,
+    AsyncSource, DirectorySource, HttpSource, Keyring, LookupConfig, LookupError, RedirectRule,
+    SourceError,
 };
 
 use rustls::pki_types::CertificateDer;
@@ -215,7 +216,10 @@ impl MetadataTrust {
 
     /// A hint for an error of a lookup under this trust: the flags that choose it.
     pub fn hint(&self, error: &LookupError) -> String {
-        if let LookupError::Source(SourceError::RedirectRefused { .. }) = error
+        if let LookupError::Source(SourceError::RedirectRefused {
+            rule: RedirectRule::SameHost,
+            ..
+        }) = error
             && !self.redirects_to_other_hosts
         {
             return " (a redirect to another https host is followed only when the controller \
@@ -401,5 +405,36 @@ mod tests {
             .unwrap();
         assert!(!config.allow_unsigned);
         assert_eq!(config.keyring.fingerprints(), vec![key.fingerprint()]);
+    }
+
+    #[test]
+    fn only_a_redirect_refused_for_its_host_is_hinted_at_allow_metadata_redirects() {
+        let refused = |rule| {
+            LookupError::Source(SourceError::RedirectRefused {
+                location: "https://mirror.example.invalid/tools".to_owned(),
+                path: "\"streams/v1/index.sjson\"".to_owned(),
+                rule,
+                problem: "refused".to_owned(),
+            })
+        };
+        let trust = MetadataTrust::new(Keyring::empty(), false);
+        assert!(
+            trust
+                .hint(&refused(RedirectRule::SameHost))
+                .contains("--allow-metadata-redirects")
+        );
+        // The flag would not change these: no hint names it.
+        for rule in [RedirectRule::HttpsOnly, RedirectRule::TooMany] {
+            assert_eq!(trust.hint(&refused(rule)), "", "{rule:?}");
+        }
+        // Already allowed: nothing to hint (and other hosts are followed).
+        let allowing = trust.with_redirects_to_other_hosts(true);
+        assert_eq!(allowing.hint(&refused(RedirectRule::SameHost)), "");
+        assert!(allowing.http_config().redirect_to_other_hosts);
+        assert!(
+            allowing
+                .describe()
+                .ends_with("; redirects to other hosts followed")
+        );
     }
 }

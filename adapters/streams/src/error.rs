@@ -81,6 +81,18 @@ impl fmt::Display for MetadataError {
 
 impl std::error::Error for MetadataError {}
 
+/// Which rule of an HTTP source refused a redirect.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RedirectRule {
+    /// Redirects are followed only to `https://`.
+    HttpsOnly,
+    /// Redirects are followed only on the mirror's own host, unless
+    /// [`crate::HttpConfig::redirect_to_other_hosts`].
+    SameHost,
+    /// At most five redirects per fetch.
+    TooMany,
+}
+
 /// A fetch from a [`crate::Source`] failed.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum SourceError {
@@ -162,7 +174,9 @@ pub enum SourceError {
         location: String,
         /// The path asked for.
         path: String,
-        /// Where the redirect pointed and which rule refused it.
+        /// The rule that refused it.
+        rule: RedirectRule,
+        /// Where the redirect pointed and why it was refused.
         problem: String,
     },
     /// Any other I/O failure.
@@ -254,6 +268,7 @@ impl fmt::Display for SourceError {
                 location,
                 path,
                 problem,
+                ..
             } => write!(f, "{path} from {location}: {problem}"),
             SourceError::Io {
                 location,

@@ -38,7 +38,7 @@ use rustls_pki_types::pem::PemObject;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::download::{DownloadProgress, Staged};
-use crate::error::{DownloadError, SourceError, quote};
+use crate::error::{DownloadError, RedirectRule, SourceError, quote};
 use crate::source::check_relative_path;
 
 /// How often and how long to retry a failed attempt.
@@ -460,11 +460,12 @@ impl HttpSource {
             request = request.header(RANGE, format!("bytes={offset}-"));
         }
         let mut response = request.send().await.map_err(|error| {
-            if error.is_redirect() {
+            if let Some(refused) = refused_redirect(&error) {
                 // A redirect the policy refused: final, the mirror will answer the same.
                 Failure::Final(SourceError::RedirectRefused {
                     location: location.clone(),
                     path: quote(path),
+                    rule: refused.rule,
                     problem: error_chain(&error),
                 })
             } else {
@@ -612,20 +613,53 @@ fn check_content_range(
 /// The most redirects one fetch follows.
 const REDIRECTS_MAX: usize = 5;
 
+/// A redirect [`redirect_policy`] refused: the rule, and a message naming where it pointed.
+#[derive(Debug)]
+struct RefusedRedirect {
+    rule: RedirectRule,
+    message: String,
+}
+
+impl std::fmt::Display for RefusedRedirect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RefusedRedirect {}
+
+/// The refusal of [`redirect_policy`] behind `error`, if that is what ended the request.
+fn refused_redirect(error: &reqwest::Error) -> Option<&RefusedRedirect> {
+    if !error.is_redirect() {
+        return None;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(refused) = cause.downcast_ref::<RefusedRedirect>() {
+            return Some(refused);
+        }
+        source = cause.source();
+    }
+    None
+}
+
 /// Redirects are followed only to `https://`, and to another host only when
 /// `to_other_hosts`; at most [`REDIRECTS_MAX`]. A refused redirect names where it pointed.
 fn redirect_policy(to_other_hosts: bool) -> reqwest::redirect::Policy {
+    let refuse = |rule, message| RefusedRedirect { rule, message };
     reqwest::redirect::Policy::custom(move |attempt| {
         let next = attempt.url().clone();
         let first = attempt.previous().first().cloned();
         if attempt.previous().len() > REDIRECTS_MAX {
-            return attempt.error(format!(
-                "more than {REDIRECTS_MAX} redirects (the last to {next})"
+            return attempt.error(refuse(
+                RedirectRule::TooMany,
+                format!("more than {REDIRECTS_MAX} redirects (the last to {next})"),
             ));
         }
         if next.scheme() != "https" {
-            return attempt.error(format!(
-                "redirect to {next} refused: redirects are followed only to https://"
+            return attempt.error(refuse(
+                RedirectRule::HttpsOnly,
+                format!("redirect to {next} refused: redirects are followed only to https://"),
             ));
         }
         let host = |url: &Url| url.host_str().map(str::to_ascii_lowercase);
@@ -633,10 +667,13 @@ fn redirect_policy(to_other_hosts: bool) -> reqwest::redirect::Policy {
             && !to_other_hosts
             && host(&first) != host(&next)
         {
-            return attempt.error(format!(
-                "redirect from {first} to {next} refused: redirects are followed only on the \
-                 mirror's own host ({})",
-                first.host_str().unwrap_or("")
+            return attempt.error(refuse(
+                RedirectRule::SameHost,
+                format!(
+                    "redirect from {first} to {next} refused: redirects are followed only on \
+                     the mirror's own host ({})",
+                    first.host_str().unwrap_or("")
+                ),
             ));
         }
         attempt.follow()

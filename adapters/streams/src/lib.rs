@@ -53,7 +53,7 @@ pub mod time;
 
 pub use download::{DownloadProgress, download};
 pub use error::{
-    DownloadError, GenerateError, LookupError, MetadataError, SourceError, StateError,
+    DownloadError, GenerateError, LookupError, MetadataError, RedirectRule, SourceError, StateError,
 };
 pub use fetch::{AsyncSource, look_up_async};
 pub use generate::{GenerateOptions, Generated, generate_agent_binaries, sign_generated_metadata};

@@ -17,7 +17,7 @@ use lockstep_core::policy::{
 };
 use lockstep_streams::{
     AsyncSource, DirectorySource, DownloadError, DownloadProgress, HighWaterMarkFile, HttpConfig,
-    HttpSource, LookupConfig, LookupError, RetryPolicy, SourceError, look_up_async,
+    HttpSource, LookupConfig, LookupError, RedirectRule, RetryPolicy, SourceError, look_up_async,
 };
 
 const BINARY_BYTES: usize = 1 << 20;
@@ -502,9 +502,10 @@ async fn redirects_are_followed_only_to_https_on_the_same_host_unless_configured
     let downgrade = format!("http://{}/", plain.address);
     front.behave(|behaviour| behaviour.redirect_to = Some(downgrade.clone()));
     let error = read(trusting()).await.unwrap_err();
-    let SourceError::RedirectRefused { problem, .. } = &error else {
+    let SourceError::RedirectRefused { problem, rule, .. } = &error else {
         panic!("expected a refused redirect, got {error:?}");
     };
+    assert_eq!(*rule, RedirectRule::HttpsOnly);
     assert!(
         problem.contains("redirects are followed only to https://") && problem.contains(&downgrade),
         "{problem}"
@@ -516,6 +517,16 @@ async fn redirects_are_followed_only_to_https_on_the_same_host_unless_configured
     let elsewhere = format!("https://localhost:{}/", target.address.port());
     front.behave(|behaviour| behaviour.redirect_to = Some(elsewhere.clone()));
     let error = read(trusting()).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            SourceError::RedirectRefused {
+                rule: RedirectRule::SameHost,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
     assert!(
         error
             .to_string()
