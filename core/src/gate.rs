@@ -29,6 +29,12 @@
 //!   [`UPGRADE_IN_PROGRESS`] and the same detail. Controller agents log in (Juju's
 //!   `TestControllerMachineLoginDuringMaintenance`) and get the limited list.
 //!
+//! - Between two workers ([`Phase::Restarting`], the launcher's view while it holds the
+//!   connections and no worker serves them), [`between_workers`] decides: the launcher
+//!   answers `Pinger.Ping` itself, holds logins and reads for the next worker, and refuses
+//!   every call that changes state with [`UPGRADE_IN_PROGRESS`] (the one limited write, the
+//!   abort of an upgrade, included: no worker is there to apply it).
+//!
 //! Where lockstep differs from Juju: Juju decides the restriction once, at login, for the life
 //! of the connection; [`admit`] is called on every request and reads the current
 //! [`GateView`], so a connection opened early gets the full API the moment the phase is
@@ -104,8 +110,12 @@ pub const BEFORE_LOGIN_ALLOW_LIST: &[(&str, &str)] =
 /// no real facade has) are cut, so a hostile request cannot make a rejection arbitrarily big.
 pub const NAME_LENGTH_MAX: usize = 128;
 
-/// Who is calling on a connection.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+/// Who is calling on a connection. Serialized as [`Login::as_str`] names (the relay carries
+/// a connection's login from one worker to the next: `spec/relay.md`).
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum Login {
     /// Not logged in yet: only `Admin.Login` and `Admin.RedirectInfo` are served.
     Anonymous,
@@ -327,6 +337,59 @@ pub fn admit_login(view: &GateView, login: Login, tag: &str) -> Result<(), Rejec
     Ok(())
 }
 
+/// What the launcher does with a call that reaches it while no worker serves the connection
+/// (the view's phase is [`Phase::Restarting`]); the rule of `spec/wire.md`, "Between two
+/// workers".
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum BetweenWorkers {
+    /// Answered by the launcher itself: `Pinger.Ping` of a logged-in connection, so that a
+    /// client's keep-alive never waits on a restart.
+    Answer,
+    /// Held until the next worker takes the connection over: logins and reads, which change
+    /// nothing and so cannot be half-done. The launcher bounds the wait; past it, the call
+    /// is refused with [`Rejection::upgrade_in_progress`] of the same view, which every Juju
+    /// client retries.
+    Wait,
+    /// Refused now: a call that changes state (it is not forwarded to a worker that may be
+    /// gone, and a refused call was never applied, so the client's retry is safe), or one
+    /// the connection may not make at all.
+    Refuse(Rejection),
+}
+
+/// Decides what happens to `login`'s call of `facade.method` while no worker serves the
+/// connection; `view` is the launcher's, its phase [`Phase::Restarting`] and its progress
+/// the last the worker published. [`admit`] of the same view agrees: it admits exactly
+/// what this answers or holds.
+///
+/// A call a worker already received when it died is not this function's business: the
+/// launcher replays it on the next worker under the operation-id it stamped on it.
+pub fn between_workers(
+    view: &GateView,
+    login: Login,
+    facade: &str,
+    method: &str,
+) -> BetweenWorkers {
+    assert!(
+        view.phase == Phase::Restarting,
+        "between_workers({facade}.{method}) with phase {}: only the launcher's view between \
+         two workers is restarting",
+        view.phase
+    );
+    match login {
+        Login::Anonymous if allowed_before_login(facade, method) => BetweenWorkers::Wait,
+        Login::Anonymous => BetweenWorkers::Refuse(Rejection::not_logged_in(facade, method)),
+        _ if (facade, method) == ("Pinger", "Ping") => BetweenWorkers::Answer,
+        Login::User | Login::ControllerAgent if read_only(facade, method) => BetweenWorkers::Wait,
+        Login::User | Login::ControllerAgent => {
+            BetweenWorkers::Refuse(Rejection::upgrade_in_progress(view))
+        }
+        Login::MachineAgent if (facade, method) == ("Admin", "Login") => {
+            BetweenWorkers::Refuse(Rejection::login_blocked(view, "machine agent"))
+        }
+        Login::MachineAgent => BetweenWorkers::Refuse(Rejection::upgrade_in_progress(view)),
+    }
+}
+
 /// True when `facade.method` is served to logged-in users and controller agents in limited
 /// phases.
 pub fn allowed_when_limited(facade: &str, method: &str) -> bool {
@@ -348,6 +411,12 @@ fn decide(view: &GateView, login: Login, facade: &str, method: &str) -> Result<(
     match login {
         Login::Anonymous if allowed_before_login(facade, method) => Ok(()),
         Login::Anonymous => Err(Rejection::not_logged_in(facade, method)),
+        _ if view.phase == Phase::Restarting => {
+            match between_workers(view, login, facade, method) {
+                BetweenWorkers::Answer | BetweenWorkers::Wait => Ok(()),
+                BetweenWorkers::Refuse(rejection) => Err(rejection),
+            }
+        }
         _ if view.phase.is_ready() => Ok(()),
         Login::User | Login::ControllerAgent if allowed_when_limited(facade, method) => Ok(()),
         Login::User | Login::ControllerAgent => Err(Rejection::upgrade_in_progress(view)),
@@ -505,10 +574,15 @@ mod tests {
         let mut checked = 0;
         for phase in Phase::ALL {
             for &(facade, method, anonymous, user, controller, machine) in MATRIX {
-                let (user, controller, machine) = if phase == Phase::Ready {
-                    (Admitted, Admitted, Admitted)
-                } else {
-                    (user, controller, machine)
+                let (user, controller, machine) = match (phase, facade, method) {
+                    (Phase::Ready, _, _) => (Admitted, Admitted, Admitted),
+                    // Between two workers: no worker is there to abort an upgrade, and the
+                    // launcher answers every logged-in connection's ping itself.
+                    (Phase::Restarting, "Client", "AbortCurrentUpgrade") => {
+                        (Upgrade, Upgrade, machine)
+                    }
+                    (Phase::Restarting, "Pinger", "Ping") => (user, controller, Admitted),
+                    _ => (user, controller, machine),
                 };
                 check(phase, Login::Anonymous, facade, method, anonymous);
                 check(phase, Login::User, facade, method, user);
@@ -542,8 +616,60 @@ mod tests {
                 Phase::Upgrading,
                 Phase::StepsFailed,
                 Phase::UpgradeFailed,
+                Phase::Restarting,
             ]
         );
+    }
+
+    #[test]
+    fn between_workers_pings_are_answered_reads_held_and_writes_refused() {
+        let restarting = view(Phase::Restarting);
+        for &(facade, method, ..) in MATRIX {
+            for login in Login::ALL {
+                let context = format!("{login} {facade}.{method}");
+                let decided = between_workers(&restarting, login, facade, method);
+                let expected = match login {
+                    Login::Anonymous if allowed_before_login(facade, method) => "wait",
+                    Login::Anonymous => "refuse",
+                    _ if (facade, method) == ("Pinger", "Ping") => "answer",
+                    Login::User | Login::ControllerAgent if read_only(facade, method) => "wait",
+                    _ => "refuse",
+                };
+                let kind = match &decided {
+                    BetweenWorkers::Answer => "answer",
+                    BetweenWorkers::Wait => "wait",
+                    BetweenWorkers::Refuse(_) => "refuse",
+                };
+                assert_eq!(kind, expected, "{context}");
+                // admit agrees: it admits what is answered or held, and refuses the same way.
+                match (decided, admit(&restarting, login, facade, method)) {
+                    (BetweenWorkers::Refuse(refused), Err(rejected)) => {
+                        assert_eq!(refused, rejected, "{context}");
+                    }
+                    (BetweenWorkers::Answer | BetweenWorkers::Wait, Ok(())) => {}
+                    (decided, admitted) => panic!("{context}: {decided:?} but {admitted:?}"),
+                }
+            }
+        }
+        // Every call that changes state is refused, retryably, with the restarting detail.
+        for (facade, method) in [("Application", "Deploy"), ("Client", "AbortCurrentUpgrade")] {
+            let BetweenWorkers::Refuse(rejection) =
+                between_workers(&restarting, Login::User, facade, method)
+            else {
+                panic!("{facade}.{method} is not refused between workers");
+            };
+            assert_eq!(rejection.message, UPGRADE_IN_PROGRESS);
+            assert_eq!(
+                rejection.detail.map(|detail| detail.phase),
+                Some(Phase::Restarting)
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "only the launcher's view between two workers is restarting")]
+    fn between_workers_with_a_workers_phase_is_a_bug() {
+        let _ = between_workers(&view(Phase::Ready), Login::User, "Pinger", "Ping");
     }
 
     #[test]
@@ -741,7 +867,7 @@ mod tests {
 
     #[test]
     fn the_spec_names_the_limited_phases_and_the_messages() {
-        let limited: Vec<String> = Phase::ALL
+        let limited: Vec<String> = Phase::LIFECYCLE
             .into_iter()
             .filter(|phase| !phase.is_ready())
             .map(|phase| format!("`{phase}`"))
@@ -755,6 +881,7 @@ mod tests {
             "`not implemented`",
             "`unknown object type \"Client\"`",
             "`login for machine 1 blocked because upgrade is in progress`",
+            "### Between two workers: `restarting`",
             "## Framing and facades",
             "## error-info",
         ] {
@@ -973,6 +1100,10 @@ mod tests {
             let admitted = match login {
                 Login::Anonymous => listed_before,
                 _ if phase == Phase::Ready => true,
+                _ if phase == Phase::Restarting => {
+                    (facade.as_str(), method.as_str()) == ("Pinger", "Ping")
+                        || (login != Login::MachineAgent && read_only(&facade, &method))
+                }
                 Login::MachineAgent => false,
                 Login::User | Login::ControllerAgent => listed_limited,
             };

@@ -27,11 +27,29 @@ pub enum Phase {
     /// The new binary could not be staged or did not come up; fell back to the running
     /// version and reset `agent-version`.
     UpgradeFailed,
+    /// No worker serves: the launcher holds the clients' connections while the worker
+    /// restarts (into a new binary, or after a crash). Never a state of the lifecycle, which
+    /// runs inside the worker: the view the launcher asks the gate with
+    /// ([`crate::gate::between_workers`]) until the next worker takes the connections over.
+    Restarting,
 }
 
 impl Phase {
-    /// Every phase, in lifecycle order (failure phases last).
-    pub const ALL: [Phase; 7] = [
+    /// Every phase a gate view can show: the lifecycle's, then [`Phase::Restarting`].
+    pub const ALL: [Phase; 8] = [
+        Phase::Bootstrapping,
+        Phase::RunningSteps,
+        Phase::CheckingAgentVersion,
+        Phase::Upgrading,
+        Phase::Ready,
+        Phase::StepsFailed,
+        Phase::UpgradeFailed,
+        Phase::Restarting,
+    ];
+
+    /// Every phase the lifecycle can be in, in lifecycle order (failure phases last): the
+    /// rows of `spec/transitions.json`.
+    pub const LIFECYCLE: [Phase; 7] = [
         Phase::Bootstrapping,
         Phase::RunningSteps,
         Phase::CheckingAgentVersion,
@@ -51,6 +69,7 @@ impl Phase {
             Phase::Ready => "ready",
             Phase::StepsFailed => "steps-failed",
             Phase::UpgradeFailed => "upgrade-failed",
+            Phase::Restarting => "restarting",
         }
     }
 

@@ -54,7 +54,8 @@ pub fn metrics(
     let mut text = String::new();
     text.push_str("# HELP lockstep_phase The agent's lifecycle phase (1 for the current one).\n");
     text.push_str("# TYPE lockstep_phase gauge\n");
-    for phase in Phase::ALL {
+    // A worker's phase: the lifecycle's (between two workers no worker answers).
+    for phase in Phase::LIFECYCLE {
         let value = u8::from(phase == view.phase);
         let _ = writeln!(text, "lockstep_phase{{phase=\"{phase}\"}} {value}");
     }

@@ -124,6 +124,7 @@ fn color(phase: Option<Phase>) -> &'static str {
         Some(Phase::Ready) => "#a1d99b",
         Some(Phase::StepsFailed) => "#fb6a4a",
         Some(Phase::UpgradeFailed) => "#e377c2",
+        Some(Phase::Restarting) => "#fdd0a2",
     }
 }
 
