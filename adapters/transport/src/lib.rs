@@ -15,6 +15,9 @@
 //! - [`wire`]: both generations of Juju's framing, as pure decode/encode functions; the
 //!   advertised API level ([`wire::SERVER_VERSION`]).
 //! - [`tls`]: the controller's CA and server certificate; TLS 1.2 and 1.3 on ring.
+//! - [`relay`]: the protocol by which the launcher will hand the clients' connections to
+//!   the current worker (`spec/relay.md`): messages, bounds, version negotiation, the
+//!   operation-id stamp. Pure; not yet spoken by the launcher or the worker.
 //! - [`client`]: lockstep's own client, which retries through upgrades, waits for Ready by
 //!   subscription, reconnects and resumes watchers; its decisions are
 //!   [`lockstep_core::client`]'s.
@@ -51,7 +54,7 @@
 //! after it), so there is no import circle: `server` → `connection` → `route` → `facade`
 //! → (`charms_endpoint`, `auth` → `api` → `session`) → (`logins`, `tools_endpoint` →
 //! `tools`, `probes`, `served`) → `admission` → `limits` → (`state` → `charm`, `backend`)
-//! → `wire`; `client` uses `tls` and `wire` only.
+//! → `wire`; `client` uses `tls` and `wire` only; `relay` uses `wire` only.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
@@ -70,6 +73,7 @@ pub mod facade;
 pub mod limits;
 pub mod logins;
 pub mod probes;
+pub mod relay;
 pub mod route;
 pub mod served;
 pub mod server;

@@ -1,0 +1,577 @@
+//! The relay protocol between the launcher, which will own the clients' connections, and the
+//! worker that serves them (`spec/relay.md`): its messages, their framing and bounds, the
+//! version negotiation, and the operation-id the launcher stamps on a call that changes
+//! state so that its replay on the next worker is applied once.
+//!
+//! Pure: no socket here. A stream is framed with [`framing`] (tokio-util's length-delimited
+//! codec, bounded at [`RELAY_FRAME_BYTES_MAX`]) and each frame read with [`decode`], which
+//! refuses, naming the bad value, anything that is not one of the messages.
+
+use std::net::SocketAddr;
+
+use lockstep_core::gate::{self, Login};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::codec::LengthDelimitedCodec;
+
+use crate::wire::{self, FRAME_SIZE_BYTES_MAX};
+
+/// The relay versions this build speaks, oldest first. A newer worker keeps speaking the
+/// version of the launcher it finds: a self-upgrade replaces the worker, never the launcher.
+pub const VERSIONS: &[u32] = &[1];
+
+/// The largest relay frame: the API's frame limit, which a `call` or `reply` carries as a
+/// JSON string (escaping may grow it), plus room for the envelope.
+pub const RELAY_FRAME_BYTES_MAX: usize = 2 * FRAME_SIZE_BYTES_MAX + (64 << 10);
+
+/// The worker's relay socket, in the data directory.
+pub const SOCKET_NAME: &str = "relay.sock";
+
+/// The most versions a `hello` or `refused` may list.
+pub const VERSIONS_LISTED_MAX: usize = 16;
+
+/// The most watchers an `open` may carry over.
+pub const WATCHERS_CARRIED_MAX: usize = 1024;
+
+/// The longest text field of an envelope that is not a frame (a tag, a path, a reason).
+pub const NAME_BYTES_MAX: usize = 1024;
+
+/// One relay message: a JSON object with one key, the message's name.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Message {
+    /// Launcher → worker, first on every stream: the versions the launcher speaks.
+    Hello(Hello),
+    /// Worker → launcher: the version chosen.
+    Welcome(Welcome),
+    /// Worker → launcher: no version in common; the worker closes the stream.
+    Refused(Refused),
+    /// Launcher → worker: the stream serves this websocket connection.
+    Open(Open),
+    /// Launcher → worker: the stream carries plain HTTP/1.1 from here on.
+    Http(HttpOpen),
+    /// Launcher → worker: one of the client's requests.
+    Call(Call),
+    /// Worker → launcher: one reply for the client, with what the launcher keeps.
+    Reply(Reply),
+    /// Worker → launcher: close the client's connection so.
+    Close(Close),
+}
+
+/// `hello`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    /// Every relay version the launcher speaks.
+    pub versions: Vec<u32>,
+    /// The launcher's agent version (for logs).
+    pub launcher: String,
+    /// Random per launcher start, 16 lowercase hex digits: the first part of every
+    /// operation-id the launcher stamps.
+    pub boot: String,
+}
+
+/// `welcome`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Welcome {
+    pub version: u32,
+    /// The worker's agent version (for logs).
+    pub worker: String,
+}
+
+/// `refused`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Refused {
+    pub reason: String,
+    /// The versions the worker speaks.
+    pub versions: Vec<u32>,
+}
+
+/// `open`: a websocket connection, new or carried over from the previous worker.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Open {
+    /// The launcher's number for the client connection, unique per `boot`.
+    pub connection: u64,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The address the client reached (agent binaries' URLs point there).
+    pub reached: Option<SocketAddr>,
+    /// The websocket's request path.
+    pub path: String,
+    /// The login the previous worker reported; `None` on a new connection.
+    pub login: Option<CarriedLogin>,
+    /// The client's watchers and the last revision each delivered.
+    #[serde(default)]
+    pub watchers: Vec<WatcherPosition>,
+}
+
+/// `http`: a plain HTTP connection (tools, charms, probes, metrics).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct HttpOpen {
+    pub connection: u64,
+    pub peer: SocketAddr,
+    pub reached: Option<SocketAddr>,
+}
+
+/// A connection's login as a worker reported it: never a password.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct CarriedLogin {
+    /// The auth tag (`user-admin`, `machine-0`).
+    pub tag: String,
+    /// Never [`Login::Anonymous`].
+    pub kind: Login,
+}
+
+/// A watcher and the last revision delivered to the client; `None` once it is stopped.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct WatcherPosition {
+    pub id: String,
+    pub revision: Option<u64>,
+}
+
+/// `call`: the client's frame as it came, and the operation-id the launcher stamped on it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Call {
+    pub frame: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+}
+
+/// `reply`: the frame the client gets, unchanged, and what the launcher keeps of it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Reply {
+    pub frame: String,
+    /// On the reply to a successful `Admin.Login`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login: Option<CarriedLogin>,
+    /// On a reply that creates, advances or stops a watcher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watcher: Option<WatcherPosition>,
+}
+
+/// `close`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Close {
+    /// A websocket close code (1000-4999).
+    pub code: u16,
+    pub reason: String,
+}
+
+/// A frame that is not a relay message; the receiver closes the stream.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("relay frame refused: {0}")]
+pub struct RelayError(pub String);
+
+/// The stream's framing: a 4-byte big-endian length, then the frame; a length over
+/// [`RELAY_FRAME_BYTES_MAX`] is an error before any of the frame is buffered.
+pub fn framing() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(RELAY_FRAME_BYTES_MAX)
+        .new_codec()
+}
+
+/// The bytes of one frame (without the length prefix); refused over
+/// [`RELAY_FRAME_BYTES_MAX`] (an API frame that is JSON text never gets there: its escaping
+/// at most doubles it).
+pub fn encode(message: &Message) -> Result<Vec<u8>, RelayError> {
+    let bytes = serde_json::to_vec(message).expect("relay messages serialize");
+    if bytes.len() > RELAY_FRAME_BYTES_MAX {
+        return Err(RelayError(format!(
+            "{} bytes encoded, over the limit of {RELAY_FRAME_BYTES_MAX}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Reads one frame: one of the messages, within every bound.
+pub fn decode(frame: &[u8]) -> Result<Message, RelayError> {
+    if frame.len() > RELAY_FRAME_BYTES_MAX {
+        return Err(RelayError(format!(
+            "{} bytes, over the limit of {RELAY_FRAME_BYTES_MAX}",
+            frame.len()
+        )));
+    }
+    let message: Message = serde_json::from_slice(frame)
+        .map_err(|error| RelayError(format!("not a relay message: {error}")))?;
+    validate(&message)?;
+    Ok(message)
+}
+
+fn validate(message: &Message) -> Result<(), RelayError> {
+    let name = |field: &str, text: &str| {
+        if text.len() > NAME_BYTES_MAX {
+            Err(RelayError(format!(
+                "{field} of {} bytes, over the limit of {NAME_BYTES_MAX}",
+                text.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let versions = |versions: &[u32]| {
+        if versions.is_empty() || versions.len() > VERSIONS_LISTED_MAX {
+            Err(RelayError(format!(
+                "{} versions listed; 1 to {VERSIONS_LISTED_MAX} expected",
+                versions.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let frame = |frame: &str| {
+        if frame.len() > FRAME_SIZE_BYTES_MAX {
+            Err(RelayError(format!(
+                "an API frame of {} bytes, over the limit of {FRAME_SIZE_BYTES_MAX}",
+                frame.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let login = |login: &CarriedLogin| {
+        name("login tag", &login.tag)?;
+        if login.kind == Login::Anonymous || login.tag.is_empty() {
+            return Err(RelayError(format!(
+                "login {:?} as {}: a carried login names a tag and is never anonymous",
+                login.tag, login.kind
+            )));
+        }
+        Ok(())
+    };
+    let watcher = |watcher: &WatcherPosition| name("watcher id", &watcher.id);
+    match message {
+        Message::Hello(hello) => {
+            versions(&hello.versions)?;
+            name("launcher version", &hello.launcher)?;
+            if !is_boot(&hello.boot) {
+                return Err(RelayError(format!(
+                    "boot {:?}: 16 lowercase hex digits expected",
+                    cut(&hello.boot)
+                )));
+            }
+        }
+        Message::Welcome(welcome) => name("worker version", &welcome.worker)?,
+        Message::Refused(refused) => {
+            versions(&refused.versions)?;
+            name("reason", &refused.reason)?;
+        }
+        Message::Open(open) => {
+            name("path", &open.path)?;
+            if let Some(carried) = &open.login {
+                login(carried)?;
+            }
+            if open.watchers.len() > WATCHERS_CARRIED_MAX {
+                return Err(RelayError(format!(
+                    "{} watchers carried, over the limit of {WATCHERS_CARRIED_MAX}",
+                    open.watchers.len()
+                )));
+            }
+            open.watchers.iter().try_for_each(watcher)?;
+        }
+        Message::Http(_) => {}
+        Message::Call(call) => {
+            frame(&call.frame)?;
+            if let Some(id) = &call.operation_id {
+                name("operation-id", id)?;
+            }
+        }
+        Message::Reply(reply) => {
+            frame(&reply.frame)?;
+            if let Some(carried) = &reply.login {
+                login(carried)?;
+            }
+            if let Some(position) = &reply.watcher {
+                watcher(position)?;
+            }
+        }
+        Message::Close(close) => {
+            name("reason", &close.reason)?;
+            if !(1000..=4999).contains(&close.code) {
+                return Err(RelayError(format!(
+                    "close code {}: 1000 to 4999 expected",
+                    close.code
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The version a worker speaking [`VERSIONS`] chooses from a launcher's `hello`: the highest
+/// both speak; `refused` when there is none.
+pub fn choose(offered: &[u32]) -> Result<u32, Refused> {
+    VERSIONS
+        .iter()
+        .rev()
+        .find(|version| offered.contains(version))
+        .copied()
+        .ok_or_else(|| Refused {
+            reason: format!(
+                "the launcher speaks relay versions {offered:?}, this worker {VERSIONS:?}"
+            ),
+            versions: VERSIONS.to_vec(),
+        })
+}
+
+/// The operation-id the launcher stamps on `request` (a client's call on its connection
+/// number `connection`), or `None`: a call the gate lists as a read changes nothing and
+/// needs none, and a call that carries its own `operation-id` keeps it.
+///
+/// `fd-<boot>-<connection>-<request-id>-<digest>`, `digest` the first 16 hex digits of the
+/// SHA-256 of `[type, version, request, params]`: a call resent with the same request id
+/// and content (python-jujuclient's retry) gets the same id, so the store applies it once;
+/// a different call that reuses a request id gets another.
+pub fn operation_id(boot: &str, connection: u64, request: &wire::Request) -> Option<String> {
+    if gate::read_only(&request.facade, &request.method)
+        || request.params.get("operation-id").is_some()
+    {
+        return None;
+    }
+    let content = serde_json::to_vec(&Value::Array(vec![
+        Value::from(request.facade.as_str()),
+        Value::from(request.version),
+        Value::from(request.method.as_str()),
+        request.params.clone(),
+    ]))
+    .expect("JSON values serialize");
+    let digest = ring::digest::digest(&ring::digest::SHA256, &content);
+    let hex: String = digest.as_ref()[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    Some(format!(
+        "fd-{boot}-{connection}-{}-{hex}",
+        request.request_id
+    ))
+}
+
+/// A random `boot`: 16 lowercase hex digits.
+pub fn new_boot() -> String {
+    let mut bytes = [0_u8; 8];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .expect("the system's random source works");
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn is_boot(boot: &str) -> bool {
+    boot.len() == 16 && boot.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn cut(text: &str) -> &str {
+    let mut end = text.len().min(64);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::{SinkExt, StreamExt};
+    use serde_json::json;
+
+    const SPEC: &str = include_str!("../../../spec/relay.md");
+
+    fn request(text: &str) -> wire::Request {
+        wire::decode(text).unwrap()
+    }
+
+    /// Every JSON example in spec/relay.md, in order.
+    fn spec_examples() -> Vec<Value> {
+        SPEC.split("```json\n")
+            .skip(1)
+            .filter_map(|block| block.split("\n```").next())
+            .flat_map(|block| {
+                serde_json::Deserializer::from_str(block)
+                    .into_iter::<Value>()
+                    .map(|value| value.unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_example_of_the_spec_is_a_message_and_reads_back_the_same() {
+        let examples = spec_examples();
+        assert!(examples.len() >= 9, "{} examples", examples.len());
+        for example in examples {
+            let message = decode(example.to_string().as_bytes())
+                .unwrap_or_else(|error| panic!("{example}: {error}"));
+            let again: Value = serde_json::from_slice(&encode(&message).unwrap()).unwrap();
+            assert_eq!(again, example, "{message:?}");
+        }
+    }
+
+    #[test]
+    fn the_spec_examples_stamp_is_the_one_the_launcher_computes() {
+        let call = spec_examples()
+            .into_iter()
+            .find_map(|example| match decode(example.to_string().as_bytes()) {
+                Ok(Message::Call(call)) => Some(call),
+                _ => None,
+            })
+            .expect("a call example");
+        let boot = "9f1c04e2a7b35d68";
+        assert_eq!(
+            call.operation_id,
+            operation_id(boot, 17, &request(&call.frame)),
+            "spec/relay.md's call example"
+        );
+    }
+
+    #[test]
+    fn the_spec_names_this_builds_versions_and_bounds() {
+        assert!(SPEC.contains("This document is version **1**."));
+        assert_eq!(VERSIONS, &[1]);
+        assert!(SPEC.contains("`RELAY_FRAME_BYTES_MAX`"));
+        assert!(SPEC.contains(&format!("`<data-dir>/{SOCKET_NAME}`")));
+    }
+
+    #[test]
+    fn a_worker_chooses_the_highest_common_version_or_refuses_naming_both() {
+        assert_eq!(choose(&[1]), Ok(1));
+        assert_eq!(choose(&[0, 1, 7]), Ok(1));
+        let refused = choose(&[2, 3]).unwrap_err();
+        assert_eq!(refused.versions, VERSIONS);
+        assert_eq!(
+            refused.reason,
+            "the launcher speaks relay versions [2, 3], this worker [1]"
+        );
+    }
+
+    #[test]
+    fn what_is_not_a_message_is_refused_naming_the_bad_value() {
+        let boot = "9f1c04e2a7b35d68";
+        let cases: Vec<(Value, &str)> = vec![
+            (json!([1, 2]), "not a relay message"),
+            (
+                json!({"hello": {"versions": [1]}}),
+                "missing field `launcher`",
+            ),
+            (json!({"goodbye": {}}), "unknown variant `goodbye`"),
+            (
+                json!({"hello": {"versions": [], "launcher": "0.1.0", "boot": boot}}),
+                "0 versions listed",
+            ),
+            (
+                json!({"hello": {"versions": [1], "launcher": "0.1.0", "boot": "XYZ"}}),
+                "boot \"XYZ\": 16 lowercase hex digits expected",
+            ),
+            (
+                json!({"open": {"connection": 1, "peer": "127.0.0.1:1", "reached": null,
+                    "path": "/api", "login": {"tag": "user-admin", "kind": "anonymous"}}}),
+                "never anonymous",
+            ),
+            (
+                json!({"open": {"connection": 1, "peer": "not an address", "reached": null,
+                    "path": "/api", "login": null}}),
+                "invalid socket address",
+            ),
+            (json!({"close": {"code": 7, "reason": ""}}), "close code 7"),
+            (
+                json!({"call": {"frame": "x".repeat(FRAME_SIZE_BYTES_MAX + 1)}}),
+                "an API frame of 1048577 bytes",
+            ),
+        ];
+        for (frame, expected) in cases {
+            let error = decode(frame.to_string().as_bytes()).unwrap_err();
+            assert!(error.0.contains(expected), "{frame:.80}: {error}");
+        }
+        let watchers: Vec<Value> = (0..=WATCHERS_CARRIED_MAX)
+            .map(|id| json!({"id": id.to_string(), "revision": 1}))
+            .collect();
+        let open = json!({"open": {"connection": 1, "peer": "127.0.0.1:1", "reached": null,
+            "path": "/api", "login": null, "watchers": watchers}});
+        let error = decode(open.to_string().as_bytes()).unwrap_err();
+        assert!(error.0.contains("1025 watchers carried"), "{error}");
+    }
+
+    #[test]
+    fn a_write_is_stamped_once_per_content_a_read_or_a_stamped_call_is_not() {
+        let boot = "9f1c04e2a7b35d68";
+        let deploy = r#"{"request-id": 8, "type": "Application", "version": 19,
+            "request": "Deploy", "params": {"applications": [{"application": "mysql"}]}}"#;
+        let stamped = operation_id(boot, 17, &request(deploy)).unwrap();
+        assert!(
+            stamped.starts_with("fd-9f1c04e2a7b35d68-17-8-"),
+            "{stamped}"
+        );
+        assert_eq!(stamped.len(), "fd-9f1c04e2a7b35d68-17-8-".len() + 16);
+        // python-jujuclient's retry: the same frame, the same id.
+        assert_eq!(
+            operation_id(boot, 17, &request(deploy)),
+            Some(stamped.clone())
+        );
+        // The legacy framing of the same call is the same call.
+        let legacy = r#"{"RequestId": 8, "Type": "Application", "Version": 19,
+            "Request": "Deploy", "Params": {"applications": [{"application": "mysql"}]}}"#;
+        assert_eq!(
+            operation_id(boot, 17, &request(legacy)),
+            Some(stamped.clone())
+        );
+        // Another connection, another launcher, or another call under the same request id.
+        assert_ne!(
+            operation_id(boot, 18, &request(deploy)),
+            Some(stamped.clone())
+        );
+        assert_ne!(
+            operation_id("0000000000000000", 17, &request(deploy)),
+            Some(stamped.clone())
+        );
+        let other = deploy.replace("mysql", "wordpress");
+        assert_ne!(operation_id(boot, 17, &request(&other)), Some(stamped));
+        // Reads, logins and pings change nothing.
+        for read in [
+            r#"{"request-id": 1, "type": "Admin", "version": 3, "request": "Login", "params": {}}"#,
+            r#"{"request-id": 2, "type": "Client", "version": 6, "request": "FullStatus"}"#,
+            r#"{"request-id": 3, "type": "Pinger", "version": 1, "request": "Ping"}"#,
+            r#"{"request-id": 4, "type": "AllWatcher", "version": 3, "id": "1", "request": "Next"}"#,
+        ] {
+            assert_eq!(operation_id(boot, 17, &request(read)), None, "{read}");
+        }
+        // A client's own operation-id is kept.
+        let own = r#"{"request-id": 9, "type": "Client", "version": 6, "request": "AddMachines",
+            "params": {"params": [], "operation-id": "mine"}}"#;
+        assert_eq!(operation_id(boot, 17, &request(own)), None);
+    }
+
+    #[test]
+    fn new_boots_are_well_formed_and_differ() {
+        let (a, b) = (new_boot(), new_boot());
+        assert!(is_boot(&a) && is_boot(&b), "{a} {b}");
+        assert_ne!(a, b);
+    }
+
+    #[tokio::test]
+    async fn frames_cross_a_stream_and_an_oversized_length_is_refused_unbuffered() {
+        use tokio_util::codec::{FramedRead, FramedWrite};
+        let (near, far) = tokio::io::duplex(1 << 16);
+        let (far_read, _far_write) = tokio::io::split(far);
+        let (_near_read, near_write) = tokio::io::split(near);
+        let mut sink = FramedWrite::new(near_write, framing());
+        let mut stream = FramedRead::new(far_read, framing());
+        let hello = Message::Hello(Hello {
+            versions: VERSIONS.to_vec(),
+            launcher: "0.1.0".to_owned(),
+            boot: new_boot(),
+        });
+        let bytes = encode(&hello).unwrap();
+        sink.send(bytes.as_slice()).await.unwrap();
+        let frame = stream.next().await.unwrap().unwrap();
+        assert_eq!(decode(&frame).unwrap(), hello);
+
+        // A length over the limit fails the stream at once.
+        let (mut writer, reader) = tokio::io::duplex(64);
+        let mut stream = FramedRead::new(reader, framing());
+        let length = u32::try_from(RELAY_FRAME_BYTES_MAX + 1).unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut writer, &length.to_be_bytes())
+            .await
+            .unwrap();
+        let error = stream.next().await.unwrap().unwrap_err();
+        assert!(error.to_string().contains("frame size too big"), "{error}");
+    }
+}
