@@ -181,6 +181,31 @@ pub async fn authenticate(
     })
 }
 
+/// Who a login carried over from the previous worker is now (`spec/relay.md`): `tag` must
+/// still be a user of [`crate::api::ApiConfig::users`] or an agent of
+/// [`crate::api::ApiConfig::agents`] whose machine exists; an agent's kind is read afresh
+/// from its machine's roles. No password: the launcher, which only this worker's relay
+/// socket accepts, vouches that a worker authenticated it.
+pub async fn carried(api: &Api, tag: &str) -> Option<Login> {
+    if let Some(user) = tag.strip_prefix("user-") {
+        return api
+            .config
+            .users
+            .iter()
+            .any(|(name, _)| name == user)
+            .then_some(Login::User);
+    }
+    if !api.config.agents.iter().any(|(agent, _)| agent == tag) {
+        return None;
+    }
+    let roles = api.state.machine_roles(&machine_id(tag)?).await.ok()??;
+    Some(if roles.contains(Role::Controller) {
+        Login::ControllerAgent
+    } else {
+        Login::MachineAgent
+    })
+}
+
 /// `user-admin:<password>` from an `Authorization: Basic` header.
 pub fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
     use base64::Engine;

@@ -17,7 +17,9 @@
 //! - [`tls`]: the controller's CA and server certificate; TLS 1.2 and 1.3 on ring.
 //! - [`relay`]: the protocol by which the launcher will hand the clients' connections to
 //!   the current worker (`spec/relay.md`): messages, bounds, version negotiation, the
-//!   operation-id stamp. Pure; not yet spoken by the launcher or the worker.
+//!   operation-id stamp. Pure.
+//! - [`relayed`]: the worker's side of it: connections the launcher holds, served over a
+//!   unix socket, their logins and watchers carried over from the previous worker.
 //! - [`client`]: lockstep's own client, which retries through upgrades, waits for Ready by
 //!   subscription, reconnects and resumes watchers; its decisions are
 //!   [`lockstep_core::client`]'s.
@@ -51,10 +53,11 @@
 //! - [`api`]: what every connection shares.
 //!
 //! A module uses only modules to its right in this chain (within parentheses, only those
-//! after it), so there is no import circle: `server` → `connection` → `route` → `facade`
+//! after it), so there is no import circle: `server`, `relayed` → `connection` → `route` → `facade`
 //! → (`charms_endpoint`, `auth` → `api` → `session`) → (`logins`, `tools_endpoint` →
 //! `tools`, `probes`, `served`) → `admission` → `limits` → (`state` → `charm`, `backend`)
-//! → `wire`; `client` uses `tls` and `wire` only; `relay` uses `wire` only.
+//! → `wire`; `client` uses `tls` and `wire` only; `relay` uses `wire` only, and only
+//! `relayed` uses `relay`.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
@@ -74,6 +77,7 @@ pub mod limits;
 pub mod logins;
 pub mod probes;
 pub mod relay;
+pub mod relayed;
 pub mod route;
 pub mod served;
 pub mod server;

@@ -3,9 +3,10 @@
 //! version negotiation, and the operation-id the launcher stamps on a call that changes
 //! state so that its replay on the next worker is applied once.
 //!
-//! Pure: no socket here. A stream is framed with [`framing`] (tokio-util's length-delimited
-//! codec, bounded at [`RELAY_FRAME_BYTES_MAX`]) and each frame read with [`decode`], which
-//! refuses, naming the bad value, anything that is not one of the messages.
+//! Pure: no socket here. A stream is framed with [`framing_to_worker`] one way and
+//! [`framing_to_launcher`] the other (tokio-util's length-delimited codec, each direction
+//! bounded) and each frame read with [`decode`], which refuses, naming the bad value,
+//! anything that is not one of the messages.
 
 use std::net::SocketAddr;
 
@@ -20,9 +21,19 @@ use crate::wire::{self, FRAME_SIZE_BYTES_MAX};
 /// version of the launcher it finds: a self-upgrade replaces the worker, never the launcher.
 pub const VERSIONS: &[u32] = &[1];
 
-/// The largest relay frame: the API's frame limit, which a `call` or `reply` carries as a
-/// JSON string (escaping may grow it), plus room for the envelope.
-pub const RELAY_FRAME_BYTES_MAX: usize = 2 * FRAME_SIZE_BYTES_MAX + (64 << 10);
+/// The largest API reply a `reply` carries: the API's default bound on the reply bytes all
+/// connections may hold unwritten (`--max-reply-bytes`). A worker answers a call whose reply
+/// is larger with an error instead.
+pub const REPLY_FRAME_BYTES_MAX: usize = 64 << 20;
+
+/// The largest relay frame from launcher to worker: a `call` carries a client's frame (at
+/// most the API's [`FRAME_SIZE_BYTES_MAX`]) as a JSON string, whose escaping at most doubles
+/// it, plus room for the envelope.
+pub const TO_WORKER_FRAME_BYTES_MAX: usize = 2 * FRAME_SIZE_BYTES_MAX + (64 << 10);
+
+/// The largest relay frame from worker to launcher: a `reply` of at most
+/// [`REPLY_FRAME_BYTES_MAX`], escaped, plus room for the envelope.
+pub const TO_LAUNCHER_FRAME_BYTES_MAX: usize = 2 * REPLY_FRAME_BYTES_MAX + (64 << 10);
 
 /// The worker's relay socket, in the data directory.
 pub const SOCKET_NAME: &str = "relay.sock";
@@ -121,11 +132,15 @@ pub struct CarriedLogin {
     pub kind: Login,
 }
 
-/// A watcher and the last revision delivered to the client; `None` once it is stopped.
+/// A watcher and the last revision delivered to the client: `None` while no `Next` has
+/// answered (the first sends the whole state).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct WatcherPosition {
     pub id: String,
     pub revision: Option<u64>,
+    /// Set on the reply to `AllWatcher.Stop`: the watcher is gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
 }
 
 /// `call`: the client's frame as it came, and the operation-id the launcher stamped on it.
@@ -162,24 +177,47 @@ pub struct Close {
 #[error("relay frame refused: {0}")]
 pub struct RelayError(pub String);
 
-/// The stream's framing: a 4-byte big-endian length, then the frame; a length over
-/// [`RELAY_FRAME_BYTES_MAX`] is an error before any of the frame is buffered.
-pub fn framing() -> LengthDelimitedCodec {
+/// The framing of what the launcher sends: a 4-byte big-endian length, then the frame; a
+/// length over [`TO_WORKER_FRAME_BYTES_MAX`] fails the stream before any of the frame is
+/// buffered.
+pub fn framing_to_worker() -> LengthDelimitedCodec {
+    codec(TO_WORKER_FRAME_BYTES_MAX)
+}
+
+/// The framing of what the worker sends, bounded at [`TO_LAUNCHER_FRAME_BYTES_MAX`].
+pub fn framing_to_launcher() -> LengthDelimitedCodec {
+    codec(TO_LAUNCHER_FRAME_BYTES_MAX)
+}
+
+fn codec(max: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .length_field_length(4)
         .big_endian()
-        .max_frame_length(RELAY_FRAME_BYTES_MAX)
+        .max_frame_length(max)
         .new_codec()
 }
 
-/// The bytes of one frame (without the length prefix); refused over
-/// [`RELAY_FRAME_BYTES_MAX`] (an API frame that is JSON text never gets there: its escaping
-/// at most doubles it).
+/// True for the messages a worker sends.
+pub fn to_launcher(message: &Message) -> bool {
+    matches!(
+        message,
+        Message::Welcome(_) | Message::Refused(_) | Message::Reply(_) | Message::Close(_)
+    )
+}
+
+/// The bytes of one frame (without the length prefix); refused over the bound of its
+/// direction (an API frame that is JSON text within its own bound never gets there: its
+/// escaping at most doubles it).
 pub fn encode(message: &Message) -> Result<Vec<u8>, RelayError> {
     let bytes = serde_json::to_vec(message).expect("relay messages serialize");
-    if bytes.len() > RELAY_FRAME_BYTES_MAX {
+    let max = if to_launcher(message) {
+        TO_LAUNCHER_FRAME_BYTES_MAX
+    } else {
+        TO_WORKER_FRAME_BYTES_MAX
+    };
+    if bytes.len() > max {
         return Err(RelayError(format!(
-            "{} bytes encoded, over the limit of {RELAY_FRAME_BYTES_MAX}",
+            "{} bytes encoded, over the limit of {max}",
             bytes.len()
         )));
     }
@@ -188,9 +226,9 @@ pub fn encode(message: &Message) -> Result<Vec<u8>, RelayError> {
 
 /// Reads one frame: one of the messages, within every bound.
 pub fn decode(frame: &[u8]) -> Result<Message, RelayError> {
-    if frame.len() > RELAY_FRAME_BYTES_MAX {
+    if frame.len() > TO_LAUNCHER_FRAME_BYTES_MAX {
         return Err(RelayError(format!(
-            "{} bytes, over the limit of {RELAY_FRAME_BYTES_MAX}",
+            "{} bytes, over the limit of {TO_LAUNCHER_FRAME_BYTES_MAX}",
             frame.len()
         )));
     }
@@ -221,10 +259,10 @@ fn validate(message: &Message) -> Result<(), RelayError> {
             Ok(())
         }
     };
-    let frame = |frame: &str| {
-        if frame.len() > FRAME_SIZE_BYTES_MAX {
+    let frame = |frame: &str, max: usize| {
+        if frame.len() > max {
             Err(RelayError(format!(
-                "an API frame of {} bytes, over the limit of {FRAME_SIZE_BYTES_MAX}",
+                "an API frame of {} bytes, over the limit of {max}",
                 frame.len()
             )))
         } else {
@@ -273,13 +311,13 @@ fn validate(message: &Message) -> Result<(), RelayError> {
         }
         Message::Http(_) => {}
         Message::Call(call) => {
-            frame(&call.frame)?;
+            frame(&call.frame, FRAME_SIZE_BYTES_MAX)?;
             if let Some(id) = &call.operation_id {
                 name("operation-id", id)?;
             }
         }
         Message::Reply(reply) => {
-            frame(&reply.frame)?;
+            frame(&reply.frame, REPLY_FRAME_BYTES_MAX)?;
             if let Some(carried) = &reply.login {
                 login(carried)?;
             }
@@ -427,7 +465,17 @@ mod tests {
     fn the_spec_names_this_builds_versions_and_bounds() {
         assert!(SPEC.contains("This document is version **1**."));
         assert_eq!(VERSIONS, &[1]);
-        assert!(SPEC.contains("`RELAY_FRAME_BYTES_MAX`"));
+        for bound in [
+            "`TO_WORKER_FRAME_BYTES_MAX`",
+            "`TO_LAUNCHER_FRAME_BYTES_MAX`",
+            "`REPLY_FRAME_BYTES_MAX`",
+        ] {
+            assert!(SPEC.contains(bound), "spec/relay.md lacks {bound}");
+        }
+        assert_eq!(
+            REPLY_FRAME_BYTES_MAX,
+            crate::limits::ApiLimits::default().reply_bytes_max
+        );
         assert!(SPEC.contains(&format!("`<data-dir>/{SOCKET_NAME}`")));
     }
 
@@ -552,8 +600,8 @@ mod tests {
         let (near, far) = tokio::io::duplex(1 << 16);
         let (far_read, _far_write) = tokio::io::split(far);
         let (_near_read, near_write) = tokio::io::split(near);
-        let mut sink = FramedWrite::new(near_write, framing());
-        let mut stream = FramedRead::new(far_read, framing());
+        let mut sink = FramedWrite::new(near_write, framing_to_worker());
+        let mut stream = FramedRead::new(far_read, framing_to_worker());
         let hello = Message::Hello(Hello {
             versions: VERSIONS.to_vec(),
             launcher: "0.1.0".to_owned(),
@@ -566,8 +614,8 @@ mod tests {
 
         // A length over the limit fails the stream at once.
         let (mut writer, reader) = tokio::io::duplex(64);
-        let mut stream = FramedRead::new(reader, framing());
-        let length = u32::try_from(RELAY_FRAME_BYTES_MAX + 1).unwrap();
+        let mut stream = FramedRead::new(reader, framing_to_worker());
+        let length = u32::try_from(TO_WORKER_FRAME_BYTES_MAX + 1).unwrap();
         tokio::io::AsyncWriteExt::write_all(&mut writer, &length.to_be_bytes())
             .await
             .unwrap();

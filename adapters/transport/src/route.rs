@@ -35,7 +35,11 @@ pub async fn answer(api: &Api, session: &Session, text: &str) -> String {
 }
 
 /// One call: admitted by the gate and permitted to the login, then served.
-async fn call(api: &Api, session: &Session, request: &wire::Request) -> Result<Value, WireError> {
+pub(crate) async fn call(
+    api: &Api,
+    session: &Session,
+    request: &wire::Request,
+) -> Result<Value, WireError> {
     let (facade, method) = (request.facade.as_str(), request.method.as_str());
     let who = session.login();
     let label = facade_label(facade);

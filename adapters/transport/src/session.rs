@@ -19,6 +19,8 @@ pub struct Session {
     login: Mutex<Login>,
     /// The agent's tag (`machine-1`) once an agent logged in; empty for users.
     agent: Mutex<String>,
+    /// The tag that logged in (`user-admin`, `machine-1`); empty before login.
+    tag: Mutex<String>,
     /// A logged-in user's access to the model; `read` for everyone else.
     access: Mutex<ModelAccess>,
     /// The address the client reached this server on.
@@ -47,6 +49,7 @@ impl Session {
             admitted,
             login: Mutex::new(Login::Anonymous),
             agent: Mutex::new(String::new()),
+            tag: Mutex::new(String::new()),
             access: Mutex::new(ModelAccess::Read),
             reached,
             watchers: Mutex::new(BTreeMap::new()),
@@ -78,6 +81,12 @@ impl Session {
             Login::ControllerAgent | Login::MachineAgent => tag.to_owned(),
             Login::Anonymous | Login::User => String::new(),
         };
+        *self.tag.lock().expect("not poisoned") = tag.to_owned();
+    }
+
+    /// The tag that logged in; empty before login.
+    pub fn tag(&self) -> String {
+        self.tag.lock().expect("not poisoned").clone()
     }
 
     /// Records a logged-in user's access to the model.
@@ -123,6 +132,39 @@ impl Session {
             }),
         );
         Ok(id)
+    }
+
+    /// A watcher carried over from the previous worker (`spec/relay.md`): id `id`, after
+    /// `position`, holding `slot`. Later watchers get ids above it, so none is reused.
+    pub fn restore_watcher(
+        &self,
+        id: u64,
+        position: Option<Revision>,
+        max: usize,
+        slot: WatcherSlot,
+    ) -> Result<(), WireError> {
+        let mut watchers = self.watchers.lock().expect("not poisoned");
+        if watchers.len() >= max || watchers.contains_key(&id) {
+            return Err(WireError::new(
+                "quota limit exceeded",
+                format!(
+                    "watcher {id} cannot be carried over: the connection holds {} of {max}, or it twice",
+                    watchers.len()
+                ),
+            ));
+        }
+        self.next_watcher
+            .fetch_max(id.saturating_add(1), Ordering::Relaxed);
+        let (stopped, _) = tokio::sync::watch::channel(false);
+        watchers.insert(
+            id,
+            Arc::new(Watcher {
+                position: tokio::sync::Mutex::new(position),
+                stopped,
+                _slot: slot,
+            }),
+        );
+        Ok(())
     }
 
     /// The watcher of id `id` (as the client sends it, a decimal string).

@@ -1,0 +1,326 @@
+//! The worker's side of the relay (`spec/relay.md`): client connections the launcher holds,
+//! served over `<data-dir>/relay.sock` one stream each.
+//!
+//! A stream is accepted from the launcher only (its pid, the worker's uid), then: `hello`,
+//! answered `welcome` or `refused`; `open`, which makes a [`Session`] for the connection
+//! (its login and watchers carried over from the previous worker, if any); then `call`s,
+//! served concurrently exactly as a websocket's requests are ([`route`]), each answered by
+//! a `reply` with what the launcher keeps: the login after `Admin.Login`, a watcher's
+//! position after `Client.WatchAll`, `AllWatcher.Next` and `AllWatcher.Stop`.
+//!
+//! Admission (slots, metering, deadlines) is the launcher's, which owns the client's socket;
+//! a relayed session holds no slot here. The plain-HTTP stream of the spec is not served
+//! yet: its `http` message is answered by closing the stream.
+
+use std::sync::Arc;
+
+use futures_util::{SinkExt, StreamExt};
+use lockstep_core::gate::Login;
+use lockstep_core::lifecycle::Revision;
+use serde_json::Value;
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+use crate::api::Api;
+use crate::auth;
+use crate::connection::{REPLIES_QUEUED_MAX, REQUESTS_IN_FLIGHT_MAX};
+use crate::relay::{
+    self, CarriedLogin, Close, Message, Open, RelayError, Reply, WatcherPosition, Welcome,
+};
+use crate::route;
+use crate::session::Session;
+use crate::wire::{self, WireError};
+
+/// Who may open relay streams: the launcher's pid, and this process's uid.
+#[derive(Clone, Copy, Debug)]
+pub struct Launcher {
+    pub pid: u32,
+    pub uid: u32,
+}
+
+/// Serves relay streams from `listener` until this future is dropped, which ends every
+/// stream it accepted. A stream from any other process than `launcher` is closed unread.
+pub async fn serve(api: Arc<Api>, listener: tokio::net::UnixListener, launcher: Launcher) {
+    let mut streams = tokio::task::JoinSet::new();
+    loop {
+        while streams.try_join_next().is_some() {}
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(target: "lockstep::relay", %error, "relay accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match stream.peer_cred() {
+            Ok(cred) if cred.pid() == Some(launcher.pid as i32) && cred.uid() == launcher.uid => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    target: "lockstep::relay",
+                    pid = cred.pid().unwrap_or(0),
+                    uid = cred.uid(),
+                    launcher = launcher.pid,
+                    "refused a relay stream not opened by the launcher"
+                );
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(target: "lockstep::relay", %error, "cannot read a relay peer's credentials");
+                continue;
+            }
+        }
+        let api = Arc::clone(&api);
+        streams.spawn(async move {
+            if let Err(error) = stream_served(api, stream).await {
+                tracing::debug!(target: "lockstep::relay", %error, "relay stream ended");
+            }
+        });
+    }
+}
+
+type Frames = FramedRead<OwnedReadHalf, LengthDelimitedCodec>;
+type Sink = FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>;
+
+async fn read(frames: &mut Frames) -> Result<Option<Message>, RelayError> {
+    match frames.next().await {
+        None => Ok(None),
+        Some(Err(error)) => Err(RelayError(format!("reading the stream: {error}"))),
+        Some(Ok(frame)) => relay::decode(&frame).map(Some),
+    }
+}
+
+async fn write(sink: &mut Sink, message: &Message) -> Result<(), RelayError> {
+    let bytes = relay::encode(message)?;
+    sink.send(bytes.as_slice())
+        .await
+        .map_err(|error| RelayError(format!("writing the stream: {error}")))
+}
+
+async fn stream_served(api: Arc<Api>, stream: UnixStream) -> Result<(), RelayError> {
+    let (reader, writer) = stream.into_split();
+    let mut frames = FramedRead::new(reader, relay::framing_to_worker());
+    let mut sink = FramedWrite::new(writer, relay::framing_to_launcher());
+    let Some(Message::Hello(hello)) = read(&mut frames).await? else {
+        return Err(RelayError("the first message is not hello".to_owned()));
+    };
+    let version = match relay::choose(&hello.versions) {
+        Ok(version) => version,
+        Err(refused) => {
+            tracing::warn!(target: "lockstep::relay", launcher = %hello.launcher, reason = %refused.reason, "refused a launcher's relay");
+            write(&mut sink, &Message::Refused(refused)).await?;
+            return Ok(());
+        }
+    };
+    let welcome = Welcome {
+        version,
+        worker: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    write(&mut sink, &Message::Welcome(welcome)).await?;
+    match read(&mut frames).await? {
+        Some(Message::Open(open)) => connection(api, open, frames, sink).await,
+        Some(Message::Http(_)) => Err(RelayError(
+            "plain HTTP over the relay is not served yet".to_owned(),
+        )),
+        Some(other) => Err(RelayError(format!(
+            "expected open or http after welcome, got {}",
+            name(&other)
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn name(message: &Message) -> &'static str {
+    match message {
+        Message::Hello(_) => "hello",
+        Message::Welcome(_) => "welcome",
+        Message::Refused(_) => "refused",
+        Message::Open(_) => "open",
+        Message::Http(_) => "http",
+        Message::Call(_) => "call",
+        Message::Reply(_) => "reply",
+        Message::Close(_) => "close",
+    }
+}
+
+/// Why a carried-over connection cannot go on here; the launcher closes the client's.
+async fn restored(api: &Api, open: &Open) -> Result<Session, String> {
+    let session = Session::new(open.reached, None);
+    if let Some(carried) = &open.login {
+        let who = auth::carried(api, &carried.tag)
+            .await
+            .ok_or_else(|| format!("{} may no longer log in", carried.tag))?;
+        session.logged_in(who, &carried.tag);
+        if who == Login::User {
+            let user = carried.tag.strip_prefix("user-").unwrap_or_default();
+            session.grant(auth::model_access(user));
+        }
+    }
+    let limits = &api.config.limits;
+    for watcher in &open.watchers {
+        let id = watcher
+            .id
+            .parse::<u64>()
+            .map_err(|_| format!("watcher id {:?} is not one this API gives", watcher.id))?;
+        let slot = api.connections.watcher_slot().ok_or_else(|| {
+            format!(
+                "the controller holds {} watchers, its limit (--max-watchers)",
+                limits.watchers_max
+            )
+        })?;
+        session
+            .restore_watcher(
+                id,
+                watcher.revision.map(Revision),
+                limits.watchers_per_connection_max,
+                slot,
+            )
+            .map_err(|error| error.message)?;
+    }
+    Ok(session)
+}
+
+async fn connection(
+    api: Arc<Api>,
+    open: Open,
+    mut frames: Frames,
+    mut sink: Sink,
+) -> Result<(), RelayError> {
+    let session = match restored(&api, &open).await {
+        Ok(session) => Arc::new(session),
+        Err(reason) => {
+            let close = Close {
+                code: 1008,
+                reason: format!("the connection cannot continue on this worker: {reason}"),
+            };
+            return write(&mut sink, &Message::Close(close)).await;
+        }
+    };
+    let (replies, mut queued) = mpsc::channel::<Message>(REPLIES_QUEUED_MAX);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = queued.recv().await {
+            if let Err(error) = write(&mut sink, &message).await {
+                tracing::debug!(target: "lockstep::relay", %error, "relay reply not written");
+                break;
+            }
+        }
+    });
+    let in_flight = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
+    let mut requests = tokio::task::JoinSet::new();
+    let ended = loop {
+        while requests.try_join_next().is_some() {}
+        let call = match read(&mut frames).await {
+            Ok(Some(Message::Call(call))) => call,
+            Ok(Some(other)) => {
+                break Err(RelayError(format!("expected a call, got {}", name(&other))));
+            }
+            Ok(None) => break Ok(()),
+            Err(error) => break Err(error),
+        };
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            break Ok(());
+        };
+        let (api, session, replies) = (Arc::clone(&api), Arc::clone(&session), replies.clone());
+        requests.spawn(async move {
+            let reply = answer(&api, &session, call).await;
+            let _ = replies.send(Message::Reply(reply)).await;
+            drop(permit);
+        });
+    };
+    // The launcher went, or broke the protocol: what is in flight ends with the stream.
+    requests.shutdown().await;
+    drop(replies);
+    let _ = writer.await;
+    ended
+}
+
+/// Serves one relayed call: the frame decoded, the launcher's operation-id put in its
+/// params, the call routed as a websocket's is, and the reply annotated.
+async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
+    let mut request = match wire::decode(&call.frame) {
+        Ok(request) => request,
+        Err(error) => {
+            let frame = wire::encode_error(
+                error.request_id.unwrap_or(0),
+                error.framing,
+                &WireError::new("bad request", error.message),
+            );
+            return Reply {
+                frame,
+                login: None,
+                watcher: None,
+            };
+        }
+    };
+    if let Some(operation_id) = call.operation_id
+        && request.params.get("operation-id").is_none()
+    {
+        if !request.params.is_object() {
+            request.params = Value::Object(serde_json::Map::new());
+        }
+        request.params["operation-id"] = Value::String(operation_id);
+    }
+    let (id, framing) = (request.request_id, request.framing);
+    let outcome = route::call(api, session, &request).await;
+    let mut reply = Reply {
+        frame: String::new(),
+        login: None,
+        watcher: None,
+    };
+    if let Ok(response) = &outcome {
+        match (request.facade.as_str(), request.method.as_str()) {
+            ("Admin", "Login") if session.login() != Login::Anonymous => {
+                reply.login = Some(CarriedLogin {
+                    tag: session.tag(),
+                    kind: session.login(),
+                });
+            }
+            ("Client", "WatchAll") => {
+                if let Some(id) = response.get("watcher-id").and_then(Value::as_str) {
+                    let revision = request.params.get("after-revision").and_then(Value::as_u64);
+                    reply.watcher = Some(WatcherPosition {
+                        id: id.to_owned(),
+                        revision,
+                        stopped: false,
+                    });
+                }
+            }
+            ("AllWatcher", "Next") => {
+                reply.watcher = Some(WatcherPosition {
+                    id: request.id.clone(),
+                    revision: response.get("revision").and_then(Value::as_u64),
+                    stopped: false,
+                });
+            }
+            ("AllWatcher", "Stop") => {
+                reply.watcher = Some(WatcherPosition {
+                    id: request.id.clone(),
+                    revision: None,
+                    stopped: true,
+                });
+            }
+            _ => {}
+        }
+    }
+    reply.frame = match outcome {
+        Ok(response) => wire::encode_response(id, framing, response),
+        Err(error) => wire::encode_error(id, framing, &error),
+    };
+    if reply.frame.len() > relay::REPLY_FRAME_BYTES_MAX {
+        let error = WireError::new(
+            "",
+            format!(
+                "the reply of {} bytes is over the relay's limit of {}",
+                reply.frame.len(),
+                relay::REPLY_FRAME_BYTES_MAX
+            ),
+        );
+        reply = Reply {
+            frame: wire::encode_error(id, framing, &error),
+            login: None,
+            watcher: None,
+        };
+    }
+    reply
+}
