@@ -18,6 +18,9 @@
 //! - [`relay`]: the protocol by which the launcher will hand the clients' connections to
 //!   the current worker (`spec/relay.md`): messages, bounds, version negotiation, the
 //!   operation-id stamp. Pure.
+//! - [`front`]: the launcher's side of it: one client connection held across every
+//!   restart of the worker, its unanswered calls sent again to the next one, and calls
+//!   between two workers decided by the core's gate.
 //! - [`relayed`]: the worker's side of it: connections the launcher holds, served over a
 //!   unix socket, their logins and watchers carried over from the previous worker.
 //! - [`client`]: lockstep's own client, which retries through upgrades, waits for Ready by
@@ -53,11 +56,11 @@
 //! - [`api`]: what every connection shares.
 //!
 //! A module uses only modules to its right in this chain (within parentheses, only those
-//! after it), so there is no import circle: `server`, `relayed` → `connection` → `route` → `facade`
+//! after it), so there is no import circle: `server`, `front`, `relayed` → `connection` → `route` → `facade`
 //! → (`charms_endpoint`, `auth` → `api` → `session`) → (`logins`, `tools_endpoint` →
 //! `tools`, `probes`, `served`) → `admission` → `limits` → (`state` → `charm`, `backend`)
 //! → `wire`; `client` uses `tls` and `wire` only; `relay` uses `wire` only, and only
-//! `relayed` uses `relay`.
+//! `front` and `relayed` use `relay`.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
@@ -73,6 +76,7 @@ pub mod charms_endpoint;
 pub mod client;
 pub mod connection;
 pub mod facade;
+pub mod front;
 pub mod limits;
 pub mod logins;
 pub mod probes;

@@ -113,6 +113,9 @@ impl Inner {
 pub struct FakeState {
     inner: Mutex<Inner>,
     changed: tokio::sync::Notify,
+    /// While set, `AddMachines` commits and then never answers: a worker that dies between
+    /// its commit and its reply.
+    pub stall_after_commit: std::sync::atomic::AtomicBool,
 }
 
 fn bad(message: String) -> WireError {
@@ -152,6 +155,7 @@ impl FakeState {
         FakeState {
             inner: Mutex::new(inner),
             changed: tokio::sync::Notify::new(),
+            stall_after_commit: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -252,12 +256,19 @@ impl SharedState for FakeState {
             .and_then(Value::as_array)
             .ok_or_else(|| bad("params.params must be a list".into()))?
             .len();
-        self.mutate(params, |inner| {
+        let result = self.mutate(params, |inner| {
             let machines: Vec<Value> = (0..count)
                 .map(|_| json!({"machine": inner.add_machine(Roles::of(&[Role::HostMachine]))}))
                 .collect();
             Ok(json!({"machines": machines}))
-        })
+        });
+        if self
+            .stall_after_commit
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return std::future::pending().await;
+        }
+        result
     }
 
     async fn deploy(&self, params: &Value) -> Result<Value, WireError> {

@@ -1,0 +1,465 @@
+//! The launcher's side of the relay (`spec/relay.md`): one client connection, held across
+//! every restart of the worker.
+//!
+//! [`FrontDoor::serve`] takes the client's frames from a channel and gives back what the
+//! client gets, so the websocket, its TLS and its admission stay the caller's. For each
+//! connection it keeps:
+//!
+//! - every call forwarded to the worker until its reply came (at most
+//!   [`REQUESTS_IN_FLIGHT_MAX`], counting the calls held), each with the operation-id
+//!   stamped on it when it arrived ([`relay::operation_id`]);
+//! - the login and the watchers' positions the worker's replies reported.
+//!
+//! When the relay stream breaks (the worker exited, crashed, was killed), the connection
+//! asks for the next worker every [`RETRY_INTERVAL`]; meanwhile each new call is decided by
+//! [`gate::between_workers`]: a ping answered here, a login or read held (at most
+//! [`FrontDoor::wait_max`], then `upgrade in progress`), anything else refused. Once a worker
+//! takes the stream, it gets the login and the watchers with `open`, then every call still
+//! unanswered, in the order the client sent them: a write under its stamp, so the store
+//! applies it once whether or not the old worker committed it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use lockstep_core::gate::{self, BetweenWorkers, GateView, Login};
+use lockstep_core::{Millis, Phase, Progress};
+use serde_json::json;
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+use crate::connection::REQUESTS_IN_FLIGHT_MAX;
+use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError, WatcherPosition};
+use crate::wire::{self, Framing, WireError};
+
+/// How often a connection without a worker asks for one.
+pub const RETRY_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How long the handshake with a worker (`hello` to `open`) may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the client gets.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum ToClient {
+    /// A text frame.
+    Frame(String),
+    /// Close the websocket with this code and reason; nothing follows.
+    Close { code: u16, reason: String },
+}
+
+/// The launcher's relay to the current worker, shared by its connections.
+#[derive(Debug)]
+pub struct FrontDoor {
+    socket: PathBuf,
+    boot: String,
+    launcher: String,
+    connections: AtomicU64,
+    /// How long a login or read waits for a worker before it is refused as
+    /// `upgrade in progress` (every Juju client retries that).
+    pub wait_max: Duration,
+}
+
+impl FrontDoor {
+    /// A front door to the worker listening on `socket` (`<data-dir>/relay.sock`), for a
+    /// launcher of version `launcher`.
+    pub fn new(socket: PathBuf, launcher: &str, wait_max: Duration) -> FrontDoor {
+        FrontDoor {
+            socket,
+            boot: relay::new_boot(),
+            launcher: launcher.to_owned(),
+            connections: AtomicU64::new(1),
+            wait_max,
+        }
+    }
+
+    /// This launcher's `boot`: the first part of every operation-id it stamps.
+    pub fn boot(&self) -> &str {
+        &self.boot
+    }
+
+    /// Serves one client connection until the client closes it (`from_client` ends), the
+    /// worker closes it, or no worker speaks this launcher's relay version.
+    pub async fn serve(
+        &self,
+        peer: SocketAddr,
+        reached: Option<SocketAddr>,
+        path: String,
+        mut from_client: mpsc::Receiver<String>,
+        to_client: mpsc::Sender<ToClient>,
+    ) {
+        let mut connection = Connection {
+            number: self.connections.fetch_add(1, Ordering::Relaxed),
+            peer,
+            reached,
+            path,
+            forwarded: VecDeque::new(),
+            held: VecDeque::new(),
+            login: None,
+            watchers: BTreeMap::new(),
+            relay: None,
+        };
+        let mut next_attempt = Instant::now();
+        loop {
+            if connection.relay.is_none() && Instant::now() >= next_attempt {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.open(&connection)).await {
+                    Ok(Ok(relay)) => {
+                        connection.relay = Some(relay);
+                        if let Err(error) = connection.resend().await {
+                            tracing::debug!(target: "lockstep::front", %error, "relay broke while resending");
+                            connection.relay = None;
+                        }
+                    }
+                    Ok(Err(Opened::Refused(reason))) => {
+                        tracing::error!(target: "lockstep::front", %reason, "the worker refused this launcher's relay; closing the client's connection");
+                        let close = ToClient::Close {
+                            code: 1012,
+                            reason: "the controller is restarting; reconnect".to_owned(),
+                        };
+                        let _ = to_client.send(close).await;
+                        return;
+                    }
+                    Ok(Err(Opened::NoWorker)) | Err(_) => {}
+                }
+                next_attempt = Instant::now() + RETRY_INTERVAL;
+            }
+            let room = connection.forwarded.len() + connection.held.len() < REQUESTS_IN_FLIGHT_MAX;
+            let no_worker = connection.relay.is_none();
+            let expires = connection
+                .held
+                .front()
+                .map(|held| held.arrived + self.wait_max);
+            tokio::select! {
+                frame = from_client.recv(), if room => {
+                    let Some(frame) = frame else { return };
+                    if let Some(answer) = self.client_sent(&mut connection, frame).await
+                        && to_client.send(ToClient::Frame(answer)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                message = next_message(&mut connection.relay) => match message {
+                    Ok(Some(Message::Reply(reply))) => {
+                        let frame = connection.replied(reply);
+                        if to_client.send(ToClient::Frame(frame)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Some(Message::Close(close))) => {
+                        let _ = to_client.send(ToClient::Close { code: close.code, reason: close.reason }).await;
+                        return;
+                    }
+                    other => {
+                        if let Err(error) = other {
+                            tracing::debug!(target: "lockstep::front", %error, "relay stream broke");
+                        }
+                        for answer in connection.broke() {
+                            if to_client.send(ToClient::Frame(answer)).await.is_err() {
+                                return;
+                            }
+                        }
+                        next_attempt = Instant::now();
+                    }
+                },
+                () = tokio::time::sleep_until(next_attempt), if no_worker => {}
+                () = sleep_until_some(expires) => {
+                    let now = Instant::now();
+                    while let Some(held) = connection.held.front() {
+                        if held.arrived + self.wait_max > now {
+                            break;
+                        }
+                        let held = connection.held.pop_front().expect("a front");
+                        let refused = WireError::from(gate::Rejection::upgrade_in_progress(&restarting()));
+                        let frame = wire::encode_error(held.request_id, held.framing, &refused);
+                        if to_client.send(ToClient::Frame(frame)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A client's frame: forwarded, held, or answered here (the answer returned).
+    async fn client_sent(&self, connection: &mut Connection, frame: String) -> Option<String> {
+        let request = match wire::decode(&frame) {
+            Ok(request) => request,
+            Err(error) => {
+                return Some(wire::encode_error(
+                    error.request_id.unwrap_or(0),
+                    error.framing,
+                    &WireError::new("bad request", error.message),
+                ));
+            }
+        };
+        let call = Pending {
+            operation_id: relay::operation_id(&self.boot, connection.number, &request),
+            frame,
+            request_id: request.request_id,
+            framing: request.framing,
+            facade: request.facade,
+            method: request.method,
+            arrived: Instant::now(),
+        };
+        if connection.relay.is_some() {
+            let sent = connection.forward(&call).await;
+            connection.forwarded.push_back(call);
+            if sent.is_err() {
+                // The worker went: the call is kept and sent again to the next one.
+                return connection.broke().into_iter().next();
+            }
+            return None;
+        }
+        match gate::between_workers(
+            &restarting(),
+            connection.login(),
+            &call.facade,
+            &call.method,
+        ) {
+            BetweenWorkers::Answer => Some(wire::encode_response(
+                request.request_id,
+                request.framing,
+                json!({}),
+            )),
+            BetweenWorkers::Wait => {
+                connection.held.push_back(call);
+                None
+            }
+            BetweenWorkers::Refuse(rejection) => Some(wire::encode_error(
+                request.request_id,
+                request.framing,
+                &WireError::from(rejection),
+            )),
+        }
+    }
+
+    /// A stream to the worker, past `hello` and `open`.
+    async fn open(&self, connection: &Connection) -> Result<Relay, Opened> {
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(|_| Opened::NoWorker)?;
+        let (reader, writer) = stream.into_split();
+        let mut relay = Relay {
+            frames: FramedRead::new(reader, relay::framing_to_launcher()),
+            sink: FramedWrite::new(writer, relay::framing_to_worker()),
+        };
+        let hello = Message::Hello(Hello {
+            versions: relay::VERSIONS.to_vec(),
+            launcher: self.launcher.clone(),
+            boot: self.boot.clone(),
+        });
+        relay.send(&hello).await.map_err(|_| Opened::NoWorker)?;
+        match next_message(&mut Some(&mut relay)).await {
+            Ok(Some(Message::Welcome(_))) => {}
+            Ok(Some(Message::Refused(refused))) => return Err(Opened::Refused(refused.reason)),
+            _ => return Err(Opened::NoWorker),
+        }
+        let open = Message::Open(Open {
+            connection: connection.number,
+            peer: connection.peer,
+            reached: connection.reached,
+            path: connection.path.clone(),
+            login: connection.login.clone(),
+            watchers: connection
+                .watchers
+                .iter()
+                .map(|(id, revision)| WatcherPosition {
+                    id: id.clone(),
+                    revision: *revision,
+                    stopped: false,
+                })
+                .collect(),
+        });
+        relay.send(&open).await.map_err(|_| Opened::NoWorker)?;
+        Ok(relay)
+    }
+}
+
+/// Why no stream was opened.
+enum Opened {
+    /// No worker listens, or it went during the handshake: try again.
+    NoWorker,
+    /// The worker speaks none of this launcher's versions.
+    Refused(String),
+}
+
+/// The gate's view between two workers: its progress is not known here.
+fn restarting() -> GateView {
+    GateView {
+        phase: Phase::Restarting,
+        progress: Progress::default(),
+        retry_after: Millis(1000),
+    }
+}
+
+/// A call not answered yet.
+struct Pending {
+    frame: String,
+    operation_id: Option<String>,
+    request_id: u64,
+    framing: Framing,
+    facade: String,
+    method: String,
+    /// When it arrived, or when the worker it was sent to went: what its wait counts from.
+    arrived: Instant,
+}
+
+struct Relay {
+    frames: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
+    sink: FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>,
+}
+
+impl Relay {
+    async fn send(&mut self, message: &Message) -> Result<(), RelayError> {
+        let bytes = relay::encode(message)?;
+        self.sink
+            .send(bytes.as_slice())
+            .await
+            .map_err(|error| RelayError(format!("writing to the worker: {error}")))
+    }
+}
+
+/// The next message from the worker; pending forever without a stream.
+async fn next_message<R: std::borrow::BorrowMut<Relay>>(
+    relay: &mut Option<R>,
+) -> Result<Option<Message>, RelayError> {
+    let Some(relay) = relay else {
+        return std::future::pending().await;
+    };
+    match relay.borrow_mut().frames.next().await {
+        None => Ok(None),
+        Some(Err(error)) => Err(RelayError(format!("reading from the worker: {error}"))),
+        Some(Ok(frame)) => relay::decode(&frame).map(Some),
+    }
+}
+
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+struct Connection {
+    number: u64,
+    peer: SocketAddr,
+    reached: Option<SocketAddr>,
+    path: String,
+    /// Sent to the worker, not answered yet, in the order the client sent them.
+    forwarded: VecDeque<Pending>,
+    /// Held while no worker serves, in arrival order.
+    held: VecDeque<Pending>,
+    login: Option<CarriedLogin>,
+    /// Each watcher's last revision delivered (`None`: no `Next` answered yet).
+    watchers: BTreeMap<String, Option<u64>>,
+    relay: Option<Relay>,
+}
+
+impl Connection {
+    fn login(&self) -> Login {
+        self.login
+            .as_ref()
+            .map_or(Login::Anonymous, |login| login.kind)
+    }
+
+    /// The stream to the worker broke: the calls it had not answered wait for the next
+    /// worker from now, as calls made now would, except that a ping is answered here (one
+    /// never changes anything). A write among them may have been committed: it waits to be
+    /// sent again under its stamp; past the wait it is refused, and the client's retry of
+    /// the same frame carries the same stamp. Returns the answers for the client.
+    fn broke(&mut self) -> Vec<String> {
+        self.relay = None;
+        let now = Instant::now();
+        let login = self.login();
+        let mut answers = Vec::new();
+        let mut waiting: VecDeque<Pending> = VecDeque::new();
+        for mut call in self.forwarded.drain(..) {
+            if gate::between_workers(&restarting(), login, &call.facade, &call.method)
+                == BetweenWorkers::Answer
+            {
+                answers.push(wire::encode_response(
+                    call.request_id,
+                    call.framing,
+                    json!({}),
+                ));
+                continue;
+            }
+            call.arrived = now;
+            waiting.push_back(call);
+        }
+        waiting.extend(self.held.drain(..));
+        self.held = waiting;
+        answers
+    }
+
+    async fn forward(&mut self, call: &Pending) -> Result<(), RelayError> {
+        let relay = self.relay.as_mut().expect("forward needs a stream");
+        relay
+            .send(&Message::Call(Call {
+                frame: call.frame.clone(),
+                operation_id: call.operation_id.clone(),
+            }))
+            .await
+    }
+
+    /// After a new stream opened: every call forwarded and not answered, then every call
+    /// held, in order.
+    async fn resend(&mut self) -> Result<(), RelayError> {
+        let held: Vec<Pending> = self.held.drain(..).collect();
+        self.forwarded.extend(held);
+        let pending: Vec<(String, Option<String>)> = self
+            .forwarded
+            .iter()
+            .map(|call| (call.frame.clone(), call.operation_id.clone()))
+            .collect();
+        let relay = self.relay.as_mut().expect("resend needs a stream");
+        for (frame, operation_id) in pending {
+            relay
+                .send(&Message::Call(Call {
+                    frame,
+                    operation_id,
+                }))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A reply from the worker: what it reports kept, its call no longer pending; the frame
+    /// for the client.
+    fn replied(&mut self, reply: relay::Reply) -> String {
+        if let Some(login) = reply.login {
+            self.login = Some(login);
+        }
+        if let Some(watcher) = reply.watcher {
+            if watcher.stopped {
+                self.watchers.remove(&watcher.id);
+            } else {
+                self.watchers.insert(watcher.id, watcher.revision);
+            }
+        }
+        if let Some(id) = request_id(&reply.frame)
+            && let Some(index) = self.forwarded.iter().position(|call| call.request_id == id)
+        {
+            self.forwarded.remove(index);
+        }
+        reply.frame
+    }
+}
+
+/// A reply frame's request id, in either framing, read without building the reply.
+fn request_id(frame: &str) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        #[serde(rename = "request-id")]
+        current: Option<u64>,
+        #[serde(rename = "RequestId")]
+        legacy: Option<u64>,
+    }
+    let id: Id = serde_json::from_str(frame).ok()?;
+    id.current.or(id.legacy)
+}

@@ -1,0 +1,313 @@
+//! The launcher's side of the relay against the worker's, on a real unix socket: one client
+//! connection rides through worker restarts. A "worker" here is an API over the tests'
+//! in-memory state serving the relay socket; killing it drops its task, and with it every
+//! stream and call it held, as a worker's death closes its sockets. The next worker is a
+//! new API over the same state. (Real processes and real clients: the agent's tests.)
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lockstep_core::Phase;
+use lockstep_core::Role;
+use lockstep_core::Roles;
+use lockstep_transport::front::{FrontDoor, ToClient};
+use lockstep_transport::relay;
+use lockstep_transport::relayed::{self, Launcher};
+use lockstep_transport::tls::Credentials;
+use serde_json::{Value, json};
+use support::*;
+use tokio::sync::mpsc;
+
+/// The controller's state, which outlives every worker, and the worker serving it now.
+struct Controller {
+    state: Arc<FakeState>,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    worker: Option<(Fixture, tokio::task::JoinHandle<()>)>,
+}
+
+impl Controller {
+    async fn new() -> Controller {
+        let dir = tempfile::tempdir().unwrap();
+        let mut controller = Controller {
+            state: fresh_state(),
+            socket: dir.path().join(relay::SOCKET_NAME),
+            _dir: dir,
+            worker: None,
+        };
+        controller.start_worker().await;
+        controller
+    }
+
+    async fn start_worker(&mut self) {
+        assert!(self.worker.is_none());
+        let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+        let fixture = start_with(Phase::Ready, Arc::clone(&self.state), 0, credentials).await;
+        // As a worker does: a socket file left by the previous one goes first.
+        let _ = std::fs::remove_file(&self.socket);
+        let listener = tokio::net::UnixListener::bind(&self.socket).unwrap();
+        let launcher = Launcher {
+            pid: std::process::id(),
+            uid: rustix::process::geteuid().as_raw(),
+        };
+        let relay = tokio::spawn(relayed::serve(Arc::clone(&fixture.api), listener, launcher));
+        self.worker = Some((fixture, relay));
+    }
+
+    async fn kill_worker(&mut self) {
+        let (fixture, relay) = self.worker.take().expect("a worker runs");
+        relay.abort();
+        let _ = relay.await;
+        drop(fixture);
+    }
+}
+
+/// A client connection through the front door: its frames in, what it gets out.
+struct Client {
+    frames: mpsc::Sender<String>,
+    gets: mpsc::Receiver<ToClient>,
+    _served: tokio::task::JoinHandle<()>,
+}
+
+impl Client {
+    fn connect(door: &Arc<FrontDoor>) -> Client {
+        let (frames, from_client) = mpsc::channel(64);
+        let (to_client, gets) = mpsc::channel(64);
+        let door = Arc::clone(door);
+        let served = tokio::spawn(async move {
+            door.serve(
+                "127.0.0.1:40000".parse().unwrap(),
+                Some("127.0.0.1:17070".parse().unwrap()),
+                "/api".to_owned(),
+                from_client,
+                to_client,
+            )
+            .await;
+        });
+        Client {
+            frames,
+            gets,
+            _served: served,
+        }
+    }
+
+    async fn send(&self, request: Value) {
+        self.frames.send(request.to_string()).await.unwrap();
+    }
+
+    /// The next frame the client gets; a close fails the test.
+    async fn receive(&mut self) -> Value {
+        match tokio::time::timeout(Duration::from_secs(10), self.gets.recv()).await {
+            Ok(Some(ToClient::Frame(frame))) => serde_json::from_str(&frame).unwrap(),
+            Ok(other) => panic!("the connection was closed: {other:?}"),
+            Err(_) => panic!("no reply within 10 s"),
+        }
+    }
+
+    /// Nothing arrives for `quiet`.
+    async fn nothing_for(&mut self, quiet: Duration) {
+        if let Ok(got) = tokio::time::timeout(quiet, self.gets.recv()).await {
+            panic!("expected nothing, got {got:?}");
+        }
+    }
+
+    async fn call(&mut self, request: Value) -> Value {
+        let id = request["request-id"].clone();
+        self.send(request).await;
+        let reply = self.receive().await;
+        assert_eq!(reply["request-id"], id, "{reply}");
+        reply
+    }
+
+    async fn login(&mut self) {
+        let reply = self
+            .call(json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
+                "params": {"auth-tag": "user-admin", "credentials": PASSWORD, "client-version": "3.6.1"}}))
+            .await;
+        assert!(reply.get("error").is_none(), "{reply}");
+    }
+}
+
+fn door(controller: &Controller, wait_max: Duration) -> Arc<FrontDoor> {
+    Arc::new(FrontDoor::new(controller.socket.clone(), "0.1.0", wait_max))
+}
+
+fn full_status(request_id: u64) -> Value {
+    json!({"request-id": request_id, "type": "Client", "version": 8, "request": "FullStatus", "params": {}})
+}
+
+fn add_machine(request_id: u64) -> Value {
+    json!({"request-id": request_id, "type": "Client", "version": 8, "request": "AddMachines",
+           "params": {"params": [{"jobs": ["JobHostUnits"]}]}})
+}
+
+fn assert_served(reply: &Value) {
+    assert!(reply.get("error").is_none(), "{reply}");
+    assert!(reply["response"].is_object(), "{reply}");
+}
+
+#[tokio::test]
+async fn a_client_rides_through_worker_restarts_logged_in_on_the_same_connection() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let mut client = Client::connect(&door);
+    client.login().await;
+    assert_served(&client.call(full_status(2)).await);
+    for round in 0..3 {
+        controller.kill_worker().await;
+        controller.start_worker().await;
+        // No login again: the connection's login went to the new worker with `open`.
+        assert_served(&client.call(full_status(10 + round)).await);
+    }
+}
+
+#[tokio::test]
+async fn between_workers_a_ping_is_answered_a_write_refused_and_a_read_held_for_the_next_worker() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(30));
+    let mut client = Client::connect(&door);
+    client.login().await;
+    controller.kill_worker().await;
+
+    let ping = client
+        .call(json!({"request-id": 2, "type": "Pinger", "version": 1, "request": "Ping", "params": {}}))
+        .await;
+    assert_eq!(ping["response"], json!({}), "{ping}");
+    assert!(ping.get("error").is_none(), "{ping}");
+
+    let before = controller.state.revision();
+    let refused = client.call(add_machine(3)).await;
+    assert_eq!(refused["error"], "upgrade in progress", "{refused}");
+    assert_eq!(refused["error-code"], "upgrade in progress", "{refused}");
+    assert_eq!(refused["error-info"]["phase"], "restarting", "{refused}");
+    assert_eq!(
+        controller.state.revision(),
+        before,
+        "the write was not applied"
+    );
+
+    client.send(full_status(4)).await;
+    client.nothing_for(Duration::from_millis(300)).await;
+    controller.start_worker().await;
+    let reply = client.receive().await;
+    assert_eq!(reply["request-id"], 4, "{reply}");
+    assert_served(&reply);
+}
+
+#[tokio::test]
+async fn a_read_held_past_the_wait_bound_is_refused_as_upgrade_in_progress() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_millis(200));
+    let mut client = Client::connect(&door);
+    client.login().await;
+    controller.kill_worker().await;
+    let refused = client.call(full_status(2)).await;
+    assert_eq!(refused["error"], "upgrade in progress", "{refused}");
+    assert_eq!(refused["error-info"]["phase"], "restarting", "{refused}");
+    assert_eq!(refused["error-info"]["retry-after-ms"], 1000, "{refused}");
+}
+
+#[tokio::test]
+async fn a_write_the_worker_committed_and_died_on_is_answered_from_the_next_and_applied_once() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let mut client = Client::connect(&door);
+    client.login().await;
+    let before = controller.state.revision();
+
+    controller
+        .state
+        .stall_after_commit
+        .store(true, Ordering::SeqCst);
+    client.send(add_machine(2)).await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while controller.state.revision() == before {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the worker commits the write");
+    let committed = controller.state.revision();
+    // The worker dies between its commit and its reply.
+    controller.kill_worker().await;
+    controller
+        .state
+        .stall_after_commit
+        .store(false, Ordering::SeqCst);
+    controller.start_worker().await;
+
+    let reply = client.receive().await;
+    assert_eq!(reply["request-id"], 2, "{reply}");
+    assert_eq!(
+        reply["response"]["machines"].as_array().map(Vec::len),
+        Some(1),
+        "{reply}"
+    );
+    assert_eq!(controller.state.revision(), committed, "applied once");
+    client.nothing_for(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn a_next_in_flight_continues_on_the_next_worker_with_no_delta_lost_or_repeated() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let mut client = Client::connect(&door);
+    client.login().await;
+    let watch = client
+        .call(json!({"request-id": 2, "type": "Client", "version": 8, "request": "WatchAll", "params": {}}))
+        .await;
+    let id = watch["response"]["watcher-id"].as_str().unwrap().to_owned();
+    let next = |request_id: u64| json!({"request-id": request_id, "type": "AllWatcher", "version": 3, "id": id, "request": "Next"});
+    let snapshot = client.call(next(3)).await;
+    let delivered = snapshot["response"]["revision"].as_u64().unwrap();
+
+    // A Next waits for a change on the first worker; the worker dies; the change is made
+    // while no worker serves.
+    client.send(next(4)).await;
+    client.nothing_for(Duration::from_millis(200)).await;
+    controller.kill_worker().await;
+    let machine = controller
+        .state
+        .add_machine(Roles::of(&[Role::HostMachine]));
+    controller.start_worker().await;
+
+    let deltas = client.receive().await;
+    assert_eq!(deltas["request-id"], 4, "{deltas}");
+    let revisions: Vec<u64> = deltas["response"]["revisions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{deltas}"))
+        .iter()
+        .map(|revision| revision.as_u64().unwrap())
+        .collect();
+    assert!(
+        !revisions.is_empty() && revisions.iter().all(|r| *r > delivered),
+        "{deltas}"
+    );
+    let text = deltas["response"]["deltas"].to_string();
+    assert!(
+        text.contains(&format!("\"{machine}\"")),
+        "machine {machine} in {deltas}"
+    );
+    let reached = deltas["response"]["revision"].as_u64().unwrap();
+
+    // The next Next, on the second worker, starts after what was delivered: only new changes.
+    client.send(next(5)).await;
+    client.nothing_for(Duration::from_millis(200)).await;
+    controller
+        .state
+        .add_machine(Roles::of(&[Role::HostMachine]));
+    let more = client.receive().await;
+    let revisions: Vec<u64> = more["response"]["revisions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{more}"))
+        .iter()
+        .map(|revision| revision.as_u64().unwrap())
+        .collect();
+    assert!(
+        !revisions.is_empty() && revisions.iter().all(|r| *r > reached),
+        "{more}"
+    );
+}
