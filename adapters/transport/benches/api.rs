@@ -13,16 +13,13 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures_util::{SinkExt, StreamExt};
 use lockstep_core::Phase;
 use lockstep_core::gate::{self, Login};
 use lockstep_transport::server::{Api, ApiConfig, hash_password};
-use lockstep_transport::tls::{Credentials, client_config};
-use serde_json::{Value, json};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::tungstenite::Message;
+use lockstep_transport::tls::Credentials;
+use tokio::net::TcpListener;
 
 const CONNECTIONS: usize = 4;
 const CALLS: usize = 2_000;
@@ -54,56 +51,6 @@ impl Size {
             gate_calls_per_sample: GATE_CALLS_PER_SAMPLE / divisor,
         }
     }
-}
-
-async fn client(port: u16, ca: &str, calls: usize) -> Vec<Duration> {
-    let connector =
-        tokio_rustls::TlsConnector::from(client_config(ca, &[&rustls::version::TLS13]).unwrap());
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let stream = connector.connect(name, tcp).await.unwrap();
-    let url = format!("wss://localhost:{port}/api");
-    let (mut socket, _) = tokio_tungstenite::client_async(url, stream).await.unwrap();
-    let login = json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
-                       "params": {"auth-tag": "user-admin", "credentials": "bench"}});
-    socket
-        .send(Message::Text(login.to_string().into()))
-        .await
-        .unwrap();
-    let logged_in: Value = loop {
-        if let Message::Text(text) = socket.next().await.unwrap().unwrap() {
-            break serde_json::from_str(&text).unwrap();
-        }
-    };
-    assert!(
-        logged_in["response"]["server-version"].is_string(),
-        "{logged_in}"
-    );
-    let mut durations = Vec::with_capacity(calls);
-    for id in 2..calls + 2 {
-        let ping = json!({"request-id": id, "type": "Pinger", "version": 1, "request": "Ping"});
-        let started = Instant::now();
-        socket
-            .send(Message::Text(ping.to_string().into()))
-            .await
-            .unwrap();
-        let (text, elapsed) = loop {
-            if let Message::Text(text) = socket.next().await.unwrap().unwrap() {
-                break (text, started.elapsed());
-            }
-        };
-        durations.push(elapsed);
-        // Checked after the clock stopped: the check is not the server's time.
-        let reply: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(reply["request-id"], id, "{reply}");
-        assert!(reply.get("error").is_none(), "{reply}");
-    }
-    durations
-}
-
-fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -143,7 +90,7 @@ async fn main() {
         let clients: Vec<_> = (0..CONNECTIONS)
             .map(|_| {
                 let ca = credentials.ca_pem.clone();
-                tokio::spawn(async move { client(port, &ca, size.calls).await })
+                tokio::spawn(async move { common::ping_client(port, &ca, size.calls).await })
             })
             .collect();
         let mut all = Vec::new();
@@ -153,7 +100,10 @@ async fn main() {
         assert_eq!(all.len(), CONNECTIONS * size.calls);
         let elapsed = started.elapsed();
         all.sort();
-        let (p50, p99) = (percentile(&all, 0.5), percentile(&all, 0.99));
+        let (p50, p99) = (
+            common::percentile(&all, 0.5),
+            common::percentile(&all, 0.99),
+        );
         medians.push(p50);
         println!(
             "{round:>5} {:>9.0} {:>11.1} {:>9.1}",

@@ -185,6 +185,75 @@ impl FrontDoor {
         }
     }
 
+    /// Serves one client's websocket (after its TLS and HTTP upgrade, which are the
+    /// caller's) through [`FrontDoor::serve`]: text frames in, text frames and a close out.
+    /// A binary frame closes the connection (1003), as the worker's own server does.
+    pub async fn serve_websocket<S>(
+        &self,
+        socket: tokio_tungstenite::WebSocketStream<S>,
+        peer: SocketAddr,
+        reached: Option<SocketAddr>,
+        path: String,
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        use tokio_tungstenite::tungstenite::Message as Ws;
+        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+        let (mut sink, mut stream) = socket.split();
+        let (frames, from_client) = mpsc::channel::<String>(REQUESTS_IN_FLIGHT_MAX);
+        let (to_client, mut gets) =
+            mpsc::channel::<ToClient>(crate::connection::REPLIES_QUEUED_MAX);
+        let closing = to_client.clone();
+        let reader = async move {
+            while let Some(message) = stream.next().await {
+                match message {
+                    Ok(Ws::Text(text)) => {
+                        if frames.send(text.as_str().to_owned()).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(Ws::Binary(_)) => {
+                        let close = ToClient::Close {
+                            code: 1003,
+                            reason: "binary frames are not part of the API".to_owned(),
+                        };
+                        let _ = closing.send(close).await;
+                        break;
+                    }
+                    Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_)) => {}
+                    Ok(Ws::Close(_)) | Err(_) => break,
+                }
+            }
+        };
+        let writer = async move {
+            while let Some(message) = gets.recv().await {
+                match message {
+                    ToClient::Frame(frame) => {
+                        if sink.send(Ws::Text(frame.into())).await.is_err() {
+                            return;
+                        }
+                    }
+                    ToClient::Close { code, reason } => {
+                        let close = CloseFrame {
+                            code: CloseCode::from(code),
+                            reason: reason.into(),
+                        };
+                        let _ = sink.send(Ws::Close(Some(close))).await;
+                        return;
+                    }
+                }
+            }
+        };
+        let served = self.serve(peer, reached, path, from_client, to_client);
+        // The connection ends when the client goes (the reader ends, and with it the
+        // frames) or the front door closes it (the writer ends).
+        tokio::select! {
+            () = async { tokio::join!(reader, served); } => {}
+            () = writer => {}
+        }
+    }
+
     /// A client's frame: forwarded, held, or answered here (the answer returned).
     async fn client_sent(&self, connection: &mut Connection, frame: String) -> Option<String> {
         let request = match wire::decode(&frame) {

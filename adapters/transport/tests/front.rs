@@ -311,3 +311,43 @@ async fn a_next_in_flight_continues_on_the_next_worker_with_no_delta_lost_or_rep
         "{more}"
     );
 }
+
+#[tokio::test]
+async fn a_tls_websocket_client_rides_through_a_worker_restart_on_the_same_socket() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+    let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = front.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(credentials.server_config().unwrap());
+    let accepting = tokio::spawn(async move {
+        let (tcp, peer) = front.accept().await.unwrap();
+        let reached = tcp.local_addr().ok();
+        let tls = acceptor.accept(tcp).await.unwrap();
+        let socket = tokio_tungstenite::accept_async(tls).await.unwrap();
+        door.serve_websocket(socket, peer, reached, "/api".to_owned())
+            .await;
+    });
+    let connector = tokio_rustls::TlsConnector::from(
+        lockstep_transport::tls::client_config(&credentials.ca_pem, &[&rustls::version::TLS13])
+            .unwrap(),
+    );
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    let url = format!("wss://localhost:{port}/api");
+    let (mut socket, _) = tokio_tungstenite::client_async(url, stream).await.unwrap();
+    let logged_in = login(&mut socket).await;
+    assert!(logged_in.get("error").is_none(), "{logged_in}");
+
+    controller.kill_worker().await;
+    let ping = call(&mut socket, 2, "Pinger", 1, "Ping", json!({})).await;
+    assert_eq!(ping["response"], json!({}), "{ping}");
+    controller.start_worker().await;
+    let status = call(&mut socket, 3, "Client", 8, "FullStatus", json!({})).await;
+    assert_served(&status);
+    drop(socket);
+    accepting.await.unwrap();
+}

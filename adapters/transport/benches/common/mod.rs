@@ -6,6 +6,13 @@
 mod state;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use lockstep_transport::tls::client_config;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
 
 use async_trait::async_trait;
 use lockstep_core::Version;
@@ -64,4 +71,59 @@ pub fn state() -> Arc<FakeState> {
         agent_metadata_url: None,
         settings: serde_json::Map::new(),
     }))
+}
+
+/// One client on 127.0.0.1:`port`: TLS 1.3, the websocket at `/api`, a login as `admin`
+/// (password `bench`), then `calls` sequential `Pinger.Ping`, each reply checked after its
+/// round trip was timed. The round trips.
+#[allow(dead_code)]
+pub async fn ping_client(port: u16, ca: &str, calls: usize) -> Vec<Duration> {
+    let connector =
+        tokio_rustls::TlsConnector::from(client_config(ca, &[&rustls::version::TLS13]).unwrap());
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    let url = format!("wss://localhost:{port}/api");
+    let (mut socket, _) = tokio_tungstenite::client_async(url, stream).await.unwrap();
+    let login = json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
+                       "params": {"auth-tag": "user-admin", "credentials": "bench"}});
+    socket
+        .send(Message::Text(login.to_string().into()))
+        .await
+        .unwrap();
+    let logged_in: Value = loop {
+        if let Message::Text(text) = socket.next().await.unwrap().unwrap() {
+            break serde_json::from_str(&text).unwrap();
+        }
+    };
+    assert!(
+        logged_in["response"]["server-version"].is_string(),
+        "{logged_in}"
+    );
+    let mut durations = Vec::with_capacity(calls);
+    for id in 2..calls + 2 {
+        let ping = json!({"request-id": id, "type": "Pinger", "version": 1, "request": "Ping"});
+        let started = Instant::now();
+        socket
+            .send(Message::Text(ping.to_string().into()))
+            .await
+            .unwrap();
+        let (text, elapsed) = loop {
+            if let Message::Text(text) = socket.next().await.unwrap().unwrap() {
+                break (text, started.elapsed());
+            }
+        };
+        durations.push(elapsed);
+        // Checked after the clock stopped: the check is not the server's time.
+        let reply: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(reply["request-id"], id, "{reply}");
+        assert!(reply.get("error").is_none(), "{reply}");
+    }
+    durations
+}
+
+#[allow(dead_code)]
+pub fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
 }

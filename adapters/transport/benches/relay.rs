@@ -1,0 +1,180 @@
+//! What the relay adds to a call: the same clients, side by side in one process, against a
+//! worker's API directly and through the front door (TLS and the websocket in front, then
+//! the relay over a unix socket to the same API).
+//!
+//! Run: `cargo bench -p lockstep-transport --bench relay`. Each round runs `CONNECTIONS`
+//! clients of `CALLS` sequential `Pinger.Ping` (logged in, each reply checked) against the
+//! direct port, then against the front door's; rounds alternate so that a noisy neighbour
+//! hits both. Prints per round calls per second (of the calls alone: connecting and the
+//! login's argon2 check are left out) and p50/p99, then the medians over rounds
+//! and, last, the front door's throughput as a ratio of the direct one and its added p50.
+//! Issue 19's targets: ratio at least 0.8, at most 30 µs added at p50.
+//!
+//! The front door here is `FrontDoor::serve_websocket` behind a plain TLS accept loop; the
+//! launcher's admission limits are not in front of it (nor in front of the direct port,
+//! which is served by `Api::serve` with its admission). `LOCKSTEP_BENCH_QUICK=1`: one round
+//! of a tenth of the calls, the same paths and checks (CI runs it).
+#![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockstep_core::Phase;
+use lockstep_transport::front::FrontDoor;
+use lockstep_transport::relay;
+use lockstep_transport::relayed::{self, Launcher};
+use lockstep_transport::server::{Api, ApiConfig, hash_password};
+use lockstep_transport::tls::Credentials;
+use tokio::net::TcpListener;
+
+const CONNECTIONS: usize = 4;
+const CALLS: usize = 2_000;
+const ROUNDS: usize = 5;
+
+struct Round {
+    calls_per_second: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// One round. Throughput counts the calls only: the clients call concurrently, so the
+/// calls took as long as the slowest client's round trips together (its connection and
+/// login, an argon2 check, are left out).
+async fn round(port: u16, ca: &str, calls: usize) -> Round {
+    let clients: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let ca = ca.to_owned();
+            tokio::spawn(async move { common::ping_client(port, &ca, calls).await })
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for handle in clients {
+        let durations = handle.await.unwrap();
+        slowest = slowest.max(durations.iter().sum());
+        all.extend(durations);
+    }
+    assert_eq!(all.len(), CONNECTIONS * calls);
+    all.sort();
+    Round {
+        calls_per_second: all.len() as f64 / slowest.as_secs_f64(),
+        p50: common::percentile(&all, 0.5),
+        p99: common::percentile(&all, 0.99),
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+    let (rounds, calls) = if quick {
+        (1, CALLS / 10)
+    } else {
+        (ROUNDS, CALLS)
+    };
+    let credentials = Credentials::generate("bench", &[]).unwrap();
+    let (_gate, gate_view) = tokio::sync::watch::channel(common::view(Phase::Ready));
+    let api = Api::new(
+        ApiConfig {
+            model_uuid: "bench".into(),
+            controller_uuid: "bench".into(),
+            users: vec![("admin".into(), hash_password("bench"))],
+            ..ApiConfig::default()
+        },
+        gate_view,
+        common::state(),
+        Arc::new(common::Idle),
+    );
+
+    // The worker: its own port, and the relay socket.
+    let direct = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let direct_port = direct.local_addr().unwrap().port();
+    let server = tokio::spawn(Arc::clone(&api).serve(direct, credentials.server_config().unwrap()));
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join(relay::SOCKET_NAME);
+    let launcher = Launcher {
+        pid: std::process::id(),
+        uid: rustix::process::geteuid().as_raw(),
+    };
+    let relay_server = tokio::spawn(relayed::serve(
+        Arc::clone(&api),
+        tokio::net::UnixListener::bind(&socket).unwrap(),
+        launcher,
+    ));
+
+    // The front door: TLS and the websocket, then the relay.
+    let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let front_port = front.local_addr().unwrap().port();
+    let door = Arc::new(FrontDoor::new(socket, "bench", Duration::from_secs(30)));
+    let acceptor = tokio_rustls::TlsAcceptor::from(credentials.server_config().unwrap());
+    let front_server = tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = front.accept().await.unwrap();
+            tcp.set_nodelay(true).unwrap();
+            let reached = tcp.local_addr().ok();
+            let (acceptor, door) = (acceptor.clone(), Arc::clone(&door));
+            tokio::spawn(async move {
+                let tls = acceptor.accept(tcp).await.unwrap();
+                let socket = tokio_tungstenite::accept_async(tls).await.unwrap();
+                door.serve_websocket(socket, peer, reached, "/api".to_owned())
+                    .await;
+            });
+        }
+    });
+
+    println!(
+        "lockstep-transport relay bench{}: {CONNECTIONS} connections x {calls} sequential \
+         Pinger.Ping over TLS 1.3, direct to the API and through the front door, {rounds} \
+         rounds alternating",
+        if quick {
+            " (quick: LOCKSTEP_BENCH_QUICK)"
+        } else {
+            ""
+        },
+    );
+    println!("round  path      calls/s      p50 µs    p99 µs");
+    let (mut direct_rounds, mut front_rounds) = (Vec::new(), Vec::new());
+    for number in 1..=rounds {
+        for (name, port, results) in [
+            ("direct", direct_port, &mut direct_rounds),
+            ("front", front_port, &mut front_rounds),
+        ] {
+            let measured = round(port, &credentials.ca_pem, calls).await;
+            println!(
+                "{number:>5}  {name:<7} {:>9.0} {:>11.1} {:>9.1}",
+                measured.calls_per_second,
+                measured.p50.as_secs_f64() * 1e6,
+                measured.p99.as_secs_f64() * 1e6
+            );
+            results.push(measured);
+        }
+    }
+    server.abort();
+    relay_server.abort();
+    front_server.abort();
+
+    let summary = |rounds: &[Round]| {
+        (
+            median(rounds.iter().map(|r| r.calls_per_second).collect()),
+            median(rounds.iter().map(|r| r.p50.as_secs_f64() * 1e6).collect()),
+            median(rounds.iter().map(|r| r.p99.as_secs_f64() * 1e6).collect()),
+        )
+    };
+    let (direct_rate, direct_p50, direct_p99) = summary(&direct_rounds);
+    let (front_rate, front_p50, front_p99) = summary(&front_rounds);
+    println!(
+        "median direct {direct_rate:.0} calls/s, p50 {direct_p50:.1} µs, p99 {direct_p99:.1} µs"
+    );
+    println!("median front  {front_rate:.0} calls/s, p50 {front_p50:.1} µs, p99 {front_p99:.1} µs");
+    println!(
+        "ratio front door / direct throughput: {:.2}; p50 added: {:.1} µs",
+        front_rate / direct_rate,
+        front_p50 - direct_p50
+    );
+}
