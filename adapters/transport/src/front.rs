@@ -34,6 +34,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
+use axum::http;
+
 use crate::connection::REQUESTS_IN_FLIGHT_MAX;
 use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError, WatcherPosition};
 use crate::wire::{self, Framing, WireError};
@@ -252,6 +254,115 @@ impl FrontDoor {
             () = async { tokio::join!(reader, served); } => {}
             () = writer => {}
         }
+    }
+
+    /// Relays one plain HTTP request (the tools and charms endpoints, the probes, the
+    /// metrics) to the worker on a stream of its own, and returns the worker's response,
+    /// its body streamed. A `GET` or `HEAD` whose response head did not come (no worker,
+    /// or it went) is sent again to the next worker for up to [`FrontDoor::wait_max`];
+    /// any other request is answered `503 Service Unavailable` with `Retry-After`, since
+    /// it may have been applied.
+    pub async fn http(
+        &self,
+        request: http::Request<axum::body::Body>,
+        peer: SocketAddr,
+        reached: Option<SocketAddr>,
+    ) -> axum::response::Response {
+        let idempotent = matches!(*request.method(), http::Method::GET | http::Method::HEAD);
+        let deadline = Instant::now() + self.wait_max;
+        let (parts, body) = request.into_parts();
+        let mut body = Some(body);
+        loop {
+            let mut again = http::Request::builder()
+                .method(parts.method.clone())
+                .uri(parts.uri.clone())
+                .version(parts.version);
+            if let Some(headers) = again.headers_mut() {
+                headers.clone_from(&parts.headers);
+            }
+            let again = again
+                .body(body.take().unwrap_or_else(axum::body::Body::empty))
+                .expect("a request rebuilt from a valid one");
+            match self.http_once(again, peer, reached).await {
+                Ok(response) => return response,
+                Err(error) if idempotent && Instant::now() < deadline => {
+                    tracing::debug!(target: "lockstep::front", %error, "no worker for an HTTP request yet");
+                    tokio::time::sleep(RETRY_INTERVAL).await;
+                }
+                Err(error) => {
+                    tracing::debug!(target: "lockstep::front", %error, "HTTP request not relayed");
+                    let body = "lockstep: the controller is restarting; retry\n";
+                    return http::Response::builder()
+                        .status(http::StatusCode::SERVICE_UNAVAILABLE)
+                        .header(http::header::RETRY_AFTER, "1")
+                        .header(http::header::CONTENT_TYPE, "text/plain")
+                        .body(axum::body::Body::from(body))
+                        .expect("a valid response");
+                }
+            }
+        }
+    }
+
+    async fn http_once(
+        &self,
+        request: http::Request<axum::body::Body>,
+        peer: SocketAddr,
+        reached: Option<SocketAddr>,
+    ) -> Result<axum::response::Response, RelayError> {
+        let failed = |what: &str| {
+            let what = what.to_owned();
+            move |error: std::io::Error| RelayError(format!("{what}: {error}"))
+        };
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(failed("connecting to the worker"))?;
+        let (reader, writer) = stream.into_split();
+        let mut relay = Relay {
+            frames: FramedRead::new(reader, relay::framing_to_launcher()),
+            sink: FramedWrite::new(writer, relay::framing_to_worker()),
+        };
+        relay
+            .send(&Message::Hello(Hello {
+                versions: relay::VERSIONS.to_vec(),
+                launcher: self.launcher.clone(),
+                boot: self.boot.clone(),
+            }))
+            .await?;
+        match next_message(&mut Some(&mut relay)).await? {
+            Some(Message::Welcome(_)) => {}
+            other => {
+                return Err(RelayError(format!(
+                    "the worker answered hello with {other:?}"
+                )));
+            }
+        }
+        relay
+            .send(&Message::Http(relay::HttpOpen {
+                connection: self.connections.fetch_add(1, Ordering::Relaxed),
+                peer,
+                reached,
+            }))
+            .await?;
+        let parts = relay.frames.into_parts();
+        if !parts.read_buf.is_empty() {
+            return Err(RelayError(
+                "the worker sent more than welcome before the request".to_owned(),
+            ));
+        }
+        let stream = parts
+            .io
+            .reunite(relay.sink.into_inner())
+            .map_err(|error| RelayError(format!("rejoining the stream: {error}")))?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|error| RelayError(format!("HTTP to the worker: {error}")))?;
+        tokio::spawn(connection);
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|error| RelayError(format!("HTTP to the worker: {error}")))?;
+        Ok(response.map(axum::body::Body::new))
     }
 
     /// A client's frame: forwarded, held, or answered here (the answer returned).

@@ -20,7 +20,7 @@
 //!   operation-id stamp. Pure.
 //! - [`front`]: the launcher's side of it: one client connection held across every
 //!   restart of the worker, its unanswered calls sent again to the next one, and calls
-//!   between two workers decided by the core's gate.
+//!   between two workers decided by the core's gate; plain HTTP requests relayed.
 //! - [`relayed`]: the worker's side of it: connections the launcher holds, served over a
 //!   unix socket, their logins and watchers carried over from the previous worker.
 //! - [`client`]: lockstep's own client, which retries through upgrades, waits for Ready by

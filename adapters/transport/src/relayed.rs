@@ -8,9 +8,12 @@
 //! a `reply` with what the launcher keeps: the login after `Admin.Login`, a watcher's
 //! position after `Client.WatchAll`, `AllWatcher.Next` and `AllWatcher.Stop`.
 //!
+//! After `http` instead of `open`, the stream carries plain HTTP/1.1 from the launcher's
+//! client (the tools and charms endpoints, the probes, the metrics), served by the API's
+//! router as on its own port.
+//!
 //! Admission (slots, metering, deadlines) is the launcher's, which owns the client's socket;
-//! a relayed session holds no slot here. The plain-HTTP stream of the spec is not served
-//! yet: its `http` message is answered by closing the stream.
+//! a relayed session holds no slot here.
 
 use std::sync::Arc;
 
@@ -120,14 +123,77 @@ async fn stream_served(api: Arc<Api>, stream: UnixStream) -> Result<(), RelayErr
     write(&mut sink, &Message::Welcome(welcome)).await?;
     match read(&mut frames).await? {
         Some(Message::Open(open)) => connection(api, open, frames, sink).await,
-        Some(Message::Http(_)) => Err(RelayError(
-            "plain HTTP over the relay is not served yet".to_owned(),
-        )),
+        Some(Message::Http(_)) => http(api, frames, sink).await,
         Some(other) => Err(RelayError(format!(
             "expected open or http after welcome, got {}",
             name(&other)
         ))),
         None => Ok(()),
+    }
+}
+
+/// Serves HTTP/1.1 on the rest of the stream: what the launcher sent after `http` may be
+/// in the frame reader's buffer already, so it is read first.
+async fn http(api: Arc<Api>, frames: Frames, sink: Sink) -> Result<(), RelayError> {
+    let parts = frames.into_parts();
+    let stream = parts
+        .io
+        .reunite(sink.into_inner())
+        .map_err(|error| RelayError(format!("rejoining the stream: {error}")))?;
+    let io = Prefixed {
+        prefix: parts.read_buf.freeze(),
+        io: stream,
+    };
+    let service = hyper_util::service::TowerToHyperService::new(api.router());
+    hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .await
+        .map_err(|error| RelayError(format!("serving HTTP: {error}")))
+}
+
+/// A stream whose first bytes were already read into `prefix`.
+struct Prefixed {
+    prefix: tokio_util::bytes::Bytes,
+    io: UnixStream,
+}
+
+impl tokio::io::AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let head = self.prefix.split_to(n);
+            buf.put_slice(&head);
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -351,3 +351,50 @@ async fn a_tls_websocket_client_rides_through_a_worker_restart_on_the_same_socke
     drop(socket);
     accepting.await.unwrap();
 }
+
+async fn http_get(door: &FrontDoor, path: &str) -> (u16, String) {
+    let request = axum::http::Request::get(path)
+        .header("host", "localhost")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = door
+        .http(request, "127.0.0.1:40000".parse().unwrap(), None)
+        .await;
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn plain_http_is_relayed_a_get_waits_for_the_next_worker_and_a_post_is_refused_between() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let (status, body) = http_get(&door, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http_get(&door, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("lockstep_phase{phase=\"ready\"} 1"), "{body}");
+
+    controller.kill_worker().await;
+    let post = axum::http::Request::post(format!("/model/{MODEL_UUID}/charms?series=jammy"))
+        .header("host", "localhost")
+        .body(axum::body::Body::from("not a zip"))
+        .unwrap();
+    let refused = door
+        .http(post, "127.0.0.1:40000".parse().unwrap(), None)
+        .await;
+    assert_eq!(refused.status().as_u16(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+
+    let waiting = {
+        let door = Arc::clone(&door);
+        tokio::spawn(async move { http_get(&door, "/livez").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a GET waits for the next worker");
+    controller.start_worker().await;
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+}
