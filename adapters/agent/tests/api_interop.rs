@@ -179,6 +179,11 @@ impl HeldBootstrap {
     }
 
     fn start(mirror: Mirror, back: HoldBack) -> HeldBootstrap {
+        HeldBootstrap::start_with(mirror, back, &[])
+    }
+
+    /// [`HeldBootstrap::start`], with `env` for bootstrap and the lockstepd it starts.
+    fn start_with(mirror: Mirror, back: HoldBack, env: &[(&str, &str)]) -> HeldBootstrap {
         let served = HttpMirror::serve_holding(mirror.path(), Duration::ZERO, back);
         let dir = tempfile::tempdir().expect("a temporary directory");
         let data_dir = dir.path().join("controller");
@@ -189,7 +194,8 @@ impl HeldBootstrap {
                 .env("JUJU_DATA", common::juju_data_beside(&data_dir))
                 .args(["bootstrap", "--api-port", "0", "--timeout", "180"])
                 .args(["--auto-upgrade", "--metadata-source", &served.tools_url()])
-                .args(["--metadata-key", &mirror.key()]),
+                .args(["--metadata-key", &mirror.key()])
+                .envs(env.iter().copied()),
             dir.path(),
             "bootstrap",
         );
@@ -319,6 +325,73 @@ async fn libjuju_connects_reads_and_watches_while_bootstrap_auto_upgrades_and_it
         config["config"]["logging-config"]["value"], "<root>=DEBUG",
         "{config:#}"
     );
+}
+
+/// The seed's deployer, behind the front door (`LOCKSTEPD_FRONT_DOOR=true`): jujuclient logs
+/// in while `bootstrap --auto-upgrade` holds the controller `upgrading`, reads, and resends
+/// its refused `AddMachines`; the test releases the new binary, the worker restarts into it
+/// (a new process, the launcher the same), and jujuclient, which never reconnects, rides
+/// through on its one connection: its write is applied exactly once on the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_the_front_door_jujuclient_rides_through_a_self_upgrade_and_its_write_lands_once() {
+    tokio::task::spawn_blocking(python::python).await.unwrap();
+    let mut held = HeldBootstrap::start_with(
+        Mirror::n_and_next(Published::Lockstepd),
+        HoldBack::Binary(lockstep_agent::datadir::host_binary(next()).to_string()),
+        &[("LOCKSTEPD_FRONT_DOOR", "true")],
+    );
+    held.wait_held_in("upgrading").await;
+    let old_worker = held.controller.worker_pid().expect("a worker runs");
+    let launcher = held.controller.launcher_pid().expect("a launcher runs");
+
+    let mut client = start_client("jujuclient_retries.py", &held.controller, &[]);
+    let started = Instant::now();
+    while rejections(&metrics(&held.controller).await, "Client") < 2 {
+        assert!(
+            client.running(),
+            "jujuclient exited while the controller was upgrading"
+        );
+        assert!(
+            started.elapsed() < BOUND,
+            "jujuclient's write was not refused twice within {BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    held.release().await;
+    let seen = json_line(&client.finish().await);
+
+    assert_eq!(seen["limited_status_model"], "controller", "{seen}");
+    assert_eq!(seen["added_machine"], "1", "{seen}");
+    assert_eq!(seen["machines"], json!(["0", "1"]), "{seen}");
+    assert_eq!(seen["logging_config"], "<root>=DEBUG", "{seen}");
+    // The worker was replaced by the new version's; the launcher, holding the connection,
+    // was not.
+    let status = held.controller.status().await;
+    assert_eq!(
+        (&status["phase"], &status["agent-version"]),
+        (&json!("ready"), &json!(next().to_string())),
+        "{status:#}"
+    );
+    assert_eq!(held.controller.launcher_pid(), Some(launcher));
+    let exe = held
+        .controller
+        .serving_exe()
+        .expect("the worker's executable");
+    assert!(
+        exe.starts_with(held.controller.binary_dir(next())),
+        "the worker runs {}",
+        exe.display()
+    );
+    // The worker re-executed itself (`--restart=exec`, the default: the same pid, the new
+    // binary), so its relay streams closed under the launcher.
+    assert_eq!(held.controller.worker_pid(), Some(old_worker));
+    let log = held.controller.log();
+    assert!(log.contains("re-executing"), "{log}");
+    // Applied once: one machine added, however many times jujuclient sent it.
+    let full = held.controller.full_status().await;
+    let machines: Vec<&String> = full["machines"].as_object().unwrap().keys().collect();
+    assert_eq!(machines, ["0", "1"], "{full:#}");
+    assert!(seen["add_machines_sends"].as_u64().unwrap() >= 3, "{seen}");
 }
 
 /// python-jujuclient's deployer work by explicit endpoint against a Ready lockstepd.

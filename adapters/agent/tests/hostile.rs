@@ -12,7 +12,7 @@
 #![allow(clippy::print_stderr)]
 
 #[path = "common/hostile.rs"]
-mod loads;
+pub(crate) mod loads;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

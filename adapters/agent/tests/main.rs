@@ -29,6 +29,7 @@ mod datadir;
 mod e2e;
 #[cfg(feature = "etcd")]
 mod etcd_security;
+mod front_door;
 mod hostile;
 mod juju_data;
 mod launcher;

@@ -122,7 +122,7 @@ async fn main() {
             tokio::spawn(async move {
                 let tls = acceptor.accept(tcp).await.unwrap();
                 let socket = tokio_tungstenite::accept_async(tls).await.unwrap();
-                door.serve_websocket(socket, peer, reached, "/api".to_owned())
+                door.serve_websocket(socket, peer, reached, "/api".to_owned(), None)
                     .await;
             });
         }

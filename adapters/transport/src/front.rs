@@ -36,6 +36,9 @@ use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use axum::http;
 
+use std::sync::Arc;
+
+use crate::admission::{Admitted, Connections};
 use crate::connection::REQUESTS_IN_FLIGHT_MAX;
 use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError, WatcherPosition};
 use crate::wire::{self, Framing, WireError};
@@ -87,6 +90,10 @@ impl FrontDoor {
 
     /// Serves one client connection until the client closes it (`from_client` ends), the
     /// worker closes it, or no worker speaks this launcher's relay version.
+    ///
+    /// `on_login` is called when the worker first reports the connection logged in (the
+    /// launcher's admission moves it out of the strangers' slots); if it answers `false`
+    /// (the slot was closed meanwhile), the connection ends.
     pub async fn serve(
         &self,
         peer: SocketAddr,
@@ -94,6 +101,7 @@ impl FrontDoor {
         path: String,
         mut from_client: mpsc::Receiver<String>,
         to_client: mpsc::Sender<ToClient>,
+        mut on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
     ) {
         let mut connection = Connection {
             number: self.connections.fetch_add(1, Ordering::Relaxed),
@@ -147,6 +155,12 @@ impl FrontDoor {
                 }
                 message = next_message(&mut connection.relay) => match message {
                     Ok(Some(Message::Reply(reply))) => {
+                        if reply.login.is_some()
+                            && let Some(hook) = on_login.take()
+                            && !hook()
+                        {
+                            return;
+                        }
                         let frame = connection.replied(reply);
                         if to_client.send(ToClient::Frame(frame)).await.is_err() {
                             return;
@@ -190,12 +204,17 @@ impl FrontDoor {
     /// Serves one client's websocket (after its TLS and HTTP upgrade, which are the
     /// caller's) through [`FrontDoor::serve`]: text frames in, text frames and a close out.
     /// A binary frame closes the connection (1003), as the worker's own server does.
+    ///
+    /// `admitted` is the connection's slot in the launcher's admission, held until the
+    /// websocket ends: it is told of the login, and closing it (a deadline, a cap) closes
+    /// the websocket with the reason.
     pub async fn serve_websocket<S>(
         &self,
         socket: tokio_tungstenite::WebSocketStream<S>,
         peer: SocketAddr,
         reached: Option<SocketAddr>,
         path: String,
+        admitted: Option<(Arc<Connections>, Arc<Admitted>)>,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -247,13 +266,132 @@ impl FrontDoor {
                 }
             }
         };
-        let served = self.serve(peer, reached, path, from_client, to_client);
+        let closed = admitted
+            .as_ref()
+            .map_or_else(tokio_util::sync::CancellationToken::new, |(_, admitted)| {
+                admitted.ticket.closed.clone()
+            });
+        let on_login = admitted.clone().map(|(connections, admitted)| {
+            Box::new(move || connections.logged_in(&admitted.ticket))
+                as Box<dyn FnOnce() -> bool + Send>
+        });
+        let served = self.serve(peer, reached, path, from_client, to_client, on_login);
         // The connection ends when the client goes (the reader ends, and with it the
-        // frames) or the front door closes it (the writer ends).
+        // frames), the front door closes it (the writer ends), or its slot is closed.
         tokio::select! {
             () = async { tokio::join!(reader, served); } => {}
             () = writer => {}
+            () = closed.cancelled() => {
+                if let Some(reason) = admitted.as_ref().and_then(|(_, admitted)| admitted.ticket.reason()) {
+                    tracing::debug!(target: "lockstep::front", %peer, %reason, "connection closed by the launcher");
+                }
+            }
         }
+    }
+
+    /// The launcher's routes: the API's websocket paths (`/`, `/api`,
+    /// `/model/<uuid>/api`) served through [`FrontDoor::serve_websocket`], anything else
+    /// relayed as plain HTTP ([`FrontDoor::http`]). Served by
+    /// [`crate::server::serve_connections`], which admits each connection.
+    pub fn router(self: &Arc<Self>, connections: Arc<Connections>) -> axum::Router {
+        let websocket = {
+            let (door, connections) = (Arc::clone(self), Arc::clone(&connections));
+            move |request: http::Request<axum::body::Body>| {
+                let (door, connections) = (Arc::clone(&door), Arc::clone(&connections));
+                async move { door.upgrade(request, connections) }
+            }
+        };
+        let plain = {
+            let door = Arc::clone(self);
+            move |request: http::Request<axum::body::Body>| {
+                let door = Arc::clone(&door);
+                async move {
+                    let peer = request.extensions().get::<Arc<Admitted>>().map_or_else(
+                        || "0.0.0.0:0".parse().expect("an address"),
+                        |admitted| admitted.ticket.peer,
+                    );
+                    let reached = request
+                        .extensions()
+                        .get::<crate::server::ServerAddress>()
+                        .map(|address| address.0);
+                    door.http(request, peer, reached).await
+                }
+            }
+        };
+        axum::Router::new()
+            .route("/", axum::routing::get(websocket.clone()))
+            .route("/api", axum::routing::get(websocket.clone()))
+            .route("/model/{uuid}/api", axum::routing::get(websocket))
+            .fallback(plain)
+    }
+
+    /// Answers a websocket upgrade (RFC 6455's handshake, as tungstenite computes it) and
+    /// serves the upgraded connection in a task of its own.
+    fn upgrade(
+        self: Arc<Self>,
+        mut request: http::Request<axum::body::Body>,
+        connections: Arc<Connections>,
+    ) -> axum::response::Response {
+        use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+        use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+        let bad = |why: &str| {
+            http::Response::builder()
+                .status(http::StatusCode::BAD_REQUEST)
+                .body(axum::body::Body::from(format!("lockstep: {why}\n")))
+                .expect("a valid response")
+        };
+        let headers = request.headers();
+        let upgrade = headers
+            .get(http::header::UPGRADE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.eq_ignore_ascii_case("websocket"));
+        let Some(key) = headers.get(http::header::SEC_WEBSOCKET_KEY) else {
+            return bad("the API is a websocket: Sec-WebSocket-Key is missing");
+        };
+        if !upgrade {
+            return bad("the API is a websocket: Upgrade: websocket is missing");
+        }
+        let accept = derive_accept_key(key.as_bytes());
+        let Some(on_upgrade) = request
+            .extensions_mut()
+            .remove::<hyper::upgrade::OnUpgrade>()
+        else {
+            return bad("this connection cannot be upgraded");
+        };
+        let peer = request.extensions().get::<Arc<Admitted>>().map_or_else(
+            || "0.0.0.0:0".parse().expect("an address"),
+            |admitted| admitted.ticket.peer,
+        );
+        let admitted = request.extensions().get::<Arc<Admitted>>().cloned();
+        let reached = request
+            .extensions()
+            .get::<crate::server::ServerAddress>()
+            .map(|address| address.0);
+        let path = request.uri().path().to_owned();
+        tokio::spawn(async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let mut config = WebSocketConfig::default();
+            config.max_message_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
+            config.max_frame_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
+            let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                hyper_util::rt::TokioIo::new(upgraded),
+                Role::Server,
+                Some(config),
+            )
+            .await;
+            let admitted = admitted.map(|admitted| (connections, admitted));
+            self.serve_websocket(socket, peer, reached, path, admitted)
+                .await;
+        });
+        http::Response::builder()
+            .status(http::StatusCode::SWITCHING_PROTOCOLS)
+            .header(http::header::CONNECTION, "upgrade")
+            .header(http::header::UPGRADE, "websocket")
+            .header(http::header::SEC_WEBSOCKET_ACCEPT, accept)
+            .body(axum::body::Body::empty())
+            .expect("a valid response")
     }
 
     /// Relays one plain HTTP request (the tools and charms endpoints, the probes, the

@@ -15,7 +15,7 @@
 //! - [`wire`]: both generations of Juju's framing, as pure decode/encode functions; the
 //!   advertised API level ([`wire::SERVER_VERSION`]).
 //! - [`tls`]: the controller's CA and server certificate; TLS 1.2 and 1.3 on ring.
-//! - [`relay`]: the protocol by which the launcher will hand the clients' connections to
+//! - [`relay`]: the protocol by which the launcher hands the clients' connections to
 //!   the current worker (`spec/relay.md`): messages, bounds, version negotiation, the
 //!   operation-id stamp. Pure.
 //! - [`front`]: the launcher's side of it: one client connection held across every
@@ -56,11 +56,11 @@
 //! - [`api`]: what every connection shares.
 //!
 //! A module uses only modules to its right in this chain (within parentheses, only those
-//! after it), so there is no import circle: `server`, `front`, `relayed` → `connection` → `route` → `facade`
-//! → (`charms_endpoint`, `auth` → `api` → `session`) → (`logins`, `tools_endpoint` →
-//! `tools`, `probes`, `served`) → `admission` → `limits` → (`state` → `charm`, `backend`)
-//! → `wire`; `client` uses `tls` and `wire` only; `relay` uses `wire` only, and only
-//! `front` and `relayed` use `relay`.
+//! after it), so there is no import circle: (`front`, `relayed`) → `server` →
+//! `connection` → `route` → `facade` → (`charms_endpoint`, `auth` → `api` → `session`) →
+//! (`logins`, `tools_endpoint` → `tools`, `probes`, `served`) → `admission` → `limits` →
+//! (`state` → `charm`, `backend`) → `wire`; `client` uses `tls` and `wire` only; `relay`
+//! uses `wire` only, and only `front` and `relayed` use `relay`.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].

@@ -83,6 +83,25 @@ pub async fn serve(api: Arc<Api>, listener: tokio::net::UnixListener, launcher: 
     }
 }
 
+impl Api {
+    /// Serves the connections the launcher relays ([`serve`]) instead of a port of its own.
+    /// `address` is where clients reach the controller (the URLs of agent binaries point
+    /// there) and `ca_pem` the controller's CA, which `Controller.ControllerAPIInfoForModels`
+    /// hands out: on its own port the API learns both from its socket and its first TLS
+    /// handshake.
+    pub async fn serve_relayed(
+        self: Arc<Api>,
+        listener: tokio::net::UnixListener,
+        launcher: Launcher,
+        address: Option<std::net::SocketAddr>,
+        ca_pem: String,
+    ) {
+        *self.address.lock().expect("not poisoned") = address;
+        let _ = self.ca.set(ca_pem);
+        serve(self, listener, launcher).await;
+    }
+}
+
 type Frames = FramedRead<OwnedReadHalf, LengthDelimitedCodec>;
 type Sink = FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>;
 
@@ -123,7 +142,7 @@ async fn stream_served(api: Arc<Api>, stream: UnixStream) -> Result<(), RelayErr
     write(&mut sink, &Message::Welcome(welcome)).await?;
     match read(&mut frames).await? {
         Some(Message::Open(open)) => connection(api, open, frames, sink).await,
-        Some(Message::Http(_)) => http(api, frames, sink).await,
+        Some(Message::Http(open)) => http(api, open, frames, sink).await,
         Some(other) => Err(RelayError(format!(
             "expected open or http after welcome, got {}",
             name(&other)
@@ -134,7 +153,12 @@ async fn stream_served(api: Arc<Api>, stream: UnixStream) -> Result<(), RelayErr
 
 /// Serves HTTP/1.1 on the rest of the stream: what the launcher sent after `http` may be
 /// in the frame reader's buffer already, so it is read first.
-async fn http(api: Arc<Api>, frames: Frames, sink: Sink) -> Result<(), RelayError> {
+async fn http(
+    api: Arc<Api>,
+    open: relay::HttpOpen,
+    frames: Frames,
+    sink: Sink,
+) -> Result<(), RelayError> {
     let parts = frames.into_parts();
     let stream = parts
         .io
@@ -144,7 +168,11 @@ async fn http(api: Arc<Api>, frames: Frames, sink: Sink) -> Result<(), RelayErro
         prefix: parts.read_buf.freeze(),
         io: stream,
     };
-    let service = hyper_util::service::TowerToHyperService::new(api.router());
+    // The client's address, for the failed-login throttle of HTTP logins.
+    let router = api
+        .router()
+        .layer(axum::Extension(crate::server::RelayedPeer(open.peer)));
+    let service = hyper_util::service::TowerToHyperService::new(router);
     hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(io), service)
         .await

@@ -35,7 +35,7 @@ use lockstep_core::gate::Login;
 /// The address a connection reached this server on: where the URLs of agent binaries
 /// handed to that client point.
 #[derive(Clone, Copy, Debug)]
-struct ServerAddress(SocketAddr);
+pub struct ServerAddress(pub SocketAddr);
 
 impl Api {
     /// The HTTP routes: the websocket endpoints, the tools endpoint and the probes.
@@ -63,84 +63,109 @@ impl Api {
     pub async fn serve(self: Arc<Api>, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
         let local = listener.local_addr().ok();
         *self.address.lock().expect("not poisoned") = local;
-        let acceptor = tokio_rustls::TlsAcceptor::from(recording_ca(&self, tls));
+        let tls = recording_ca(&self, tls);
         let router = self.router();
-        let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSALS_IN_PROGRESS_MAX));
-        let mut connections = tokio::task::JoinSet::new();
-        let _closes_all = CloseAllOnDrop(Arc::clone(&self.connections));
-        let mut refusal_log = RefusalLog::default();
-        loop {
-            while connections.try_join_next().is_some() {}
-            let (tcp, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: keep serving the others.
-                    tracing::warn!(target: "lockstep::api", %error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            // A new connection gets small writes in a row (the TLS session tickets, the
-            // websocket handshake, replies): with Nagle's algorithm each waits for the
-            // client's ACK of the one before, which Linux delays by 40 ms.
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::debug!(target: "lockstep::api", %peer, %error, "cannot set TCP_NODELAY");
+        serve_connections(
+            listener,
+            tls,
+            Arc::clone(&self.connections),
+            self.config.limits.clone(),
+            router,
+        )
+        .await;
+    }
+}
+
+/// The accept loop of [`Api::serve`], for any router: TLS connections from `listener`,
+/// each admitted by `connections` (a slot, metered input until login, the TLS handshake's
+/// and the login's deadlines; over a cap, an HTTP 503 naming the limit), then HTTP/1.1 with
+/// upgrades, served by `router`, which finds the connection's slot as an
+/// `Extension<Arc<Admitted>>` and the address it reached as an `Extension<ServerAddress>`.
+/// Serves until dropped, which ends every connection it accepted.
+pub async fn serve_connections(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    connections_held: Arc<Connections>,
+    limits: ApiLimits,
+    router: Router,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let limits = Arc::new(limits);
+    let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSALS_IN_PROGRESS_MAX));
+    let mut connections = tokio::task::JoinSet::new();
+    let _closes_all = CloseAllOnDrop(Arc::clone(&connections_held));
+    let mut refusal_log = RefusalLog::default();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: keep serving the others.
+                tracing::warn!(target: "lockstep::api", %error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-            let admitted = match self.connections.admit(peer) {
-                Ok(admitted) => Arc::new(admitted),
-                Err(refusal) => {
-                    refusal_log.refused(peer, refusal);
-                    if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
-                        let (api, acceptor) = (Arc::clone(&self), acceptor.clone());
-                        connections.spawn(async move {
-                            refuse(&api, acceptor, tcp, peer, refusal).await;
-                            drop(permit);
-                        });
-                    }
-                    continue;
-                }
-            };
-            admitted.enforce_login_deadline();
-            let acceptor = acceptor.clone();
-            let mut router = router.clone().layer(axum::Extension(Arc::clone(&admitted)));
-            if let Ok(address) = tcp.local_addr() {
-                router = router.layer(axum::Extension(ServerAddress(address)));
-            }
-            let handshake_timeout = self.config.limits.tls_handshake_timeout;
-            connections.spawn(async move {
-                let closed = admitted.ticket.closed.clone();
-                let handshake =
-                    tokio::time::timeout(handshake_timeout, acceptor.accept(Metered::new(tcp, &admitted)));
-                let stream = tokio::select! {
-                    handshake = handshake => match handshake {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(error)) => {
-                            tracing::debug!(target: "lockstep::api", %peer, %error, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            admitted.close(Refusal::TlsHandshakeTimeout);
-                            return;
-                        }
-                    },
-                    () = closed.cancelled() => return,
-                };
-                let service = hyper_util::service::TowerToHyperService::new(router);
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .with_upgrades();
-                // An upgraded connection is the websocket's from here (it holds the slot).
-                drop(admitted);
-                tokio::select! {
-                    served = connection => {
-                        if let Err(error) = served {
-                            tracing::debug!(target: "lockstep::api", %peer, %error, "connection ended");
-                        }
-                    }
-                    () = closed.cancelled() => {}
-                }
-            });
+        };
+        // A new connection gets small writes in a row (the TLS session tickets, the
+        // websocket handshake, replies): with Nagle's algorithm each waits for the
+        // client's ACK of the one before, which Linux delays by 40 ms.
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(target: "lockstep::api", %peer, %error, "cannot set TCP_NODELAY");
         }
+        let admitted = match connections_held.admit(peer) {
+            Ok(admitted) => Arc::new(admitted),
+            Err(refusal) => {
+                refusal_log.refused(peer, refusal);
+                if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
+                    let (limits, acceptor) = (Arc::clone(&limits), acceptor.clone());
+                    connections.spawn(async move {
+                        refuse(&limits, acceptor, tcp, peer, refusal).await;
+                        drop(permit);
+                    });
+                }
+                continue;
+            }
+        };
+        admitted.enforce_login_deadline();
+        let acceptor = acceptor.clone();
+        let mut router = router.clone().layer(axum::Extension(Arc::clone(&admitted)));
+        if let Ok(address) = tcp.local_addr() {
+            router = router.layer(axum::Extension(ServerAddress(address)));
+        }
+        let handshake_timeout = limits.tls_handshake_timeout;
+        connections.spawn(async move {
+            let closed = admitted.ticket.closed.clone();
+            let handshake =
+                tokio::time::timeout(handshake_timeout, acceptor.accept(Metered::new(tcp, &admitted)));
+            let stream = tokio::select! {
+                handshake = handshake => match handshake {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        tracing::debug!(target: "lockstep::api", %peer, %error, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        admitted.close(Refusal::TlsHandshakeTimeout);
+                        return;
+                    }
+                },
+                () = closed.cancelled() => return,
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            // An upgraded connection is the websocket's from here (it holds the slot).
+            drop(admitted);
+            tokio::select! {
+                served = connection => {
+                    if let Err(error) = served {
+                        tracing::debug!(target: "lockstep::api", %peer, %error, "connection ended");
+                    }
+                }
+                () = closed.cancelled() => {}
+            }
+        });
     }
 }
 
@@ -190,14 +215,13 @@ impl RefusalLog {
 /// Tells a connection over a cap why, as HTTP over TLS (a websocket client shows the
 /// status and body): `503 Service Unavailable`, `Retry-After`, the limit and its flag.
 async fn refuse(
-    api: &Api,
+    limits: &ApiLimits,
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     refusal: Refusal,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let limits = &api.config.limits;
     let body = match refusal {
         Refusal::MaxConnections => format!(
             "lockstep: the controller holds {} connections, its limit (--max-connections)\n",
@@ -284,9 +308,27 @@ fn pem(label: &str, der: &[u8]) -> String {
     pem
 }
 
+/// The client's address of a request relayed by the launcher (`spec/relay.md`), which
+/// admitted the connection: the source its HTTP logins are throttled by.
+#[derive(Clone, Copy, Debug)]
+pub struct RelayedPeer(pub SocketAddr);
+
+/// Where a request came from: its connection's slot, else the launcher's word, else
+/// nobody known (the router served without an accept loop).
+fn source_of(
+    ticket: Option<&crate::admission::Ticket>,
+    relayed: Option<RelayedPeer>,
+) -> std::net::IpAddr {
+    ticket
+        .map(|ticket| ticket.peer.ip())
+        .or(relayed.map(|RelayedPeer(peer)| peer.ip()))
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+}
+
 async fn charms(
     State(api): State<Arc<Api>>,
     admitted: Option<axum::Extension<Arc<Admitted>>>,
+    relayed: Option<axum::Extension<RelayedPeer>>,
     Path(uuid): Path<String>,
     query: axum::extract::RawQuery,
     headers: axum::http::HeaderMap,
@@ -295,10 +337,7 @@ async fn charms(
     let ticket = admitted
         .as_ref()
         .map(|axum::Extension(admitted)| &*admitted.ticket);
-    let source = ticket.map_or(
-        std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        |ticket| ticket.peer.ip(),
-    );
+    let source = source_of(ticket, relayed.map(|axum::Extension(peer)| peer));
     charms_endpoint::post(
         &api,
         source,
@@ -327,16 +366,14 @@ async fn websocket(
 async fn tools(
     State(api): State<Arc<Api>>,
     admitted: Option<axum::Extension<Arc<Admitted>>>,
+    relayed: Option<axum::Extension<RelayedPeer>>,
     Path((uuid, binary)): Path<(String, String)>,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let ticket = admitted
         .as_ref()
         .map(|axum::Extension(admitted)| &*admitted.ticket);
-    let source = ticket.map_or(
-        std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        |ticket| ticket.peer.ip(),
-    );
+    let source = source_of(ticket, relayed.map(|axum::Extension(peer)| peer));
     let who = [Login::User, Login::ControllerAgent, Login::MachineAgent];
     if let Err(refused) = auth::http_login(&api, source, ticket, &headers, &who).await {
         return refused;

@@ -84,6 +84,7 @@ impl Client {
                 "/api".to_owned(),
                 from_client,
                 to_client,
+                None,
             )
             .await;
         });
@@ -325,7 +326,7 @@ async fn a_tls_websocket_client_rides_through_a_worker_restart_on_the_same_socke
         let reached = tcp.local_addr().ok();
         let tls = acceptor.accept(tcp).await.unwrap();
         let socket = tokio_tungstenite::accept_async(tls).await.unwrap();
-        door.serve_websocket(socket, peer, reached, "/api".to_owned())
+        door.serve_websocket(socket, peer, reached, "/api".to_owned(), None)
             .await;
     });
     let connector = tokio_rustls::TlsConnector::from(
@@ -397,4 +398,39 @@ async fn plain_http_is_relayed_a_get_waits_for_the_next_worker_and_a_post_is_ref
     controller.start_worker().await;
     let (status, body) = waiting.await.unwrap();
     assert_eq!(status, 200, "{body}");
+}
+
+/// A tools request relayed from `peer` with the admin's `password`: its status.
+async fn tools_from(door: &FrontDoor, peer: &str, password: &str) -> u16 {
+    use base64::Engine;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("user-admin:{password}"));
+    let request = axum::http::Request::get(format!("/model/{MODEL_UUID}/tools/9.9.9-ubuntu-amd64"))
+        .header("host", "localhost")
+        .header("authorization", format!("Basic {basic}"))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    door.http(request, peer.parse().unwrap(), None)
+        .await
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn relayed_http_logins_are_throttled_by_the_clients_address_not_as_one_source() {
+    let controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let limits = lockstep_transport::limits::ApiLimits::default();
+    for _ in 0..limits.login_failures_before_throttle {
+        assert_eq!(tools_from(&door, "10.0.0.1:5000", "wrong").await, 401);
+    }
+    assert_eq!(
+        tools_from(&door, "10.0.0.1:5001", "wrong").await,
+        429,
+        "the guesser is throttled"
+    );
+    // Another client, with the right password, is not: past its login, the binary is
+    // simply not in the catalogue.
+    let other = tools_from(&door, "10.0.0.2:5000", PASSWORD).await;
+    assert_ne!(other, 429, "another address is not throttled");
+    assert_ne!(other, 401);
 }

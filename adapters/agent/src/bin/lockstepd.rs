@@ -44,6 +44,10 @@ struct Args {
     /// Seconds a worker may take to stop after SIGTERM before it is killed.
     #[arg(long, default_value_t = 30)]
     stop_timeout_sec: u64,
+    /// The launcher holds the clients' connections itself and relays them to the worker,
+    /// so that a worker's restart (a self-upgrade, a crash) closes none of them.
+    #[arg(long, env = "LOCKSTEPD_FRONT_DOOR")]
+    front_door: bool,
     /// Seconds a new binary may take from start to Ready before the agent falls back.
     #[arg(
         long,
@@ -198,6 +202,7 @@ fn main() -> ExitCode {
                 stop_timeout: Duration::from_secs(args.stop_timeout_sec),
                 store: store_overrides(&args),
                 worker_args,
+                front_door: args.front_door.then(|| args.api_limits.limits()),
             }))
         }
     };

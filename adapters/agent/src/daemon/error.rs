@@ -70,6 +70,12 @@ pub enum DaemonError {
         #[source]
         error: io::Error,
     },
+    /// A variable the launcher sets for its worker is missing or not a number.
+    #[error("{variable} must name {what}; is this worker started by its launcher?")]
+    LauncherEnvironment {
+        variable: &'static str,
+        what: &'static str,
+    },
     /// The launcher that started this worker is gone.
     #[error("the launcher (pid {pid}) is gone; not starting")]
     LauncherGone { pid: i32 },

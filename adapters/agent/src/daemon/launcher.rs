@@ -26,6 +26,7 @@ use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixDatagram;
@@ -34,7 +35,7 @@ use tokio::time::Instant;
 
 use crate::daemon::error::DaemonError;
 use crate::daemon::notify::{self, NOTIFY_SOCKET, Notification, Notifier};
-use crate::daemon::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD};
+use crate::daemon::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD, RELAY_SOCKET};
 use crate::datadir::{DataDir, DataDirError};
 
 /// The launcher's settings.
@@ -49,7 +50,16 @@ pub struct LauncherOptions {
     pub store: crate::store::StoreOverrides,
     /// Arguments the worker is started with, before `worker`.
     pub worker_args: Vec<String>,
+    /// `--front-door`: the launcher holds the clients' connections itself (TLS, the
+    /// websocket, admission within these limits) and relays them to the current worker
+    /// (`spec/relay.md`), so that a worker's restart closes none of them.
+    pub front_door: Option<lockstep_transport::limits::ApiLimits>,
 }
+
+/// How long a login or read that reaches the front door between two workers waits for the
+/// next one before it is refused `upgrade in progress` (python-jujuclient retries that for a
+/// minute).
+pub const FRONT_DOOR_WAIT: Duration = Duration::from_secs(30);
 
 /// Why a worker ended.
 #[derive(Debug)]
@@ -128,9 +138,27 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
         }
     }
     let listener = bind(&conf.api_listen).await?;
-    // Inherited by every worker.
-    rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty())
-        .map_err(|e| DaemonError::system("let workers inherit the listening socket")(e.into()))?;
+    let relay_socket = data.root().join(lockstep_transport::relay::SOCKET_NAME);
+    // Either the launcher serves the port (behind the front door) or every worker inherits it.
+    let (_front_door, listen_fd) = match &options.front_door {
+        Some(limits) => {
+            let served = front_door(
+                &data,
+                &options.data_dir,
+                listener,
+                limits.clone(),
+                &relay_socket,
+            )?;
+            (Some(served), None)
+        }
+        None => {
+            rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty()).map_err(|e| {
+                DaemonError::system("let workers inherit the listening socket")(e.into())
+            })?;
+            let fd = listener.as_raw_fd();
+            (None, Some((listener, fd)))
+        }
+    };
     let notify_name = format!("lockstepd-{}-{}", std::process::id(), random_suffix());
     let notify_address = std::os::unix::net::SocketAddr::from_abstract_name(notify_name.as_bytes())
         .map_err(DaemonError::system("name the notification socket"))?;
@@ -160,18 +188,21 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
     let mut failures = 0u32;
     loop {
         let exe = data.agent_link(&conf.tag).join("lockstepd");
-        let mut child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(&options.worker_args)
             .arg("worker")
-            .env(LISTEN_FD, listener.as_raw_fd().to_string())
             .env(NOTIFY_SOCKET, format!("@{notify_name}"))
             .env(LAUNCHER_PID, std::process::id().to_string())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|error| DaemonError::Execute {
-                path: exe.clone(),
-                error,
-            })?;
+            .kill_on_drop(true);
+        match &listen_fd {
+            Some((_, fd)) => command.env(LISTEN_FD, fd.to_string()),
+            None => command.env(RELAY_SOCKET, &relay_socket),
+        };
+        let mut child = command.spawn().map_err(|error| DaemonError::Execute {
+            path: exe.clone(),
+            error,
+        })?;
         let pid = child.id().unwrap_or(0);
         tracing::info!(target: "lockstep::launcher", pid, exe = %exe.display(), "worker started");
         let started = Instant::now();
@@ -255,6 +286,52 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             () = tokio::time::sleep(delay) => {}
             () = &mut terminate => return Ok(0),
         }
+    }
+}
+
+/// Serves the API's port behind the front door: TLS with the controller's certificate,
+/// each connection admitted within `limits`, websockets and HTTP relayed to the worker on
+/// `relay_socket`. Ends, closing every connection, when the returned handle is dropped.
+fn front_door(
+    data: &DataDir,
+    data_dir: &std::path::Path,
+    listener: std::net::TcpListener,
+    limits: lockstep_transport::limits::ApiLimits,
+    relay_socket: &std::path::Path,
+) -> Result<AbortOnDrop, DaemonError> {
+    use lockstep_transport::admission::Connections;
+    use lockstep_transport::front::FrontDoor;
+    let tls = crate::daemon::worker::credentials(data)?
+        .server_config()
+        .map_err(|error| DaemonError::Tls {
+            data_dir: data_dir.to_path_buf(),
+            error,
+        })?;
+    listener.set_nonblocking(true).map_err(DaemonError::system(
+        "make the listening socket non-blocking",
+    ))?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(DaemonError::system(
+        "register the listening socket with tokio",
+    ))?;
+    let connections = Arc::new(Connections::new(limits.clone()));
+    let door = Arc::new(FrontDoor::new(
+        relay_socket.to_path_buf(),
+        &crate::steps::build_version().to_string(),
+        FRONT_DOOR_WAIT,
+    ));
+    tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), "front door: the launcher holds the clients' connections and relays them to the worker");
+    let router = door.router(Arc::clone(&connections));
+    Ok(AbortOnDrop(tokio::spawn(
+        lockstep_transport::server::serve_connections(listener, tls, connections, limits, router),
+    )))
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

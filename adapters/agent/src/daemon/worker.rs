@@ -11,7 +11,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -40,6 +40,11 @@ pub const LISTEN_FD: &str = "LOCKSTEP_LISTEN_FD";
 /// The environment variable carrying the launcher's pid, so that a worker whose launcher
 /// died before the worker could ask for its death signal notices and ends.
 pub const LAUNCHER_PID: &str = "LOCKSTEP_LAUNCHER_PID";
+
+/// Set by a launcher that holds the clients' connections itself (`--front-door`): the
+/// worker serves them over the relay socket at this path (`spec/relay.md`) instead of the
+/// API's port, which the launcher keeps.
+pub const RELAY_SOCKET: &str = "LOCKSTEP_RELAY_SOCKET";
 
 /// Exit status of a worker that switched binaries and wants its supervisor to start the new
 /// one (`--restart=exit`): Juju's "must restart: an agent upgrade is available".
@@ -261,7 +266,40 @@ fn log_store_access(settings: &crate::store::StoreSettings) {
 }
 
 /// Reads the PEM files bootstrap wrote.
-fn credentials(data: &DataDir) -> Result<Credentials, DataDirError> {
+/// Where a worker's clients come in.
+enum Entrance {
+    /// The API's own port, and a duplicate of it kept for a re-exec.
+    Port(tokio::net::TcpListener, std::os::fd::OwnedFd),
+    /// The launcher's relay: the socket, and the launcher's pid (the only peer accepted).
+    Relay(tokio::net::UnixListener, u32),
+}
+
+fn launcher_pid() -> Option<u32> {
+    std::env::var(LAUNCHER_PID).ok()?.parse().ok()
+}
+
+/// Binds the relay socket at `path`, removing one a previous worker left (the launcher
+/// holds the data dir's lock: no other worker of it runs).
+fn relay_listener(path: &Path) -> Result<tokio::net::UnixListener, DaemonError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            return Err(DataDirError::io(path, "remove the stale relay socket")(error).into());
+        }
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(DaemonError::system("bind the relay socket"))?;
+    // The owner's alone, as every file of the data dir (the peer check is the guard; the
+    // mode says so to whoever lists the directory).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(
+        DataDirError::io(path, "restrict the relay socket to its owner"),
+    )?;
+    Ok(listener)
+}
+
+pub(crate) fn credentials(data: &DataDir) -> Result<Credentials, DataDirError> {
     let read =
         |path: PathBuf| std::fs::read_to_string(&path).map_err(DataDirError::io(&path, "read"));
     Ok(Credentials {
@@ -303,44 +341,58 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             data_dir: options.data_dir.clone(),
             error,
         })?;
-    let std_listener = match std::env::var(LISTEN_FD) {
-        Ok(text) => {
-            // Started by the launcher: never outlive it (a launcher killed with -9 must not
-            // leave a worker holding the port). Kept across a re-exec.
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-                .map_err(|e| DaemonError::system("ask for the parent's death signal")(e.into()))?;
-            // The launcher may have died before the line above took effect: then no signal
-            // will come, and this worker must not serve from a socket nobody supervises.
-            if let Some(launcher) = std::env::var(LAUNCHER_PID)
-                .ok()
-                .and_then(|text| text.parse::<i32>().ok())
-                && rustix::process::getppid().map(|pid| pid.as_raw_nonzero().get())
-                    != Some(launcher)
-            {
-                return Err(DaemonError::LauncherGone { pid: launcher });
-            }
-            inherited_listener(&text)?
+    let relay_socket = std::env::var_os(RELAY_SOCKET).map(PathBuf::from);
+    if std::env::var_os(LISTEN_FD).is_some() || relay_socket.is_some() {
+        // Started by the launcher: never outlive it (a launcher killed with -9 must not
+        // leave a worker holding the port). Kept across a re-exec.
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+            .map_err(|e| DaemonError::system("ask for the parent's death signal")(e.into()))?;
+        // The launcher may have died before the line above took effect: then no signal
+        // will come, and this worker must not serve from a socket nobody supervises.
+        if let Some(launcher) = launcher_pid()
+            && rustix::process::getppid().map(|pid| pid.as_raw_nonzero().get())
+                != Some(launcher as i32)
+        {
+            return Err(DaemonError::LauncherGone {
+                pid: launcher as i32,
+            });
         }
-        Err(_) => {
-            std::net::TcpListener::bind(&conf.api_listen).map_err(|error| DaemonError::Listen {
-                address: conf.api_listen.clone(),
-                error,
-            })?
+    }
+    // Where clients come in: the launcher's relay socket, or the API's own port.
+    let entrance = match &relay_socket {
+        Some(path) => {
+            let launcher = launcher_pid().ok_or(DaemonError::LauncherEnvironment {
+                variable: LAUNCHER_PID,
+                what: "the launcher's pid",
+            })?;
+            Entrance::Relay(relay_listener(path)?, launcher)
+        }
+        None => {
+            let std_listener = match std::env::var(LISTEN_FD) {
+                Ok(text) => inherited_listener(&text)?,
+                Err(_) => std::net::TcpListener::bind(&conf.api_listen).map_err(|error| {
+                    DaemonError::Listen {
+                        address: conf.api_listen.clone(),
+                        error,
+                    }
+                })?,
+            };
+            std_listener
+                .set_nonblocking(true)
+                .map_err(DaemonError::system(
+                    "make the listening socket non-blocking",
+                ))?;
+            // Kept for a re-exec: the API's listener is closed when the API stops.
+            let handover = std_listener
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(DaemonError::system("duplicate the listening socket"))?;
+            let listener = tokio::net::TcpListener::from_std(std_listener).map_err(
+                DaemonError::system("register the listening socket with tokio"),
+            )?;
+            Entrance::Port(listener, handover)
         }
     };
-    std_listener
-        .set_nonblocking(true)
-        .map_err(DaemonError::system(
-            "make the listening socket non-blocking",
-        ))?;
-    // Kept for a re-exec: the API's listener is closed when the API stops.
-    let handover = std_listener
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(DaemonError::system("duplicate the listening socket"))?;
-    let listener = tokio::net::TcpListener::from_std(std_listener).map_err(DaemonError::system(
-        "register the listening socket with tokio",
-    ))?;
 
     let core = Lifecycle::new(
         Config {
@@ -396,7 +448,25 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
         )),
         backend,
     );
-    let server = tokio::spawn(Arc::clone(&api).serve(listener, tls));
+    let (server, handover) = match entrance {
+        Entrance::Port(listener, handover) => (
+            tokio::spawn(Arc::clone(&api).serve(listener, tls)),
+            Some(handover),
+        ),
+        Entrance::Relay(listener, launcher) => {
+            tracing::info!(target: "lockstep::agent", socket = %relay_socket.as_deref().unwrap_or(Path::new("")).display(), launcher, "serving the connections the launcher holds, over its relay");
+            let address = conf.api_listen.parse().ok();
+            let launcher = lockstep_transport::relayed::Launcher {
+                pid: launcher,
+                uid: rustix::process::geteuid().as_raw(),
+            };
+            let ca_pem = credentials(&data)?.ca_pem;
+            (
+                tokio::spawn(Arc::clone(&api).serve_relayed(listener, launcher, address, ca_pem)),
+                None,
+            )
+        }
+    };
 
     let (shutdown_tx, shutdown) = watch::channel(false);
     tokio::spawn(async move {
@@ -427,13 +497,18 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             }
             RestartMode::Exec => {
                 let path = data.agent_link(&conf.tag).join("lockstepd");
-                rustix::io::fcntl_setfd(&handover, rustix::io::FdFlags::empty())
-                    .map_err(|e| DaemonError::system("hand the listening socket over")(e.into()))?;
+                let mut command = std::process::Command::new(&path);
+                command.args(std::env::args_os().skip(1));
+                // Behind a front door the launcher keeps the port: only the relay socket's
+                // path (in the environment already) goes on.
+                if let Some(handover) = &handover {
+                    rustix::io::fcntl_setfd(handover, rustix::io::FdFlags::empty()).map_err(
+                        |e| DaemonError::system("hand the listening socket over")(e.into()),
+                    )?;
+                    command.env(LISTEN_FD, handover.as_raw_fd().to_string());
+                }
                 tracing::info!(target: "lockstep::agent", %binary, exe = %path.display(), "re-executing");
-                let error = std::process::Command::new(&path)
-                    .args(std::env::args_os().skip(1))
-                    .env(LISTEN_FD, handover.as_raw_fd().to_string())
-                    .exec();
+                let error = command.exec();
                 // Only reached when exec failed: the binary on trial cannot even start.
                 Err(DaemonError::Execute { path, error })
             }
