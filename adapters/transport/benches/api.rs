@@ -12,12 +12,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use lockstep_core::Phase;
 use lockstep_core::gate::{self, Login};
-use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::Credentials;
 use tokio::net::TcpListener;
 
@@ -60,17 +58,7 @@ async fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (_gate, gate_view) = tokio::sync::watch::channel(common::view(Phase::Ready));
-    let api = Api::new(
-        ApiConfig {
-            model_uuid: "bench".into(),
-            controller_uuid: "bench".into(),
-            users: vec![("admin".into(), hash_password("bench"))],
-            ..ApiConfig::default()
-        },
-        gate_view,
-        common::state(),
-        Arc::new(common::Idle),
-    );
+    let api = common::api(gate_view);
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
 
     println!(

@@ -22,7 +22,6 @@ use futures_util::{SinkExt, StreamExt};
 use lockstep_core::Phase;
 use lockstep_core::client::RetryPolicy;
 use lockstep_transport::client::{Client, ClientConfig};
-use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::{Credentials, client_config};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -170,17 +169,7 @@ async fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (gate, gate_view) = watch::channel(common::view(Phase::RunningSteps));
-    let api = Api::new(
-        ApiConfig {
-            model_uuid: "bench".into(),
-            controller_uuid: "bench".into(),
-            users: vec![("admin".into(), hash_password("bench"))],
-            ..ApiConfig::default()
-        },
-        gate_view,
-        common::state(),
-        Arc::new(common::Idle),
-    );
+    let api = common::api(gate_view);
     let server = tokio::spawn(api.serve(listener, credentials.server_config().unwrap()));
 
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());

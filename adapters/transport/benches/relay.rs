@@ -25,7 +25,6 @@ use lockstep_core::Phase;
 use lockstep_transport::front::FrontDoor;
 use lockstep_transport::relay;
 use lockstep_transport::relayed::{self, Launcher};
-use lockstep_transport::server::{Api, ApiConfig, hash_password};
 use lockstep_transport::tls::Credentials;
 use tokio::net::TcpListener;
 
@@ -80,17 +79,7 @@ async fn main() {
     };
     let credentials = Credentials::generate("bench", &[]).unwrap();
     let (_gate, gate_view) = tokio::sync::watch::channel(common::view(Phase::Ready));
-    let api = Api::new(
-        ApiConfig {
-            model_uuid: "bench".into(),
-            controller_uuid: "bench".into(),
-            users: vec![("admin".into(), hash_password("bench"))],
-            ..ApiConfig::default()
-        },
-        gate_view,
-        common::state(),
-        Arc::new(common::Idle),
-    );
+    let api = common::api(gate_view);
 
     // The worker: its own port, and the relay socket.
     let direct = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -46,6 +46,9 @@ use crate::wire::{self, Framing, WireError};
 /// How often a connection without a worker asks for one.
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(50);
 
+/// How long what is queued for a client that closed its connection may take to be written.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How long the handshake with a worker (`hello` to `open`) may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -122,7 +125,11 @@ impl FrontDoor {
                         connection.relay = Some(relay);
                         if let Err(error) = connection.resend().await {
                             tracing::debug!(target: "lockstep::front", %error, "relay broke while resending");
-                            connection.relay = None;
+                            for answer in connection.broke() {
+                                if to_client.send(ToClient::Frame(answer)).await.is_err() {
+                                    return;
+                                }
+                            }
                         }
                     }
                     Ok(Err(Opened::Refused(reason))) => {
@@ -147,10 +154,10 @@ impl FrontDoor {
             tokio::select! {
                 frame = from_client.recv(), if room => {
                     let Some(frame) = frame else { return };
-                    if let Some(answer) = self.client_sent(&mut connection, frame).await
-                        && to_client.send(ToClient::Frame(answer)).await.is_err()
-                    {
-                        return;
+                    for answer in self.client_sent(&mut connection, frame).await {
+                        if to_client.send(ToClient::Frame(answer)).await.is_err() {
+                            return;
+                        }
                     }
                 }
                 message = next_message(&mut connection.relay) => match message {
@@ -243,7 +250,16 @@ impl FrontDoor {
                         break;
                     }
                     Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_)) => {}
-                    Ok(Ws::Close(_)) | Err(_) => break,
+                    Ok(Ws::Close(_)) => {
+                        // Answered with a close frame, as RFC 6455 asks.
+                        let close = ToClient::Close {
+                            code: 1000,
+                            reason: String::new(),
+                        };
+                        let _ = closing.send(close).await;
+                        break;
+                    }
+                    Err(_) => break,
                 }
             }
         };
@@ -260,7 +276,10 @@ impl FrontDoor {
                             code: CloseCode::from(code),
                             reason: reason.into(),
                         };
+                        // After the client's own close frame, tungstenite has queued its
+                        // answer already and refuses another: flushing sends it.
                         let _ = sink.send(Ws::Close(Some(close))).await;
+                        let _ = sink.flush().await;
                         return;
                     }
                 }
@@ -276,16 +295,22 @@ impl FrontDoor {
                 as Box<dyn FnOnce() -> bool + Send>
         });
         let served = self.serve(peer, reached, path, from_client, to_client, on_login);
+        let mut writer = std::pin::pin!(writer);
         // The connection ends when the client goes (the reader ends, and with it the
         // frames), the front door closes it (the writer ends), or its slot is closed.
-        tokio::select! {
-            () = async { tokio::join!(reader, served); } => {}
-            () = writer => {}
+        let client_went = tokio::select! {
+            () = async { tokio::join!(reader, served); } => true,
+            () = &mut writer => false,
             () = closed.cancelled() => {
                 if let Some(reason) = admitted.as_ref().and_then(|(_, admitted)| admitted.ticket.reason()) {
                     tracing::debug!(target: "lockstep::front", %peer, %reason, "connection closed by the launcher");
                 }
+                false
             }
+        };
+        if client_went {
+            // What was queued for the client (its close frame's answer) goes out first.
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
         }
     }
 
@@ -503,16 +528,18 @@ impl FrontDoor {
         Ok(response.map(axum::body::Body::new))
     }
 
-    /// A client's frame: forwarded, held, or answered here (the answer returned).
-    async fn client_sent(&self, connection: &mut Connection, frame: String) -> Option<String> {
+    /// A client's frame: forwarded, held, or answered here. Returns the answers for the
+    /// client: this call's, or, when forwarding found the worker gone, those of the pings
+    /// it had not answered.
+    async fn client_sent(&self, connection: &mut Connection, frame: String) -> Vec<String> {
         let request = match wire::decode(&frame) {
             Ok(request) => request,
             Err(error) => {
-                return Some(wire::encode_error(
+                return vec![wire::encode_error(
                     error.request_id.unwrap_or(0),
                     error.framing,
                     &WireError::new("bad request", error.message),
-                ));
+                )];
             }
         };
         let call = Pending {
@@ -529,9 +556,9 @@ impl FrontDoor {
             connection.forwarded.push_back(call);
             if sent.is_err() {
                 // The worker went: the call is kept and sent again to the next one.
-                return connection.broke().into_iter().next();
+                return connection.broke();
             }
-            return None;
+            return Vec::new();
         }
         match gate::between_workers(
             &restarting(),
@@ -539,20 +566,20 @@ impl FrontDoor {
             &call.facade,
             &call.method,
         ) {
-            BetweenWorkers::Answer => Some(wire::encode_response(
+            BetweenWorkers::Answer => vec![wire::encode_response(
                 request.request_id,
                 request.framing,
                 json!({}),
-            )),
+            )],
             BetweenWorkers::Wait => {
                 connection.held.push_back(call);
-                None
+                Vec::new()
             }
-            BetweenWorkers::Refuse(rejection) => Some(wire::encode_error(
+            BetweenWorkers::Refuse(rejection) => vec![wire::encode_error(
                 request.request_id,
                 request.framing,
                 &WireError::from(rejection),
-            )),
+            )],
         }
     }
 

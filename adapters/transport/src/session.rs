@@ -42,6 +42,17 @@ pub struct Watcher {
     _slot: WatcherSlot,
 }
 
+impl Watcher {
+    fn new(position: Option<Revision>, slot: WatcherSlot) -> Arc<Watcher> {
+        let (stopped, _) = tokio::sync::watch::channel(false);
+        Arc::new(Watcher {
+            position: tokio::sync::Mutex::new(position),
+            stopped,
+            _slot: slot,
+        })
+    }
+}
+
 impl Session {
     /// A connection nobody logged in on yet, holding its slot.
     pub fn new(reached: Option<SocketAddr>, admitted: Option<Arc<Admitted>>) -> Session {
@@ -122,15 +133,7 @@ impl Session {
             ));
         }
         let id = self.next_watcher.fetch_add(1, Ordering::Relaxed);
-        let (stopped, _) = tokio::sync::watch::channel(false);
-        watchers.insert(
-            id,
-            Arc::new(Watcher {
-                position: tokio::sync::Mutex::new(position),
-                stopped,
-                _slot: slot,
-            }),
-        );
+        watchers.insert(id, Watcher::new(position, slot));
         Ok(id)
     }
 
@@ -144,26 +147,23 @@ impl Session {
         slot: WatcherSlot,
     ) -> Result<(), WireError> {
         let mut watchers = self.watchers.lock().expect("not poisoned");
-        if watchers.len() >= max || watchers.contains_key(&id) {
+        if watchers.contains_key(&id) {
+            return Err(WireError::new(
+                "bad request",
+                format!("watcher {id} is carried over twice"),
+            ));
+        }
+        if watchers.len() >= max {
             return Err(WireError::new(
                 "quota limit exceeded",
                 format!(
-                    "watcher {id} cannot be carried over: the connection holds {} of {max}, or it twice",
-                    watchers.len()
+                    "watcher {id} cannot be carried over: the connection holds {max} watchers, its limit (--max-watchers-per-connection)"
                 ),
             ));
         }
         self.next_watcher
             .fetch_max(id.saturating_add(1), Ordering::Relaxed);
-        let (stopped, _) = tokio::sync::watch::channel(false);
-        watchers.insert(
-            id,
-            Arc::new(Watcher {
-                position: tokio::sync::Mutex::new(position),
-                stopped,
-                _slot: slot,
-            }),
-        );
+        watchers.insert(id, Watcher::new(position, slot));
         Ok(())
     }
 

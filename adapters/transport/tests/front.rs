@@ -349,7 +349,23 @@ async fn a_tls_websocket_client_rides_through_a_worker_restart_on_the_same_socke
     controller.start_worker().await;
     let status = call(&mut socket, 3, "Client", 8, "FullStatus", json!({})).await;
     assert_served(&status);
-    drop(socket);
+
+    // The client closes: the front door answers its close frame (RFC 6455), then ends.
+    use futures_util::{SinkExt, StreamExt};
+    socket.close(None).await.unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match socket.next().await {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Close(_))) => break true,
+                Some(Ok(_)) => continue,
+                None | Some(Err(_)) => break false,
+            }
+        }
+    })
+    .await
+    .expect("the connection ends within 5 s");
+    assert!(answered, "the close frame was answered");
+    let _ = socket.flush().await;
     accepting.await.unwrap();
 }
 

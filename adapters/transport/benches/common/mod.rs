@@ -127,3 +127,21 @@ pub async fn ping_client(port: u16, ca: &str, calls: usize) -> Vec<Duration> {
 pub fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
 }
+
+/// The benches' API: model and controller `bench`, one user `admin` (password `bench`),
+/// the default limits, over [`state`] and [`Idle`], its gate read from `gate`.
+#[allow(dead_code)]
+pub fn api(gate: tokio::sync::watch::Receiver<GateView>) -> Arc<lockstep_transport::server::Api> {
+    use lockstep_transport::server::{Api, ApiConfig, hash_password};
+    Api::new(
+        ApiConfig {
+            model_uuid: "bench".into(),
+            controller_uuid: "bench".into(),
+            users: vec![("admin".into(), hash_password("bench"))],
+            ..ApiConfig::default()
+        },
+        gate,
+        state(),
+        Arc::new(Idle),
+    )
+}
