@@ -141,7 +141,10 @@ impl FrontDoor {
                         let _ = to_client.send(close).await;
                         return;
                     }
-                    Ok(Err(Opened::NoWorker)) | Err(_) => {}
+                    Ok(Err(Opened::NoWorker(why))) => {
+                        tracing::trace!(target: "lockstep::front", %why, "no worker yet");
+                    }
+                    Err(_) => {}
                 }
                 next_attempt = Instant::now() + RETRY_INTERVAL;
             }
@@ -472,33 +475,9 @@ impl FrontDoor {
         peer: SocketAddr,
         reached: Option<SocketAddr>,
     ) -> Result<axum::response::Response, RelayError> {
-        let failed = |what: &str| {
-            let what = what.to_owned();
-            move |error: std::io::Error| RelayError(format!("{what}: {error}"))
-        };
-        let stream = UnixStream::connect(&self.socket)
-            .await
-            .map_err(failed("connecting to the worker"))?;
-        let (reader, writer) = stream.into_split();
-        let mut relay = Relay {
-            frames: FramedRead::new(reader, relay::framing_to_launcher()),
-            sink: FramedWrite::new(writer, relay::framing_to_worker()),
-        };
-        relay
-            .send(&Message::Hello(Hello {
-                versions: relay::VERSIONS.to_vec(),
-                launcher: self.launcher.clone(),
-                boot: self.boot.clone(),
-            }))
-            .await?;
-        match next_message(&mut Some(&mut relay)).await? {
-            Some(Message::Welcome(_)) => {}
-            other => {
-                return Err(RelayError(format!(
-                    "the worker answered hello with {other:?}"
-                )));
-            }
-        }
+        let mut relay = self.welcomed().await.map_err(|opened| match opened {
+            Opened::NoWorker(why) | Opened::Refused(why) => RelayError(why),
+        })?;
         relay
             .send(&Message::Http(relay::HttpOpen {
                 connection: self.connections.fetch_add(1, Ordering::Relaxed),
@@ -583,11 +562,11 @@ impl FrontDoor {
         }
     }
 
-    /// A stream to the worker, past `hello` and `open`.
-    async fn open(&self, connection: &Connection) -> Result<Relay, Opened> {
+    /// A stream to the worker past `hello`: the worker welcomed this launcher's versions.
+    async fn welcomed(&self) -> Result<Relay, Opened> {
         let stream = UnixStream::connect(&self.socket)
             .await
-            .map_err(|_| Opened::NoWorker)?;
+            .map_err(|error| Opened::NoWorker(format!("connecting to the worker: {error}")))?;
         let (reader, writer) = stream.into_split();
         let mut relay = Relay {
             frames: FramedRead::new(reader, relay::framing_to_launcher()),
@@ -598,12 +577,22 @@ impl FrontDoor {
             launcher: self.launcher.clone(),
             boot: self.boot.clone(),
         });
-        relay.send(&hello).await.map_err(|_| Opened::NoWorker)?;
+        relay
+            .send(&hello)
+            .await
+            .map_err(|error| Opened::NoWorker(error.0))?;
         match next_message(&mut Some(&mut relay)).await {
-            Ok(Some(Message::Welcome(_))) => {}
-            Ok(Some(Message::Refused(refused))) => return Err(Opened::Refused(refused.reason)),
-            _ => return Err(Opened::NoWorker),
+            Ok(Some(Message::Welcome(_))) => Ok(relay),
+            Ok(Some(Message::Refused(refused))) => Err(Opened::Refused(refused.reason)),
+            other => Err(Opened::NoWorker(format!(
+                "the worker answered hello with {other:?}"
+            ))),
         }
+    }
+
+    /// A stream to the worker, past `hello` and `open`.
+    async fn open(&self, connection: &Connection) -> Result<Relay, Opened> {
+        let mut relay = self.welcomed().await?;
         let open = Message::Open(Open {
             connection: connection.number,
             peer: connection.peer,
@@ -620,15 +609,18 @@ impl FrontDoor {
                 })
                 .collect(),
         });
-        relay.send(&open).await.map_err(|_| Opened::NoWorker)?;
+        relay
+            .send(&open)
+            .await
+            .map_err(|error| Opened::NoWorker(error.0))?;
         Ok(relay)
     }
 }
 
 /// Why no stream was opened.
 enum Opened {
-    /// No worker listens, or it went during the handshake: try again.
-    NoWorker,
+    /// No worker listens, or it went during the handshake (why): try again.
+    NoWorker(String),
     /// The worker speaks none of this launcher's versions.
     Refused(String),
 }

@@ -365,7 +365,9 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
                 variable: LAUNCHER_PID,
                 what: "the launcher's pid",
             })?;
-            Entrance::Relay(relay_listener(path)?, launcher)
+            let listener = relay_listener(path)?;
+            tracing::info!(target: "lockstep::agent", socket = %path.display(), launcher, "serving the connections the launcher holds, over its relay");
+            Entrance::Relay(listener, launcher)
         }
         None => {
             let std_listener = match std::env::var(LISTEN_FD) {
@@ -454,7 +456,6 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             Some(handover),
         ),
         Entrance::Relay(listener, launcher) => {
-            tracing::info!(target: "lockstep::agent", socket = %relay_socket.as_deref().unwrap_or(Path::new("")).display(), launcher, "serving the connections the launcher holds, over its relay");
             let address = conf.api_listen.parse().ok();
             let launcher = lockstep_transport::relayed::Launcher {
                 pid: launcher,
