@@ -33,7 +33,7 @@ const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The websocket's read buffer: tungstenite's default (128 KiB) per connection would be
 /// most of what a stranger's connection may hold; it grows for larger frames after login.
-const READ_BUFFER_BYTES: usize = 8 << 10;
+pub(crate) const READ_BUFFER_BYTES: usize = 8 << 10;
 
 /// Upgrades an HTTP request to the API's websocket; `reached` is the address the client
 /// reached this server on, `admitted` the connection's slot (`None` when the router is

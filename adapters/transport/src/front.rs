@@ -38,7 +38,7 @@ use axum::http;
 
 use std::sync::Arc;
 
-use crate::admission::{Admitted, Connections};
+use crate::admission::{Admitted, Connections, Ticket};
 use crate::connection::REQUESTS_IN_FLIGHT_MAX;
 use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError, WatcherPosition};
 use crate::wire::{self, Framing, WireError};
@@ -59,6 +59,60 @@ pub enum ToClient {
     Frame(String),
     /// Close the websocket with this code and reason; nothing follows.
     Close { code: u16, reason: String },
+}
+
+/// Where one client's frames go: the channel to its websocket's writer and, for a
+/// connection the launcher admitted, its account of reply bytes, which counts a frame from
+/// the moment it is queued until it is written (the writer releases it), as the worker's
+/// own server does: a client that does not read is closed for `reply-bytes` or
+/// `write-timeout`, never buffered for without bound.
+#[derive(Debug)]
+pub struct Outbox {
+    sender: mpsc::Sender<ToClient>,
+    meter: Option<Meter>,
+}
+
+/// A connection's slot in the launcher's admission.
+#[derive(Clone, Debug)]
+struct Meter {
+    connections: Arc<Connections>,
+    ticket: Arc<Ticket>,
+}
+
+impl From<mpsc::Sender<ToClient>> for Outbox {
+    /// An outbox that counts nothing: for a connection not admitted by the launcher.
+    fn from(sender: mpsc::Sender<ToClient>) -> Outbox {
+        Outbox {
+            sender,
+            meter: None,
+        }
+    }
+}
+
+/// The client's connection is gone, or was closed for what it held.
+#[derive(Debug)]
+struct Gone;
+
+impl Outbox {
+    /// Queues `message` for the client, its bytes counted first.
+    async fn send(&self, message: ToClient) -> Result<(), Gone> {
+        let bytes = match &message {
+            ToClient::Frame(frame) => frame.len(),
+            ToClient::Close { .. } => 0,
+        };
+        if let Some(meter) = &self.meter
+            && !meter.connections.reserve_reply(&meter.ticket, bytes)
+        {
+            meter.connections.release_reply(&meter.ticket, bytes);
+            return Err(Gone);
+        }
+        self.sender.send(message).await.map_err(|_| {
+            if let Some(meter) = &self.meter {
+                meter.connections.release_reply(&meter.ticket, bytes);
+            }
+            Gone
+        })
+    }
 }
 
 /// The launcher's relay to the current worker, shared by its connections.
@@ -103,9 +157,10 @@ impl FrontDoor {
         reached: Option<SocketAddr>,
         path: String,
         mut from_client: mpsc::Receiver<String>,
-        to_client: mpsc::Sender<ToClient>,
+        to_client: impl Into<Outbox>,
         mut on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
     ) {
+        let to_client: Outbox = to_client.into();
         let mut connection = Connection {
             number: self.connections.fetch_add(1, Ordering::Relaxed),
             peer,
@@ -216,8 +271,9 @@ impl FrontDoor {
     /// A binary frame closes the connection (1003), as the worker's own server does.
     ///
     /// `admitted` is the connection's slot in the launcher's admission, held until the
-    /// websocket ends: it is told of the login, and closing it (a deadline, a cap) closes
-    /// the websocket with the reason.
+    /// websocket ends: it is told of the login, it counts the bytes queued for the client
+    /// ([`Outbox`]), and closing it (a deadline, a cap, a frame over the size, a write that
+    /// took longer than the write timeout) closes the websocket with the reason (1008).
     pub async fn serve_websocket<S>(
         &self,
         socket: tokio_tungstenite::WebSocketStream<S>,
@@ -231,68 +287,127 @@ impl FrontDoor {
         use tokio_tungstenite::tungstenite::Message as Ws;
         use tokio_tungstenite::tungstenite::protocol::CloseFrame;
         use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+        let meter = admitted.as_ref().map(|(connections, admitted)| Meter {
+            connections: Arc::clone(connections),
+            ticket: Arc::clone(&admitted.ticket),
+        });
+        let closed = meter
+            .as_ref()
+            .map_or_else(tokio_util::sync::CancellationToken::new, |meter| {
+                meter.ticket.closed.clone()
+            });
+        let write_timeout = meter.as_ref().map_or_else(
+            || crate::limits::ApiLimits::default().write_timeout,
+            |meter| meter.connections.limits.write_timeout,
+        );
         let (mut sink, mut stream) = socket.split();
         let (frames, from_client) = mpsc::channel::<String>(REQUESTS_IN_FLIGHT_MAX);
-        let (to_client, mut gets) =
-            mpsc::channel::<ToClient>(crate::connection::REPLIES_QUEUED_MAX);
-        let closing = to_client.clone();
-        let reader = async move {
-            while let Some(message) = stream.next().await {
-                match message {
-                    Ok(Ws::Text(text)) => {
-                        if frames.send(text.as_str().to_owned()).await.is_err() {
+        let (sender, mut gets) = mpsc::channel::<ToClient>(crate::connection::REPLIES_QUEUED_MAX);
+        let to_client = Outbox {
+            sender,
+            meter: meter.clone(),
+        };
+        let closing = to_client.sender.clone();
+        let reader = {
+            let meter = meter.clone();
+            async move {
+                while let Some(message) = stream.next().await {
+                    match message {
+                        Ok(Ws::Text(text)) => {
+                            if frames.send(text.as_str().to_owned()).await.is_err() {
+                                break;
+                            }
+                        }
+                        Ok(Ws::Binary(_)) => {
+                            let close = ToClient::Close {
+                                code: 1003,
+                                reason: "binary frames are not part of the API".to_owned(),
+                            };
+                            let _ = closing.send(close).await;
                             break;
                         }
+                        Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_)) => {}
+                        Ok(Ws::Close(_)) => {
+                            // Answered with a close frame, as RFC 6455 asks.
+                            let close = ToClient::Close {
+                                code: 1000,
+                                reason: String::new(),
+                            };
+                            let _ = closing.send(close).await;
+                            break;
+                        }
+                        Err(tokio_tungstenite::tungstenite::Error::Capacity(_)) => {
+                            if let Some(meter) = &meter {
+                                meter
+                                    .ticket
+                                    .close(&meter.connections, crate::limits::Refusal::FrameSize);
+                            }
+                            break;
+                        }
+                        Err(_) => break,
                     }
-                    Ok(Ws::Binary(_)) => {
-                        let close = ToClient::Close {
-                            code: 1003,
-                            reason: "binary frames are not part of the API".to_owned(),
-                        };
-                        let _ = closing.send(close).await;
-                        break;
-                    }
-                    Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_)) => {}
-                    Ok(Ws::Close(_)) => {
-                        // Answered with a close frame, as RFC 6455 asks.
-                        let close = ToClient::Close {
-                            code: 1000,
-                            reason: String::new(),
-                        };
-                        let _ = closing.send(close).await;
-                        break;
-                    }
-                    Err(_) => break,
                 }
             }
         };
-        let writer = async move {
-            while let Some(message) = gets.recv().await {
-                match message {
-                    ToClient::Frame(frame) => {
-                        if sink.send(Ws::Text(frame.into())).await.is_err() {
+        let writer = {
+            let (meter, closed) = (meter.clone(), closed.clone());
+            async move {
+                loop {
+                    let message = tokio::select! {
+                        message = gets.recv() => message,
+                        () = closed.cancelled() => None,
+                    };
+                    let Some(message) = message else { break };
+                    match message {
+                        ToClient::Frame(frame) => {
+                            let bytes = frame.len();
+                            let written = tokio::select! {
+                                written = tokio::time::timeout(write_timeout, sink.send(Ws::Text(frame.into()))) => written,
+                                () = closed.cancelled() => break,
+                            };
+                            if let Some(meter) = &meter {
+                                meter.connections.release_reply(&meter.ticket, bytes);
+                            }
+                            match written {
+                                Ok(Ok(())) => {}
+                                Ok(Err(_)) => return,
+                                Err(_) => {
+                                    if let Some(meter) = &meter {
+                                        meter.ticket.close(
+                                            &meter.connections,
+                                            crate::limits::Refusal::WriteTimeout,
+                                        );
+                                    }
+                                    break;
+                                }
+                            }
+                        }
+                        ToClient::Close { code, reason } => {
+                            let close = CloseFrame {
+                                code: CloseCode::from(code),
+                                reason: reason.into(),
+                            };
+                            // After the client's own close frame, tungstenite has queued
+                            // its answer already and refuses another: flushing sends it.
+                            let _ = sink.send(Ws::Close(Some(close))).await;
+                            let _ = sink.flush().await;
                             return;
                         }
                     }
-                    ToClient::Close { code, reason } => {
-                        let close = CloseFrame {
-                            code: CloseCode::from(code),
-                            reason: reason.into(),
-                        };
-                        // After the client's own close frame, tungstenite has queued its
-                        // answer already and refuses another: flushing sends it.
-                        let _ = sink.send(Ws::Close(Some(close))).await;
-                        let _ = sink.flush().await;
-                        return;
-                    }
+                }
+                // Closed by the launcher (a deadline, a cap): tell the client why, if its
+                // socket still takes it.
+                if let Some(reason) = meter.as_ref().and_then(|meter| meter.ticket.reason()) {
+                    tracing::debug!(target: "lockstep::front", %peer, %reason, "connection closed by the launcher");
+                    let close = Ws::Close(Some(CloseFrame {
+                        code: CloseCode::Policy,
+                        reason: format!("closed by the controller: {reason}").into(),
+                    }));
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.send(close)).await;
                 }
             }
         };
-        let closed = admitted
-            .as_ref()
-            .map_or_else(tokio_util::sync::CancellationToken::new, |(_, admitted)| {
-                admitted.ticket.closed.clone()
-            });
+        // The slot is held (`admitted` kept) until the websocket ends: dropping it closes.
         let on_login = admitted.clone().map(|(connections, admitted)| {
             Box::new(move || connections.logged_in(&admitted.ticket))
                 as Box<dyn FnOnce() -> bool + Send>
@@ -300,21 +415,16 @@ impl FrontDoor {
         let served = self.serve(peer, reached, path, from_client, to_client, on_login);
         let mut writer = std::pin::pin!(writer);
         // The connection ends when the client goes (the reader ends, and with it the
-        // frames), the front door closes it (the writer ends), or its slot is closed.
+        // frames) or the writer ends: the front door or the launcher closed it.
         let client_went = tokio::select! {
             () = async { tokio::join!(reader, served); } => true,
             () = &mut writer => false,
-            () = closed.cancelled() => {
-                if let Some(reason) = admitted.as_ref().and_then(|(_, admitted)| admitted.ticket.reason()) {
-                    tracing::debug!(target: "lockstep::front", %peer, %reason, "connection closed by the launcher");
-                }
-                false
-            }
         };
         if client_went {
             // What was queued for the client (its close frame's answer) goes out first.
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
         }
+        drop(admitted);
     }
 
     /// The launcher's routes: the API's websocket paths (`/`, `/api`,
@@ -332,7 +442,7 @@ impl FrontDoor {
         let plain = {
             let door = Arc::clone(self);
             move |request: http::Request<axum::body::Body>| {
-                let door = Arc::clone(&door);
+                let (door, connections) = (Arc::clone(&door), Arc::clone(&connections));
                 async move {
                     let peer = request.extensions().get::<Arc<Admitted>>().map_or_else(
                         || "0.0.0.0:0".parse().expect("an address"),
@@ -342,7 +452,14 @@ impl FrontDoor {
                         .extensions()
                         .get::<crate::server::ServerAddress>()
                         .map(|address| address.0);
-                    door.http(request, peer, reached).await
+                    let metrics =
+                        request.method() == http::Method::GET && request.uri().path() == "/metrics";
+                    let response = door.http(request, peer, reached).await;
+                    if metrics && response.status() == http::StatusCode::OK {
+                        with_launcher_counts(response, &connections).await
+                    } else {
+                        response
+                    }
                 }
             }
         };
@@ -401,6 +518,7 @@ impl FrontDoor {
                 return;
             };
             let mut config = WebSocketConfig::default();
+            config.read_buffer_size = crate::connection::READ_BUFFER_BYTES;
             config.max_message_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
             config.max_frame_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
             let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
@@ -617,6 +735,34 @@ impl FrontDoor {
     }
 }
 
+/// The worker's `/metrics` with the launcher's connection counts added
+/// ([`crate::probes::add_connection_counts`]): behind the front door the connections are
+/// the launcher's.
+async fn with_launcher_counts(
+    response: axum::response::Response,
+    connections: &Connections,
+) -> axum::response::Response {
+    /// Far more than `/metrics` ever holds (its labels are bounded).
+    const METRICS_BYTES_MAX: usize = 1 << 20;
+    let (parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, METRICS_BYTES_MAX).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(error) => {
+            tracing::debug!(target: "lockstep::front", %error, "reading the worker's /metrics");
+            return http::Response::builder()
+                .status(http::StatusCode::BAD_GATEWAY)
+                .body(axum::body::Body::from(
+                    "lockstep: the worker's /metrics could not be read\n",
+                ))
+                .expect("a valid response");
+        }
+    };
+    let merged = crate::probes::add_connection_counts(&text, &connections.counts());
+    let mut response = axum::response::Response::from_parts(parts, axum::body::Body::from(merged));
+    response.headers_mut().remove(http::header::CONTENT_LENGTH);
+    response
+}
+
 /// Why no stream was opened.
 enum Opened {
     /// No worker listens, or it went during the handshake (why): try again.
@@ -740,6 +886,7 @@ impl Connection {
             .send(&Message::Call(Call {
                 frame: call.frame.clone(),
                 operation_id: call.operation_id.clone(),
+                replayed: false,
             }))
             .await
     }
@@ -760,6 +907,7 @@ impl Connection {
                 .send(&Message::Call(Call {
                     frame,
                     operation_id,
+                    replayed: true,
                 }))
                 .await?;
         }

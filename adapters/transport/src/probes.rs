@@ -43,6 +43,55 @@ pub fn readyz(view: GateView) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// `/metrics` as a worker behind the front door rendered it, with the launcher's
+/// `counts` added to every series that counts connections: the connections, their
+/// admission's refusals and the bytes queued for them are the launcher's; the logins'
+/// refusals (throttled, queue full) and the watchers are the worker's. Other lines are
+/// kept as they are.
+pub fn add_connection_counts(text: &str, counts: &ConnectionCounts) -> String {
+    let mut added: BTreeMap<String, u64> = BTreeMap::new();
+    added.insert(
+        "lockstep_api_connections{state=\"pending\"}".to_owned(),
+        counts.pending as u64,
+    );
+    added.insert(
+        "lockstep_api_connections{state=\"logged-in\"}".to_owned(),
+        counts.logged_in as u64,
+    );
+    added.insert(
+        "lockstep_api_logins_throttled_total".to_owned(),
+        counts.refusals[Refusal::LoginThrottled.index()],
+    );
+    for refusal in Refusal::ALL {
+        added.insert(
+            format!("lockstep_api_refusals_total{{reason=\"{refusal}\"}}"),
+            counts.refusals[refusal.index()],
+        );
+    }
+    added.insert(
+        "lockstep_api_reply_bytes_queued".to_owned(),
+        counts.reply_bytes as u64,
+    );
+    added.insert("lockstep_api_watchers".to_owned(), counts.watchers as u64);
+    let mut merged = String::with_capacity(text.len());
+    for line in text.lines() {
+        let sum = line.rsplit_once(' ').and_then(|(series, value)| {
+            let more = added.get(series)?;
+            Some((series, value.parse::<u64>().ok()? + more))
+        });
+        match sum {
+            Some((series, value)) => {
+                let _ = writeln!(merged, "{series} {value}");
+            }
+            None => {
+                merged.push_str(line);
+                merged.push('\n');
+            }
+        }
+    }
+    merged
+}
+
 /// `GET /metrics`: Prometheus text format, the phase as a labelled gauge, calls and gate
 /// rejections by facade, connections and logins, and refusals by reason.
 pub fn metrics(
@@ -143,4 +192,53 @@ pub fn metrics(
         text,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_core::{Millis, Progress};
+
+    async fn rendered(counts: &ConnectionCounts) -> String {
+        let view = GateView {
+            phase: Phase::Ready,
+            progress: Progress::default(),
+            retry_after: Millis(1000),
+        };
+        let response = metrics(view, &Metrics::default(), counts, (1, 2));
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    fn counts(base: u64) -> ConnectionCounts {
+        ConnectionCounts {
+            pending: base as usize + 1,
+            logged_in: base as usize + 2,
+            reply_bytes: base as usize + 3,
+            watchers: base as usize + 4,
+            refusals: std::array::from_fn(|index| base + 10 + index as u64),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_launchers_counts_are_added_to_every_connection_series_of_the_workers_metrics() {
+        let (worker, launcher) = (counts(100), counts(1000));
+        let sum = ConnectionCounts {
+            pending: worker.pending + launcher.pending,
+            logged_in: worker.logged_in + launcher.logged_in,
+            reply_bytes: worker.reply_bytes + launcher.reply_bytes,
+            watchers: worker.watchers + launcher.watchers,
+            refusals: std::array::from_fn(|index| {
+                worker.refusals[index] + launcher.refusals[index]
+            }),
+        };
+        let merged = add_connection_counts(&rendered(&worker).await, &launcher);
+        assert_eq!(merged, rendered(&sum).await);
+        assert!(
+            merged.contains("lockstep_phase{phase=\"ready\"} 1\n"),
+            "{merged}"
+        );
+    }
 }

@@ -150,7 +150,15 @@ pub struct Call {
     pub frame: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
+    /// Sent before to a worker that went without answering it: a call this worker's gate
+    /// refuses while it is not Ready waits for Ready (at most [`REPLAY_WAIT_MAX`]) rather
+    /// than be refused, since the worker that went may have committed it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
 }
+
+/// How long a `replayed` call waits for the worker to be Ready before its gate answers it.
+pub const REPLAY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `reply`: the frame the client gets, unchanged, and what the launcher keeps of it.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

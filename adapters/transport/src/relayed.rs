@@ -240,7 +240,7 @@ fn name(message: &Message) -> &'static str {
 
 /// Why a carried-over connection cannot go on here; the launcher closes the client's.
 async fn restored(api: &Api, open: &Open) -> Result<Session, String> {
-    let session = Session::new(open.reached, None);
+    let session = Session::relayed(open.reached, open.peer);
     if let Some(carried) = &open.login {
         let who = auth::carried(api, &carried.tag)
             .await
@@ -331,6 +331,25 @@ async fn connection(
 
 /// Serves one relayed call: the frame decoded, the launcher's operation-id put in its
 /// params, the call routed as a websocket's is, and the reply annotated.
+/// Waits, at most [`relay::REPLAY_WAIT_MAX`], while this worker is not Ready and its gate
+/// would refuse `facade.method` to `login`: a replayed call, which the worker that went may
+/// have committed, is answered by what it did rather than refused. (Reads are served in
+/// every phase and never wait.)
+async fn ready_for(api: &Api, login: Login, facade: &str, method: &str) {
+    let mut changes = api.gate.clone();
+    let deadline = tokio::time::Instant::now() + relay::REPLAY_WAIT_MAX;
+    loop {
+        let view = *changes.borrow_and_update();
+        if !view.is_limited() || lockstep_core::gate::admit(&view, login, facade, method).is_ok() {
+            return;
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep_until(deadline) => return,
+        }
+    }
+}
+
 async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
     let mut request = match wire::decode(&call.frame) {
         Ok(request) => request,
@@ -354,6 +373,9 @@ async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
             request.params = Value::Object(serde_json::Map::new());
         }
         request.params["operation-id"] = Value::String(operation_id);
+    }
+    if call.replayed {
+        ready_for(api, session.login(), &request.facade, &request.method).await;
     }
     let (id, framing) = (request.request_id, request.framing);
     let outcome = route::call(api, session, &request).await;

@@ -27,6 +27,9 @@ pub struct Session {
     pub reached: Option<SocketAddr>,
     /// The connection's slot, when served by the API's accept loop.
     admitted: Option<Arc<Admitted>>,
+    /// The client's address as the launcher reported it, for a connection relayed from
+    /// the front door (whose slot is the launcher's).
+    relayed_from: Option<SocketAddr>,
     watchers: Mutex<BTreeMap<u64, Arc<Watcher>>>,
     next_watcher: AtomicU64,
 }
@@ -58,6 +61,7 @@ impl Session {
     pub fn new(reached: Option<SocketAddr>, admitted: Option<Arc<Admitted>>) -> Session {
         Session {
             admitted,
+            relayed_from: None,
             login: Mutex::new(Login::Anonymous),
             agent: Mutex::new(String::new()),
             tag: Mutex::new(String::new()),
@@ -68,11 +72,22 @@ impl Session {
         }
     }
 
+    /// A connection the launcher holds and relays (`spec/relay.md`): `peer` is the
+    /// client's address, which the failed-login throttle and the login queue count by.
+    pub fn relayed(reached: Option<SocketAddr>, peer: SocketAddr) -> Session {
+        Session {
+            relayed_from: Some(peer),
+            ..Session::new(reached, None)
+        }
+    }
+
     /// The client's address; unspecified when the router is served without the API's
-    /// accept loop.
+    /// accept loop and not relayed.
     pub fn source(&self) -> IpAddr {
         self.ticket()
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ticket| ticket.peer.ip())
+            .map(|ticket| ticket.peer)
+            .or(self.relayed_from)
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |peer| peer.ip())
     }
 
     /// The connection's slot, if it has one.

@@ -43,9 +43,14 @@ impl Controller {
     }
 
     async fn start_worker(&mut self) {
+        self.start_worker_in(Phase::Ready).await;
+    }
+
+    /// A worker whose lifecycle is in `phase` (the test moves it on through its gate).
+    async fn start_worker_in(&mut self, phase: Phase) {
         assert!(self.worker.is_none());
         let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
-        let fixture = start_with(Phase::Ready, Arc::clone(&self.state), 0, credentials).await;
+        let fixture = start_with(phase, Arc::clone(&self.state), 0, credentials).await;
         // As a worker does: a socket file left by the previous one goes first.
         let _ = std::fs::remove_file(&self.socket);
         let listener = tokio::net::UnixListener::bind(&self.socket).unwrap();
@@ -74,12 +79,18 @@ struct Client {
 
 impl Client {
     fn connect(door: &Arc<FrontDoor>) -> Client {
+        Client::connect_from(door, "127.0.0.1:40000")
+    }
+
+    /// A connection from the client address `peer`.
+    fn connect_from(door: &Arc<FrontDoor>, peer: &str) -> Client {
         let (frames, from_client) = mpsc::channel(64);
         let (to_client, gets) = mpsc::channel(64);
         let door = Arc::clone(door);
+        let peer = peer.parse().unwrap();
         let served = tokio::spawn(async move {
             door.serve(
-                "127.0.0.1:40000".parse().unwrap(),
+                peer,
                 Some("127.0.0.1:17070".parse().unwrap()),
                 "/api".to_owned(),
                 from_client,
@@ -209,6 +220,52 @@ async fn a_read_held_past_the_wait_bound_is_refused_as_upgrade_in_progress() {
     assert_eq!(refused["error"], "upgrade in progress", "{refused}");
     assert_eq!(refused["error-info"]["phase"], "restarting", "{refused}");
     assert_eq!(refused["error-info"]["retry-after-ms"], 1000, "{refused}");
+}
+
+/// The next worker starts limited (as every worker does: bootstrapping, running steps): the
+/// replayed write, which the worker that died had committed, waits for it to be Ready and
+/// is then answered by what it did, rather than refused `upgrade in progress`.
+#[tokio::test]
+async fn a_write_replayed_on_a_worker_not_ready_yet_waits_for_ready_and_is_answered_once() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let mut client = Client::connect(&door);
+    client.login().await;
+    let before = controller.state.revision();
+    controller
+        .state
+        .stall_after_commit
+        .store(true, Ordering::SeqCst);
+    client.send(add_machine(2)).await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while controller.state.revision() == before {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the worker commits the write");
+    let committed = controller.state.revision();
+    controller.kill_worker().await;
+    controller
+        .state
+        .stall_after_commit
+        .store(false, Ordering::SeqCst);
+    controller.start_worker_in(Phase::Bootstrapping).await;
+
+    // A read is served by the limited worker meanwhile; the replayed write waits.
+    let status = client.call(full_status(3)).await;
+    assert_served(&status);
+    client.nothing_for(Duration::from_millis(300)).await;
+    let (fixture, _) = controller.worker.as_ref().expect("a worker runs");
+    fixture.gate.send(view(Phase::Ready)).unwrap();
+    let reply = client.receive().await;
+    assert_eq!(reply["request-id"], 2, "{reply}");
+    assert_eq!(
+        reply["response"]["machines"].as_array().map(Vec::len),
+        Some(1),
+        "{reply}"
+    );
+    assert_eq!(controller.state.revision(), committed, "applied once");
 }
 
 #[tokio::test]
@@ -449,4 +506,38 @@ async fn relayed_http_logins_are_throttled_by_the_clients_address_not_as_one_sou
     let other = tools_from(&door, "10.0.0.2:5000", PASSWORD).await;
     assert_ne!(other, 429, "another address is not throttled");
     assert_ne!(other, 401);
+}
+
+/// An `Admin.Login` of the admin with `password` on a fresh connection from `peer`: the
+/// reply's error code (`""` when it logged in).
+async fn login_from(door: &Arc<FrontDoor>, peer: &str, password: &str) -> String {
+    let mut client = Client::connect_from(door, peer);
+    let reply = client
+        .call(json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
+            "params": {"auth-tag": "user-admin", "credentials": password, "client-version": "3.6.1"}}))
+        .await;
+    reply["error-code"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn relayed_websocket_logins_are_throttled_by_the_clients_address_not_as_one_source() {
+    let controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let limits = lockstep_transport::limits::ApiLimits::default();
+    for _ in 0..limits.login_failures_before_throttle {
+        assert_eq!(
+            login_from(&door, "10.0.0.1:5000", "wrong").await,
+            "unauthorized access"
+        );
+    }
+    assert_eq!(
+        login_from(&door, "10.0.0.1:5001", "wrong").await,
+        "try again",
+        "the guesser is throttled"
+    );
+    assert_eq!(
+        login_from(&door, "10.0.0.2:5000", PASSWORD).await,
+        "",
+        "another address logs in"
+    );
 }

@@ -143,6 +143,7 @@ impl Stream {
         self.send(Message::Call(Call {
             frame,
             operation_id,
+            replayed: false,
         }))
         .await;
         match self.receive().await {
