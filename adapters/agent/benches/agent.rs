@@ -14,6 +14,11 @@
 //!   mirror holding this build as N and N+1, from start to exit (which it does once the
 //!   API is fully available on N+1): bootstrap installs N from the mirror, the controller
 //!   downloads, verifies and unpacks N+1, re-executes it and runs N+1's steps;
+//! - the gap a client sees during a self-upgrade: `lockstep upgrade-controller` from N to
+//!   N+1 on a Ready controller (behind the front door, the default), while a client calls
+//!   `Upgrade.Status` in a loop on one connection: from the last reply of N's worker to the
+//!   first of N+1's (the call in between is held by the launcher); the connection must
+//!   never close;
 //! - download, verify and unpack the binary: N+1's tarball through the agent's own code
 //!   (`MetadataSource::download`, then `DataDir::install_tarball`: sha256 and size checked,
 //!   unpacked, fsynced, renamed into place) into a fresh data dir, in this process.
@@ -115,6 +120,69 @@ fn stop(data: &DataDir) {
     if let Some(pid) = launcher_pid(data) {
         lockstep_agent::cli::demo::stop_daemon(pid);
     }
+}
+
+/// The gap a client sees during a self-upgrade behind the front door: a client calls
+/// `Upgrade.Status` in a loop on one connection while `lockstep upgrade-controller` takes a
+/// Ready controller from N to N+1; the gap runs from the last reply of the old worker
+/// (phase `upgrading`) to the first reply of the new one (any later phase), the call in
+/// between held by the launcher. Checked: the connection never closed, and the controller
+/// ends Ready on N+1.
+async fn self_upgrade_gap(data: &DataDir, next: Version) -> Duration {
+    let watching = client(data);
+    let upgrade = Command::new(LOCKSTEP)
+        .arg("--data-dir")
+        .arg(data.root())
+        .env("JUJU_DATA", data.root().with_file_name("juju"))
+        .arg("upgrade-controller")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lockstep runs");
+    let started = Instant::now();
+    let mut last_old: Option<Instant> = None;
+    let gap = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no upgrade within 120 s"
+        );
+        let status = watching
+            .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|error| panic!("Upgrade.Status during the upgrade: {error}"));
+        let replied = Instant::now();
+        match (status["phase"].as_str(), last_old) {
+            (Some("upgrading"), _) => last_old = Some(replied),
+            (Some(_), Some(old)) => break replied - old,
+            (Some(_), None) => {}
+            (None, _) => panic!("Upgrade.Status without a phase: {status}"),
+        }
+    };
+    let output = upgrade.wait_with_output().expect("upgrade-controller ends");
+    assert!(
+        output.status.success(),
+        "upgrade-controller: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = watching
+            .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(60))
+            .await
+            .expect("Upgrade.Status after the upgrade");
+        if status["phase"] == "ready" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not Ready on N+1: {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = watching.stats();
+    assert_eq!(
+        stats.disconnected, 0,
+        "the client's connection closed during the upgrade: {stats:?}"
+    );
+    check_and_stop(data, next, "upgrade-controller").await;
+    gap
 }
 
 /// One start of `lockstepd` on a bootstrapped data dir: how long until the launcher
@@ -285,6 +353,7 @@ async fn main() {
     let (mut notified, mut answered) = (Vec::new(), Vec::new());
     let (mut plain, mut from_mirror, mut through, mut staging) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut gaps = Vec::new();
     for _ in 0..runs {
         let started = start_to_ready(&started_data, own).await;
         notified.push(started.notified);
@@ -323,6 +392,14 @@ async fn main() {
         check_and_stop(&data, next, "bootstrap through an upgrade").await;
 
         staging.push(download_verify_unpack(&metadata, &tools_url, &entry, next).await);
+
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path().join("controller"));
+        bootstrap(
+            data.root(),
+            &["--metadata-source", &source, "--metadata-key", &public_key],
+        );
+        gaps.push(self_upgrade_gap(&data, next).await);
     }
 
     let binary_bytes = std::fs::metadata(LOCKSTEPD).unwrap().len();
@@ -343,6 +420,7 @@ async fn main() {
     );
     let through = show("bootstrap to Ready through an upgrade", &through);
     let staging = show("download, verify and unpack the binary", &staging);
+    show("self-upgrade gap on one connection (front door)", &gaps);
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
         "ratio through an upgrade / no upgrade:           {:.2}",

@@ -1,6 +1,6 @@
-//! The front door with real processes (issue 19, `spec/relay.md`): `lockstep bootstrap` with
-//! `LOCKSTEPD_FRONT_DOOR=true`, so that the launcher holds the clients' connections and relays
-//! them to the worker. A websocket logged in before the worker is killed with -9 stays open:
+//! The front door with real processes (issue 19, `spec/relay.md`): `lockstep bootstrap` as
+//! the README runs it (the front door is the default), so that the launcher holds the clients'
+//! connections and relays them to the worker. A websocket logged in before the worker is killed with -9 stays open:
 //! a ping between two workers is answered by the launcher, a read waits for the next worker
 //! and is served on the same connection without a new login; new connections, and plain
 //! HTTP (`/metrics`), are served through the launcher too.
@@ -9,12 +9,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::hostile::loads::{LEGIT_SOURCE, Target, request};
-use serde_json::json;
+use crate::hostile::loads::{LEGIT_SOURCE, Received, Target, receive, request, send};
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn behind_the_front_door_a_logged_in_connection_rides_through_a_worker_killed_9() {
-    let target = Target::bootstrap(&[("LOCKSTEPD_FRONT_DOOR", "true")]);
+    let target = Target::bootstrap(&[]);
     assert!(
         target
             .controller
@@ -63,6 +63,99 @@ async fn behind_the_front_door_a_logged_in_connection_rides_through_a_worker_kil
         metrics.0.contains("lockstep_phase{phase=\"ready\"} 1"),
         "{}",
         metrics.0
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.close(None)).await;
+}
+
+/// Writes the client sent before the worker was killed -9, some perhaps committed by it and
+/// some not, are all answered on the same connection and each applied once: the front door
+/// sends every unanswered call again to the next worker under the operation-id it stamped
+/// when the call arrived. Checked in the store file itself: one recorded operation per write,
+/// one machine per write, one application with its one unit per `Deploy`.
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_in_flight_when_the_worker_is_killed_9_are_each_answered_once_and_applied_once() {
+    const WRITES: u64 = 32;
+    let target = Target::bootstrap(&[]);
+    let mut socket = target.logged_in_from(LEGIT_SOURCE).await.unwrap();
+    let write = |id: u64| {
+        if id.is_multiple_of(2) {
+            json!({"request-id": id, "type": "MachineManager", "version": 10, "request": "AddMachines",
+                   "params": {"params": [{"jobs": ["JobHostUnits"]}]}})
+        } else {
+            json!({"request-id": id, "type": "Application", "version": 20, "request": "Deploy",
+                   "params": {"applications": [{"application": format!("in-flight-{id}"), "charm-url": "ubuntu", "num-units": 1}]}})
+        }
+    };
+    for id in 1..=WRITES {
+        send(&mut socket, &write(id)).await.unwrap();
+    }
+    // The worker is working through them: one is answered, the others are in flight.
+    let mut replies = vec![receive(&mut socket).await];
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(target.worker as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let killed = Instant::now();
+    while (replies.len() as u64) < WRITES {
+        replies.push(receive(&mut socket).await);
+    }
+    eprintln!(
+        "front door: {} writes answered after the worker was killed -9, the last {} ms later",
+        WRITES - 1,
+        killed.elapsed().as_millis()
+    );
+    let mut answered = std::collections::BTreeSet::new();
+    for reply in &replies {
+        let Received::Reply(reply) = reply else {
+            panic!("the connection ended: {reply:?}")
+        };
+        assert!(reply.get("error").is_none(), "{reply}");
+        // `Deploy` answers `results`, `AddMachines` `machines`: one entry each, no error.
+        let results = reply["response"]["results"]
+            .as_array()
+            .or(reply["response"]["machines"].as_array())
+            .unwrap_or_else(|| panic!("{reply}"));
+        assert_eq!(results.len(), 1, "{reply}");
+        assert!(
+            results
+                .iter()
+                .all(|result| result.get("error").is_none_or(Value::is_null)),
+            "{reply}"
+        );
+        assert!(
+            answered.insert(reply["request-id"].as_u64().unwrap()),
+            "answered twice: {reply}"
+        );
+    }
+    assert_eq!(
+        answered,
+        (1..=WRITES).collect(),
+        "every write answered once"
+    );
+    let worker = target.controller.worker_pid().expect("a new worker runs");
+    assert_ne!(worker, target.worker, "a new worker serves");
+
+    // The store: each write recorded and applied once.
+    let store = rusqlite::Connection::open_with_flags(
+        target.controller.data().store_path(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let count = |sql: &str| -> u64 { store.query_row(sql, [], |row| row.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM operations WHERE id LIKE 'fd-%'"),
+        WRITES
+    );
+    // Each write adds one machine: an `AddMachines` its own, a `Deploy` its unit's.
+    assert_eq!(count("SELECT COUNT(*) FROM machines"), 1 + WRITES);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM applications WHERE name LIKE 'in-flight-%'"),
+        WRITES / 2
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM units WHERE name LIKE 'in-flight-%'"),
+        WRITES / 2
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.close(None)).await;
 }

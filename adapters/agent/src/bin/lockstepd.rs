@@ -45,8 +45,18 @@ struct Args {
     #[arg(long, default_value_t = 30)]
     stop_timeout_sec: u64,
     /// The launcher holds the clients' connections itself and relays them to the worker,
-    /// so that a worker's restart (a self-upgrade, a crash) closes none of them.
-    #[arg(long, env = "LOCKSTEPD_FRONT_DOOR")]
+    /// so that a worker's restart (a self-upgrade, a crash) closes none of them (the
+    /// default). `--front-door=false`: every worker serves the port itself, and its
+    /// restart closes every connection.
+    #[arg(
+        long,
+        env = "LOCKSTEPD_FRONT_DOOR",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "true|false"
+    )]
     front_door: bool,
     /// Seconds a new binary may take from start to Ready before the agent falls back.
     #[arg(

@@ -152,6 +152,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             (Some(served), None)
         }
         None => {
+            tracing::warn!(target: "lockstep::launcher", "no front door (--front-door=false): each worker serves the API's port itself, and its restart closes every client's connection");
             rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty()).map_err(|e| {
                 DaemonError::system("let workers inherit the listening socket")(e.into())
             })?;

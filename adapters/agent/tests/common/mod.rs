@@ -685,3 +685,20 @@ pub fn basic(tag: &str, password: &str) -> String {
         base64::engine::general_purpose::STANDARD.encode(format!("{tag}:{password}"))
     )
 }
+
+/// The patch `k` after this build's version: `later_patch(1)` is [`next()`].
+pub fn later_patch(k: u32) -> Version {
+    let mut version = own();
+    version.patch += k;
+    version
+}
+
+/// The machine ids of a `Client.FullStatus` answer, sorted as strings.
+pub fn machine_ids(full_status: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = full_status["machines"]
+        .as_object()
+        .map(|machines| machines.keys().cloned().collect())
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}

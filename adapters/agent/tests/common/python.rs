@@ -24,6 +24,13 @@ pub fn python() -> PathBuf {
         return python;
     }
     let directory = Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-venv");
+    // Two test processes (two `cargo test` runs sharing the target directory) take turns:
+    // one builds the virtualenv, the other then finds it built.
+    let lock_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-venv.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .unwrap_or_else(|error| panic!("{}: {error}", lock_path.display()));
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .unwrap_or_else(|error| panic!("lock {}: {error}", lock_path.display()));
     let python = directory.join("bin/python");
     let marker = directory.join("installed.txt");
     let wanted = CLIENTS.join(" ");
