@@ -635,19 +635,7 @@ fn agent_versions(answers: &[Vec<SeenDelta>]) -> Vec<String> {
 /// (`Admin.Login`, request id 1): a test sees what happens to this one connection.
 async fn logged_in(controller: &Controller) -> Socket {
     let file = controller.controller_file();
-    let config = lockstep_transport::tls::client_config(
-        &file.ca_cert,
-        &[&rustls::version::TLS13, &rustls::version::TLS12],
-    )
-    .expect("a TLS client configuration");
-    let tcp = tokio::net::TcpStream::connect(&file.api_endpoints[0])
-        .await
-        .expect("the controller listens");
-    let name = rustls::pki_types::ServerName::try_from("juju-apiserver").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-        .expect("a TLS connection");
+    let tls = controller.tls_connect("juju-apiserver").await;
     let url = format!(
         "wss://{}/model/{}/api",
         file.api_endpoints[0], file.model_uuid
@@ -1160,6 +1148,36 @@ fn check_deployed(prefix: &str, output: &Output) -> Value {
     seen["sends"].clone()
 }
 
+/// `FullStatus` after one deployer per prefix of `prefixes`: exactly their applications,
+/// each with its units (web 3, db 1, lb 1), two relations each, and one machine per unit
+/// beside the controller's: each deployment applied once.
+fn assert_deployed_once(full: &Value, prefixes: &[&str]) {
+    let mut applications = Vec::new();
+    for prefix in prefixes {
+        for (application, units) in [("web", 3), ("db", 1), ("lb", 1)] {
+            let name = format!("{prefix}-{application}");
+            let unit_count = full["applications"][&name]["units"]
+                .as_object()
+                .map(serde_json::Map::len);
+            assert_eq!(unit_count, Some(units), "{name}: {full:#}");
+            applications.push(name);
+        }
+    }
+    applications.sort();
+    let shown: Vec<&String> = full["applications"].as_object().unwrap().keys().collect();
+    assert_eq!(shown, applications.iter().collect::<Vec<_>>(), "{full:#}");
+    assert_eq!(
+        full["relations"].as_array().map(Vec::len),
+        Some(2 * prefixes.len()),
+        "{full:#}"
+    );
+    assert_eq!(
+        common::machine_ids(full).len(),
+        1 + 5 * prefixes.len(),
+        "{full:#}"
+    );
+}
+
 /// The seed's deployer behind the front door (`LOCKSTEPD_FRONT_DOOR=true`), started at three
 /// moments of `lockstep bootstrap --auto-upgrade`: one while the mirror holds the new binary
 /// back (`upgrading`: its deploy refused and resent), one started as the test releases the
@@ -1237,28 +1255,10 @@ async fn behind_the_front_door_jujuclient_deployers_started_while_upgrading_at_r
         exe.display()
     );
     // Each deployment applied once.
-    let full = held.controller.full_status().await;
-    let mut applications = Vec::new();
-    for prefix in ["upgrading", "releasing", "ready"] {
-        for (application, units) in [("web", 3), ("db", 1), ("lb", 1)] {
-            let name = format!("{prefix}-{application}");
-            let unit_count = full["applications"][&name]["units"]
-                .as_object()
-                .map(serde_json::Map::len);
-            assert_eq!(unit_count, Some(units), "{name}: {full:#}");
-            applications.push(name);
-        }
-    }
-    applications.sort();
-    let shown: Vec<&String> = full["applications"].as_object().unwrap().keys().collect();
-    assert_eq!(shown, applications.iter().collect::<Vec<_>>(), "{full:#}");
-    assert_eq!(
-        full["relations"].as_array().map(Vec::len),
-        Some(6),
-        "{full:#}"
+    assert_deployed_once(
+        &held.controller.full_status().await,
+        &["upgrading", "releasing", "ready"],
     );
-    // One machine for each unit, and the controller's.
-    assert_eq!(common::machine_ids(&full).len(), 1 + 3 * 5, "{full:#}");
     eprintln!("in {:?}", begun.elapsed());
 }
 
@@ -1356,25 +1356,8 @@ async fn jujuclient_deployers_ride_through_upgrade_controller_with_the_worker_ki
     );
 
     // Each deployment applied once.
-    let full = controller.full_status().await;
-    let mut applications = Vec::new();
-    for (prefix, _) in &outputs {
-        for (application, units) in [("web", 3), ("db", 1), ("lb", 1)] {
-            let name = format!("{prefix}-{application}");
-            let unit_count = full["applications"][&name]["units"]
-                .as_object()
-                .map(serde_json::Map::len);
-            assert_eq!(unit_count, Some(units), "{name}: {full:#}");
-            applications.push(name);
-        }
-    }
-    applications.sort();
-    let shown: Vec<&String> = full["applications"].as_object().unwrap().keys().collect();
-    assert_eq!(shown, applications.iter().collect::<Vec<_>>(), "{full:#}");
-    assert_eq!(
-        full["relations"].as_array().map(Vec::len),
-        Some(6),
-        "{full:#}"
+    assert_deployed_once(
+        &controller.full_status().await,
+        &outputs.each_ref().map(|(prefix, _)| *prefix),
     );
-    assert_eq!(common::machine_ids(&full).len(), 1 + 3 * 5, "{full:#}");
 }

@@ -222,21 +222,20 @@ async fn a_read_held_past_the_wait_bound_is_refused_as_upgrade_in_progress() {
     assert_eq!(refused["error-info"]["retry-after-ms"], 1000, "{refused}");
 }
 
-/// The next worker starts limited (as every worker does: bootstrapping, running steps): the
-/// replayed write, which the worker that died had committed, waits for it to be Ready and
-/// is then answered by what it did, rather than refused `upgrade in progress`.
-#[tokio::test]
-async fn a_write_replayed_on_a_worker_not_ready_yet_waits_for_ready_and_is_answered_once() {
-    let mut controller = Controller::new().await;
-    let door = door(&controller, Duration::from_secs(10));
-    let mut client = Client::connect(&door);
-    client.login().await;
+/// Sends `AddMachines` (request `request_id`) on `client`; the worker commits it and dies
+/// between its commit and its reply. Returns the state's revision after the commit; no
+/// worker runs.
+async fn commit_and_die(
+    controller: &mut Controller,
+    client: &Client,
+    request_id: u64,
+) -> lockstep_core::lifecycle::Revision {
     let before = controller.state.revision();
     controller
         .state
         .stall_after_commit
         .store(true, Ordering::SeqCst);
-    client.send(add_machine(2)).await;
+    client.send(add_machine(request_id)).await;
     tokio::time::timeout(Duration::from_secs(10), async {
         while controller.state.revision() == before {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -250,6 +249,19 @@ async fn a_write_replayed_on_a_worker_not_ready_yet_waits_for_ready_and_is_answe
         .state
         .stall_after_commit
         .store(false, Ordering::SeqCst);
+    committed
+}
+
+/// The next worker starts limited (as every worker does: bootstrapping, running steps): the
+/// replayed write, which the worker that died had committed, waits for it to be Ready and
+/// is then answered by what it did, rather than refused `upgrade in progress`.
+#[tokio::test]
+async fn a_write_replayed_on_a_worker_not_ready_yet_waits_for_ready_and_is_answered_once() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let mut client = Client::connect(&door);
+    client.login().await;
+    let committed = commit_and_die(&mut controller, &client, 2).await;
     controller.start_worker_in(Phase::Bootstrapping).await;
 
     // A read is served by the limited worker meanwhile; the replayed write waits.
@@ -274,27 +286,7 @@ async fn a_write_the_worker_committed_and_died_on_is_answered_from_the_next_and_
     let door = door(&controller, Duration::from_secs(10));
     let mut client = Client::connect(&door);
     client.login().await;
-    let before = controller.state.revision();
-
-    controller
-        .state
-        .stall_after_commit
-        .store(true, Ordering::SeqCst);
-    client.send(add_machine(2)).await;
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while controller.state.revision() == before {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the worker commits the write");
-    let committed = controller.state.revision();
-    // The worker dies between its commit and its reply.
-    controller.kill_worker().await;
-    controller
-        .state
-        .stall_after_commit
-        .store(false, Ordering::SeqCst);
+    let committed = commit_and_die(&mut controller, &client, 2).await;
     controller.start_worker().await;
 
     let reply = client.receive().await;

@@ -338,10 +338,12 @@ impl Controller {
             .expect("FullStatus")
     }
 
-    /// `GET path` on the controller over TLS (its CA), with an `Authorization` header when
-    /// given; the status and the body.
-    pub async fn https_get(&self, path: &str, authorization: Option<String>) -> (u16, Vec<u8>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// A TLS connection to the controller's API address, verified with its CA for the
+    /// server name `name`.
+    pub async fn tls_connect(
+        &self,
+        name: &'static str,
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
         let file = self.controller_file();
         let config = lockstep_transport::tls::client_config(
             &file.ca_cert,
@@ -351,11 +353,18 @@ impl Controller {
         let tcp = tokio::net::TcpStream::connect(&file.api_endpoints[0])
             .await
             .expect("the controller listens");
-        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-        let mut stream = tokio_rustls::TlsConnector::from(config)
+        let name = rustls::pki_types::ServerName::try_from(name).unwrap();
+        tokio_rustls::TlsConnector::from(config)
             .connect(name, tcp)
             .await
-            .expect("a TLS connection");
+            .expect("a TLS connection")
+    }
+
+    /// `GET path` on the controller over TLS (its CA), with an `Authorization` header when
+    /// given; the status and the body.
+    pub async fn https_get(&self, path: &str, authorization: Option<String>) -> (u16, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = self.tls_connect("localhost").await;
         let authorization =
             authorization.map_or_else(String::new, |value| format!("Authorization: {value}\r\n"));
         let request = format!(
