@@ -122,6 +122,9 @@ pub struct FrontDoor {
     boot: String,
     launcher: String,
     connections: AtomicU64,
+    /// Bumped when a worker says it listens ([`FrontDoor::worker_listening`]): connections
+    /// waiting for a worker try at once instead of at their next retry.
+    listening: tokio::sync::watch::Sender<u64>,
     /// How long a login or read waits for a worker before it is refused as
     /// `upgrade in progress` (every Juju client retries that).
     pub wait_max: Duration,
@@ -136,8 +139,16 @@ impl FrontDoor {
             boot: relay::new_boot(),
             launcher: launcher.to_owned(),
             connections: AtomicU64::new(1),
+            listening: tokio::sync::watch::Sender::new(0),
             wait_max,
         }
+    }
+
+    /// A worker listens on the relay socket now (it said so to the launcher): every
+    /// connection and HTTP request waiting for one tries it at once. Without this word they
+    /// find it at their next try, [`RETRY_INTERVAL`] apart.
+    pub fn worker_listening(&self) {
+        self.listening.send_modify(|epoch| *epoch += 1);
     }
 
     /// This launcher's `boot`: the first part of every operation-id it stamps.
@@ -173,6 +184,7 @@ impl FrontDoor {
             relay: None,
         };
         let mut next_attempt = Instant::now();
+        let mut listening = self.listening.subscribe();
         loop {
             if connection.relay.is_none() && Instant::now() >= next_attempt {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.open(&connection)).await {
@@ -248,6 +260,11 @@ impl FrontDoor {
                     }
                 },
                 () = tokio::time::sleep_until(next_attempt), if no_worker => {}
+                changed = listening.changed(), if no_worker => {
+                    if changed.is_ok() {
+                        next_attempt = Instant::now();
+                    }
+                }
                 () = sleep_until_some(expires) => {
                     let now = Instant::now();
                     while let Some(held) = connection.held.front() {
@@ -571,7 +588,8 @@ impl FrontDoor {
                 Ok(response) => return response,
                 Err(error) if idempotent && Instant::now() < deadline => {
                     tracing::debug!(target: "lockstep::front", %error, "no worker for an HTTP request yet");
-                    tokio::time::sleep(RETRY_INTERVAL).await;
+                    let mut listening = self.listening.subscribe();
+                    let _ = tokio::time::timeout(RETRY_INTERVAL, listening.changed()).await;
                 }
                 Err(error) => {
                     tracing::debug!(target: "lockstep::front", %error, "HTTP request not relayed");

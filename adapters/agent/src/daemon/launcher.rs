@@ -140,16 +140,16 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
     let listener = bind(&conf.api_listen).await?;
     let relay_socket = data.root().join(lockstep_transport::relay::SOCKET_NAME);
     // Either the launcher serves the port (behind the front door) or every worker inherits it.
-    let (_front_door, listen_fd) = match &options.front_door {
+    let (door, _served, listen_fd) = match &options.front_door {
         Some(limits) => {
-            let served = front_door(
+            let (door, served) = front_door(
                 &data,
                 &options.data_dir,
                 listener,
                 limits.clone(),
                 &relay_socket,
             )?;
-            (Some(served), None)
+            (Some(door), Some(served), None)
         }
         None => {
             tracing::warn!(target: "lockstep::launcher", "no front door (--front-door=false): each worker serves the API's port itself, and its restart closes every client's connection");
@@ -157,7 +157,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
                 DaemonError::system("let workers inherit the listening socket")(e.into())
             })?;
             let fd = listener.as_raw_fd();
-            (None, Some((listener, fd)))
+            (None, None, Some((listener, fd)))
         }
     };
     let notify_name = format!("lockstepd-{}-{}", std::process::id(), random_suffix());
@@ -234,6 +234,9 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
                     }
                     let notification = Notification::parse(&buffer[..length]);
                     last_ping = Instant::now();
+                    if notification.relay && let Some(door) = &door {
+                        door.worker_listening();
+                    }
                     if notification.reloading {
                         ready = false;
                     }
@@ -299,7 +302,7 @@ fn front_door(
     listener: std::net::TcpListener,
     limits: lockstep_transport::limits::ApiLimits,
     relay_socket: &std::path::Path,
-) -> Result<AbortOnDrop, DaemonError> {
+) -> Result<(Arc<lockstep_transport::front::FrontDoor>, AbortOnDrop), DaemonError> {
     use lockstep_transport::admission::Connections;
     use lockstep_transport::front::FrontDoor;
     let tls = crate::daemon::worker::credentials(data)?
@@ -322,9 +325,14 @@ fn front_door(
     ));
     tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), "front door: the launcher holds the clients' connections and relays them to the worker");
     let router = door.router(Arc::clone(&connections));
-    Ok(AbortOnDrop(tokio::spawn(
-        lockstep_transport::server::serve_connections(listener, tls, connections, limits, router),
-    )))
+    let served = AbortOnDrop(tokio::spawn(lockstep_transport::server::serve_connections(
+        listener,
+        tls,
+        connections,
+        limits,
+        router,
+    )));
+    Ok((door, served))
 }
 
 /// A task aborted when this is dropped.

@@ -137,6 +137,9 @@ pub struct Notification {
     pub reloading: bool,
     pub stopping: bool,
     pub watchdog: bool,
+    /// `RELAY=1` (lockstep's own, which systemd ignores): the worker listens on the relay
+    /// socket, so the launcher's connections waiting for a worker try it at once.
+    pub relay: bool,
     pub status: Option<String>,
 }
 
@@ -149,6 +152,7 @@ impl Notification {
                 Some(("RELOADING", "1")) => notification.reloading = true,
                 Some(("STOPPING", "1")) => notification.stopping = true,
                 Some(("WATCHDOG", "1")) => notification.watchdog = true,
+                Some(("RELAY", "1")) => notification.relay = true,
                 Some(("STATUS", text)) => notification.status = Some(text.to_owned()),
                 _ => {}
             }
@@ -196,5 +200,13 @@ mod tests {
         notifier.ready();
         let length = listener.recv(&mut buffer).unwrap();
         assert!(Notification::parse(&buffer[..length]).ready);
+    }
+
+    #[test]
+    fn relay_1_says_the_worker_listens_on_its_relay_socket_and_nothing_else() {
+        let relay = Notification::parse(b"RELAY=1");
+        assert!(relay.relay);
+        assert!(!relay.ready && !relay.watchdog && relay.status.is_none());
+        assert!(!Notification::parse(b"READY=1\nRELAY=0").relay);
     }
 }

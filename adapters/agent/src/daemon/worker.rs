@@ -367,6 +367,9 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             })?;
             let listener = relay_listener(path)?;
             tracing::info!(target: "lockstep::agent", socket = %path.display(), launcher, "serving the connections the launcher holds, over its relay");
+            // The launcher's connections waiting for a worker need not wait for their
+            // next retry: a stream opened now waits in the backlog until it is served.
+            notifier.send("RELAY=1");
             Entrance::Relay(listener, launcher)
         }
         None => {
