@@ -1361,3 +1361,58 @@ async fn jujuclient_deployers_ride_through_upgrade_controller_with_the_worker_ki
         &outputs.each_ref().map(|(prefix, _)| *prefix),
     );
 }
+
+/// The seed's deployer started at the earliest moment of `bootstrap --auto-upgrade`: while
+/// the controller, held `checking-agent-version` by the mirror, has not yet found N+1. Once
+/// released, the controller finds N+1, downloads it, re-executes into it and runs its
+/// steps; python-jujuclient, on its one connection, rides through every one of those
+/// phases: refused `upgrade in progress` and resending until Ready, it finishes without
+/// raising, and `FullStatus` shows its deployment once on N+1 under the same launcher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jujuclient_deployer_started_while_checking_the_agent_version_rides_through_the_whole_upgrade_and_deploys_once()
+ {
+    tokio::task::spawn_blocking(python::python).await.unwrap();
+    let mut held = HeldBootstrap::start(
+        Mirror::n_and_next(Published::Lockstepd),
+        HoldBack::MetadataAfterABinary,
+    );
+    held.wait_held_in("checking-agent-version").await;
+    let launcher = held.controller.launcher_pid().expect("a launcher runs");
+    let mut deployer = start_deployer(&held.controller, "checking");
+    let started = Instant::now();
+    while rejections(&metrics(&held.controller).await, "Application") < 1 {
+        assert!(
+            deployer.running(),
+            "the deployer exited while the controller was checking the agent version"
+        );
+        assert!(
+            started.elapsed() < BOUND,
+            "the deployer's deploy was not refused within {BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(held.phase().await, "checking-agent-version");
+    held.release().await;
+    let sends = check_deployed("checking", &deployer.finish().await);
+    // Its three deploys, and at least one resent after a refusal.
+    assert!(sends["Deploy"].as_u64().unwrap() > 3, "{sends}");
+
+    let status = held.controller.status().await;
+    assert_eq!(
+        (&status["phase"], &status["agent-version"]),
+        (&json!("ready"), &json!(next().to_string())),
+        "{status:#}"
+    );
+    assert_eq!(held.controller.launcher_pid(), Some(launcher));
+    let exe = held
+        .controller
+        .serving_exe()
+        .expect("the worker's executable");
+    assert!(
+        exe.starts_with(held.controller.binary_dir(next())),
+        "the worker runs {}",
+        exe.display()
+    );
+    assert!(held.controller.log().contains("re-executing"));
+    assert_deployed_once(&held.controller.full_status().await, &["checking"]);
+}
