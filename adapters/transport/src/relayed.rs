@@ -329,8 +329,6 @@ async fn connection(
     ended
 }
 
-/// Serves one relayed call: the frame decoded, the launcher's operation-id put in its
-/// params, the call routed as a websocket's is, and the reply annotated.
 /// Waits, at most [`relay::REPLAY_WAIT_MAX`], while this worker is not Ready and its gate
 /// would refuse `facade.method` to `login`: a replayed call, which the worker that went may
 /// have committed, is answered by what it did rather than refused. (Reads are served in
@@ -350,6 +348,9 @@ async fn ready_for(api: &Api, login: Login, facade: &str, method: &str) {
     }
 }
 
+/// Serves one relayed call: the frame decoded, the launcher's operation-id put in its
+/// params, a replayed call held until the worker may answer it, the call routed as a
+/// websocket's is, and the reply annotated.
 async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
     let mut request = match wire::decode(&call.frame) {
         Ok(request) => request,
