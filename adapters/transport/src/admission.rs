@@ -79,6 +79,26 @@ impl Admitted {
         self.ticket.close(&self.connections, reason);
     }
 
+    /// The connection logged in ([`Connections::logged_in`]).
+    pub fn logged_in(&self) -> bool {
+        self.connections.logged_in(&self.ticket)
+    }
+
+    /// [`Connections::reserve_reply`] for this connection.
+    pub fn reserve_reply(&self, bytes: usize) -> bool {
+        self.connections.reserve_reply(&self.ticket, bytes)
+    }
+
+    /// [`Connections::release_reply`] for this connection.
+    pub fn release_reply(&self, bytes: usize) {
+        self.connections.release_reply(&self.ticket, bytes);
+    }
+
+    /// The limits it was admitted under.
+    pub fn limits(&self) -> &ApiLimits {
+        &self.connections.limits
+    }
+
     /// Closes the connection if it has not logged in within the login timeout: a task
     /// that ends with the connection or at the deadline, whichever comes first.
     pub fn enforce_login_deadline(&self) {

@@ -38,7 +38,7 @@ use axum::http;
 
 use std::sync::Arc;
 
-use crate::admission::{Admitted, Connections, Ticket};
+use crate::admission::{Admitted, Connections};
 use crate::connection::REQUESTS_IN_FLIGHT_MAX;
 use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError, WatcherPosition};
 use crate::wire::{self, Framing, WireError};
@@ -69,14 +69,8 @@ pub enum ToClient {
 #[derive(Debug)]
 pub struct Outbox {
     sender: mpsc::Sender<ToClient>,
-    meter: Option<Meter>,
-}
-
-/// A connection's slot in the launcher's admission.
-#[derive(Clone, Debug)]
-struct Meter {
-    connections: Arc<Connections>,
-    ticket: Arc<Ticket>,
+    /// The connection's slot in the launcher's admission, if it has one.
+    admitted: Option<Arc<Admitted>>,
 }
 
 impl From<mpsc::Sender<ToClient>> for Outbox {
@@ -84,7 +78,7 @@ impl From<mpsc::Sender<ToClient>> for Outbox {
     fn from(sender: mpsc::Sender<ToClient>) -> Outbox {
         Outbox {
             sender,
-            meter: None,
+            admitted: None,
         }
     }
 }
@@ -100,15 +94,15 @@ impl Outbox {
             ToClient::Frame(frame) => frame.len(),
             ToClient::Close { .. } => 0,
         };
-        if let Some(meter) = &self.meter
-            && !meter.connections.reserve_reply(&meter.ticket, bytes)
+        if let Some(admitted) = &self.admitted
+            && !admitted.reserve_reply(bytes)
         {
-            meter.connections.release_reply(&meter.ticket, bytes);
+            admitted.release_reply(bytes);
             return Err(Gone);
         }
         self.sender.send(message).await.map_err(|_| {
-            if let Some(meter) = &self.meter {
-                meter.connections.release_reply(&meter.ticket, bytes);
+            if let Some(admitted) = &self.admitted {
+                admitted.release_reply(bytes);
             }
             Gone
         })
@@ -297,36 +291,32 @@ impl FrontDoor {
         peer: SocketAddr,
         reached: Option<SocketAddr>,
         path: String,
-        admitted: Option<(Arc<Connections>, Arc<Admitted>)>,
+        admitted: Option<Arc<Admitted>>,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         use tokio_tungstenite::tungstenite::Message as Ws;
         use tokio_tungstenite::tungstenite::protocol::CloseFrame;
         use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-        let meter = admitted.as_ref().map(|(connections, admitted)| Meter {
-            connections: Arc::clone(connections),
-            ticket: Arc::clone(&admitted.ticket),
-        });
-        let closed = meter
+        let closed = admitted
             .as_ref()
-            .map_or_else(tokio_util::sync::CancellationToken::new, |meter| {
-                meter.ticket.closed.clone()
+            .map_or_else(tokio_util::sync::CancellationToken::new, |admitted| {
+                admitted.ticket.closed.clone()
             });
-        let write_timeout = meter.as_ref().map_or_else(
+        let write_timeout = admitted.as_ref().map_or_else(
             || crate::limits::ApiLimits::default().write_timeout,
-            |meter| meter.connections.limits.write_timeout,
+            |admitted| admitted.limits().write_timeout,
         );
         let (mut sink, mut stream) = socket.split();
         let (frames, from_client) = mpsc::channel::<String>(REQUESTS_IN_FLIGHT_MAX);
         let (sender, mut gets) = mpsc::channel::<ToClient>(crate::connection::REPLIES_QUEUED_MAX);
         let to_client = Outbox {
             sender,
-            meter: meter.clone(),
+            admitted: admitted.clone(),
         };
         let closing = to_client.sender.clone();
         let reader = {
-            let meter = meter.clone();
+            let admitted = admitted.clone();
             async move {
                 while let Some(message) = stream.next().await {
                     match message {
@@ -354,10 +344,8 @@ impl FrontDoor {
                             break;
                         }
                         Err(tokio_tungstenite::tungstenite::Error::Capacity(_)) => {
-                            if let Some(meter) = &meter {
-                                meter
-                                    .ticket
-                                    .close(&meter.connections, crate::limits::Refusal::FrameSize);
+                            if let Some(admitted) = &admitted {
+                                admitted.close(crate::limits::Refusal::FrameSize);
                             }
                             break;
                         }
@@ -367,7 +355,7 @@ impl FrontDoor {
             }
         };
         let writer = {
-            let (meter, closed) = (meter.clone(), closed.clone());
+            let (admitted, closed) = (admitted.clone(), closed.clone());
             async move {
                 loop {
                     let message = tokio::select! {
@@ -382,18 +370,15 @@ impl FrontDoor {
                                 written = tokio::time::timeout(write_timeout, sink.send(Ws::Text(frame.into()))) => written,
                                 () = closed.cancelled() => break,
                             };
-                            if let Some(meter) = &meter {
-                                meter.connections.release_reply(&meter.ticket, bytes);
+                            if let Some(admitted) = &admitted {
+                                admitted.release_reply(bytes);
                             }
                             match written {
                                 Ok(Ok(())) => {}
                                 Ok(Err(_)) => return,
                                 Err(_) => {
-                                    if let Some(meter) = &meter {
-                                        meter.ticket.close(
-                                            &meter.connections,
-                                            crate::limits::Refusal::WriteTimeout,
-                                        );
+                                    if let Some(admitted) = &admitted {
+                                        admitted.close(crate::limits::Refusal::WriteTimeout);
                                     }
                                     break;
                                 }
@@ -414,7 +399,10 @@ impl FrontDoor {
                 }
                 // Closed by the launcher (a deadline, a cap): tell the client why, if its
                 // socket still takes it.
-                if let Some(reason) = meter.as_ref().and_then(|meter| meter.ticket.reason()) {
+                if let Some(reason) = admitted
+                    .as_ref()
+                    .and_then(|admitted| admitted.ticket.reason())
+                {
                     tracing::debug!(target: "lockstep::front", %peer, %reason, "connection closed by the launcher");
                     let close = Ws::Close(Some(CloseFrame {
                         code: CloseCode::Policy,
@@ -425,9 +413,8 @@ impl FrontDoor {
             }
         };
         // The slot is held (`admitted` kept) until the websocket ends: dropping it closes.
-        let on_login = admitted.clone().map(|(connections, admitted)| {
-            Box::new(move || connections.logged_in(&admitted.ticket))
-                as Box<dyn FnOnce() -> bool + Send>
+        let on_login = admitted.clone().map(|admitted| {
+            Box::new(move || admitted.logged_in()) as Box<dyn FnOnce() -> bool + Send>
         });
         let served = self.serve(peer, reached, path, from_client, to_client, on_login);
         let mut writer = std::pin::pin!(writer);
@@ -450,10 +437,10 @@ impl FrontDoor {
     /// [`crate::server::serve_connections`], which admits each connection.
     pub fn router(self: &Arc<Self>, connections: Arc<Connections>) -> axum::Router {
         let websocket = {
-            let (door, connections) = (Arc::clone(self), Arc::clone(&connections));
+            let door = Arc::clone(self);
             move |request: http::Request<axum::body::Body>| {
-                let (door, connections) = (Arc::clone(&door), Arc::clone(&connections));
-                async move { door.upgrade(request, connections) }
+                let door = Arc::clone(&door);
+                async move { door.upgrade(request) }
             }
         };
         let plain = {
@@ -492,7 +479,6 @@ impl FrontDoor {
     fn upgrade(
         self: Arc<Self>,
         mut request: http::Request<axum::body::Body>,
-        connections: Arc<Connections>,
     ) -> axum::response::Response {
         use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
         use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
@@ -544,7 +530,6 @@ impl FrontDoor {
                 Some(config),
             )
             .await;
-            let admitted = admitted.map(|admitted| (connections, admitted));
             self.serve_websocket(socket, peer, reached, path, admitted)
                 .await;
         });
