@@ -28,6 +28,13 @@
 //!   `login for machine 1 blocked because upgrade is in progress`, here with code
 //!   [`UPGRADE_IN_PROGRESS`] and the same detail. Controller agents log in (Juju's
 //!   `TestControllerMachineLoginDuringMaintenance`) and get the limited list.
+//! - An agent's report on itself ([`AGENT_REPORTS`]: `Machiner.SetStatus`) is admitted to
+//!   every logged-in agent, controller or machine, in every phase (held between two
+//!   workers). Juju restricts users only during an upgrade: its controller agents keep the
+//!   whole API, and a machine agent is refused at login; lockstep gates per call, so a
+//!   machine agent that logged in while Ready still holds its connection when the phase
+//!   changes, and its status reports must not turn into `upgrade in progress` (FullStatus
+//!   would show it `down` for the whole upgrade).
 //!
 //! - Between two workers ([`Phase::Restarting`], the launcher's view while it holds the
 //!   connections and no worker serves them), [`between_workers`] decides: the launcher
@@ -100,6 +107,14 @@ pub const LIMITED_ALLOW_LIST: &[(&str, &str)] = &[
 /// upgrade itself (Juju's `Client.AbortCurrentUpgrade`, which Juju also serves during
 /// upgrades). No call that changes the model is admitted before Ready.
 pub const LIMITED_WRITES: &[(&str, &str)] = &[("Client", "AbortCurrentUpgrade")];
+
+/// Calls by which a logged-in agent reports on itself, admitted to every agent (controller
+/// or machine) in every phase, and held between two workers for the next one. Each report
+/// replaces the previous one (the last write wins), so sending it again changes nothing
+/// more: holding it, or replaying it on the next worker, is harmless. Users are not admitted
+/// to them by this list (they are refused as any other call; the server refuses them agent
+/// facades anyway). Pinned in `spec/wire.md` ("The gate").
+pub const AGENT_REPORTS: &[(&str, &str)] = &[("Machiner", "SetStatus")];
 
 /// Calls admitted to a connection that has not logged in yet, in every phase. Every entry is
 /// also in [`LIMITED_ALLOW_LIST`].
@@ -379,6 +394,9 @@ pub fn between_workers(
         Login::Anonymous if allowed_before_login(facade, method) => BetweenWorkers::Wait,
         Login::Anonymous => BetweenWorkers::Refuse(Rejection::not_logged_in(facade, method)),
         _ if (facade, method) == ("Pinger", "Ping") => BetweenWorkers::Answer,
+        Login::ControllerAgent | Login::MachineAgent if agent_report(facade, method) => {
+            BetweenWorkers::Wait
+        }
         Login::User | Login::ControllerAgent if read_only(facade, method) => BetweenWorkers::Wait,
         Login::User | Login::ControllerAgent => {
             BetweenWorkers::Refuse(Rejection::upgrade_in_progress(view))
@@ -402,6 +420,12 @@ pub fn read_only(facade: &str, method: &str) -> bool {
     allowed_when_limited(facade, method) && !listed(LIMITED_WRITES, facade, method)
 }
 
+/// True when `facade.method` is an agent's report on itself ([`AGENT_REPORTS`]), admitted
+/// to logged-in agents in every phase.
+pub fn agent_report(facade: &str, method: &str) -> bool {
+    listed(AGENT_REPORTS, facade, method)
+}
+
 /// True when `facade.method` is served to a connection that has not logged in yet.
 pub fn allowed_before_login(facade: &str, method: &str) -> bool {
     listed(BEFORE_LOGIN_ALLOW_LIST, facade, method)
@@ -418,6 +442,7 @@ fn decide(view: &GateView, login: Login, facade: &str, method: &str) -> Result<(
             }
         }
         _ if view.phase.is_ready() => Ok(()),
+        Login::ControllerAgent | Login::MachineAgent if agent_report(facade, method) => Ok(()),
         Login::User | Login::ControllerAgent if allowed_when_limited(facade, method) => Ok(()),
         Login::User | Login::ControllerAgent => Err(Rejection::upgrade_in_progress(view)),
         Login::MachineAgent if (facade, method) == ("Admin", "Login") => {
@@ -528,6 +553,8 @@ mod tests {
         ("Charms", "AddCharm", NotLoggedIn(r#"unknown object type "Charms""#), Upgrade, Upgrade, Upgrade),
         ("ModelConfig", "ModelSet", NotLoggedIn(r#"unknown object type "ModelConfig""#), Upgrade, Upgrade, Upgrade),
         ("Upgrader", "DesiredVersion", NotLoggedIn(r#"unknown object type "Upgrader""#), Upgrade, Upgrade, Upgrade),
+        ("Machiner", "SetStatus", NotLoggedIn(r#"unknown object type "Machiner""#), Upgrade, Admitted, Admitted),
+        ("Machiner", "Life", NotLoggedIn(r#"unknown object type "Machiner""#), Upgrade, Upgrade, Upgrade),
         ("client", "fullstatus", NotLoggedIn(r#"unknown object type "client""#), Upgrade, Upgrade, Upgrade),
         ("Client", "fullStatus", NotLoggedIn(r#"unknown object type "Client""#), Upgrade, Upgrade, Upgrade),
         ("admin", "login", NotLoggedIn(r#"unknown object type "admin""#), Upgrade, Upgrade, Upgrade),
@@ -593,7 +620,7 @@ mod tests {
         }
         assert_eq!(checked, Phase::ALL.len() * MATRIX.len() * Login::ALL.len());
         // The matrix covers every allow-listed call.
-        for &(facade, method) in LIMITED_ALLOW_LIST {
+        for &(facade, method) in LIMITED_ALLOW_LIST.iter().chain(AGENT_REPORTS) {
             assert!(
                 MATRIX.iter().any(|row| (row.0, row.1) == (facade, method)),
                 "{facade}.{method} is missing from the matrix"
@@ -632,6 +659,11 @@ mod tests {
                     Login::Anonymous if allowed_before_login(facade, method) => "wait",
                     Login::Anonymous => "refuse",
                     _ if (facade, method) == ("Pinger", "Ping") => "answer",
+                    Login::ControllerAgent | Login::MachineAgent
+                        if AGENT_REPORTS.contains(&(facade, method)) =>
+                    {
+                        "wait"
+                    }
                     Login::User | Login::ControllerAgent if read_only(facade, method) => "wait",
                     _ => "refuse",
                 };
@@ -809,6 +841,12 @@ mod tests {
                 "{entry:?} is a limited write but not served in limited phases"
             );
         }
+        for entry in AGENT_REPORTS {
+            assert!(
+                !LIMITED_ALLOW_LIST.contains(entry),
+                "{entry:?} is an agent's report: users are not admitted to it when limited"
+            );
+        }
     }
 
     /// The rows of the table headed `| call | admitted | kind |` in the "The gate" section
@@ -863,6 +901,35 @@ mod tests {
             })
             .collect();
         assert_eq!(spec_allow_list(), expected);
+    }
+
+    /// spec/wire.md lists the agents' reports (`AGENT_REPORTS`) in the table headed
+    /// `| agent's report | admitted |` of "The gate".
+    #[test]
+    fn the_spec_lists_the_agents_reports() {
+        let section = SPEC
+            .split("\n## ")
+            .find(|section| section.starts_with("The gate\n"))
+            .expect("spec/wire.md has a section \"## The gate\"");
+        let rows: Vec<String> = section
+            .lines()
+            .skip_while(|line| line.trim() != "| agent's report | admitted |")
+            .skip(2)
+            .take_while(|line| line.starts_with('|'))
+            .map(|line| {
+                line.split('|')
+                    .nth(1)
+                    .unwrap()
+                    .trim()
+                    .trim_matches('`')
+                    .to_owned()
+            })
+            .collect();
+        let expected: Vec<String> = AGENT_REPORTS
+            .iter()
+            .map(|(facade, method)| format!("{facade}.{method}"))
+            .collect();
+        assert_eq!(rows, expected);
     }
 
     #[test]
@@ -1065,6 +1132,7 @@ mod tests {
     fn any_name() -> impl Strategy<Value = String> {
         let real: Vec<String> = LIMITED_ALLOW_LIST
             .iter()
+            .chain(AGENT_REPORTS)
             .flat_map(|&(facade, method)| [facade.to_owned(), method.to_owned()])
             .collect();
         let real_for_flip = real.clone();
@@ -1097,15 +1165,18 @@ mod tests {
             let outcome = admit(&view, login, &facade, &method);
             let listed_limited = LIMITED_ALLOW_LIST.contains(&(facade.as_str(), method.as_str()));
             let listed_before = BEFORE_LOGIN_ALLOW_LIST.contains(&(facade.as_str(), method.as_str()));
+            let report = login != Login::User
+                && AGENT_REPORTS.contains(&(facade.as_str(), method.as_str()));
             let admitted = match login {
                 Login::Anonymous => listed_before,
                 _ if phase == Phase::Ready => true,
                 _ if phase == Phase::Restarting => {
                     (facade.as_str(), method.as_str()) == ("Pinger", "Ping")
                         || (login != Login::MachineAgent && read_only(&facade, &method))
+                        || report
                 }
-                Login::MachineAgent => false,
-                Login::User | Login::ControllerAgent => listed_limited,
+                Login::MachineAgent => report,
+                Login::User | Login::ControllerAgent => listed_limited || report,
             };
             prop_assert_eq!(outcome.is_ok(), admitted);
             if let Err(rejection) = outcome {

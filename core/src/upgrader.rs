@@ -17,6 +17,7 @@ use crate::jobs::{Job, roles_for_legacy_jobs};
 use crate::lifecycle::UpgradeInfo;
 use crate::policy::{Catalogue, Stream};
 use crate::role::{Role, Roles};
+use crate::time::Millis;
 use crate::version::{Binary, Version};
 
 // ---------------------------------------------------------------------------------------
@@ -283,6 +284,79 @@ impl<'a> AgentVersionCheck<'a> {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Agents' downloads from their controller
+// ---------------------------------------------------------------------------------------
+
+/// The model config key bounding the agent downloads one controller serves at once.
+pub const AGENT_DOWNLOADS_MAX_KEY: &str = "max-agent-downloads";
+
+/// Agent downloads one controller serves at once when the model does not say: enough to
+/// keep a loopback or LAN link busy, few enough that fifty agents do not starve the API.
+pub const AGENT_DOWNLOADS_MAX_DEFAULT: u32 = 4;
+
+/// The most [`AGENT_DOWNLOADS_MAX_KEY`] may say.
+pub const AGENT_DOWNLOADS_MAX_LIMIT: u32 = 1024;
+
+/// What a controller's tools endpoint answers an agent's download.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DownloadAdmission {
+    /// Serve it now.
+    Admit,
+    /// Too many in flight: answer "busy" (HTTP 503 with `Retry-After`); the agent retries
+    /// after at least this long, with backoff and jitter of its own.
+    Busy {
+        /// The wait the controller asks for.
+        retry_after: Millis,
+    },
+}
+
+/// The wait a busy controller asks of an agent before it tries its download again.
+pub const DOWNLOAD_BUSY_RETRY_AFTER: Millis = Millis(1_000);
+
+/// Whether a controller serving `in_flight` agent downloads admits one more, under the
+/// model's bound `max` (at least one is always admitted).
+pub fn admit_agent_download(in_flight: u32, max: u32) -> DownloadAdmission {
+    if in_flight < max.max(1) {
+        DownloadAdmission::Admit
+    } else {
+        DownloadAdmission::Busy {
+            retry_after: DOWNLOAD_BUSY_RETRY_AFTER,
+        }
+    }
+}
+
+/// The model's bound on agent downloads from its config value: a whole number in
+/// `1..=`[`AGENT_DOWNLOADS_MAX_LIMIT`]; anything else (absent, zero, not a number) is the
+/// default, [`AGENT_DOWNLOADS_MAX_DEFAULT`].
+pub fn agent_downloads_max(configured: Option<u64>) -> u32 {
+    match configured {
+        Some(value) if (1..=u64::from(AGENT_DOWNLOADS_MAX_LIMIT)).contains(&value) => value as u32,
+        _ => AGENT_DOWNLOADS_MAX_DEFAULT,
+    }
+}
+
+/// The spread of the agents' start after they learn a new version: each waits a random
+/// part of it before asking for its binary, so that a fleet does not arrive at once.
+pub const AGENT_UPGRADE_SPREAD: Millis = Millis(3_000);
+
+/// An agent's wait before it starts an upgrade, from a random draw (`jitter`, any value):
+/// uniform over [`AGENT_UPGRADE_SPREAD`].
+pub fn agent_upgrade_delay(jitter: u64) -> Millis {
+    Millis(jitter % AGENT_UPGRADE_SPREAD.0.max(1))
+}
+
+/// The wait before an agent's `attempt`-th retry of a download its controller answered busy
+/// (`attempt` from 1), at least the `retry_after` asked: doubling from it up to 30 s, plus a
+/// random part of the same size (`jitter`, any value), so that agents turned away together
+/// do not come back together.
+pub fn busy_download_backoff(attempt: u32, retry_after: Millis, jitter: u64) -> Millis {
+    let base = retry_after.0.max(1);
+    let doubled = base.saturating_mul(1 << attempt.saturating_sub(1).min(5));
+    let capped = doubled.min(30_000).max(base);
+    Millis(capped + jitter % capped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,5 +562,47 @@ mod tests {
         );
         let in_progress = AgentVersionRefusal::UpgradeInProgress { record: record() };
         assert_eq!(in_progress.code(), "upgrade in progress");
+    }
+
+    #[test]
+    fn a_download_is_admitted_below_the_bound_and_busy_at_it() {
+        assert_eq!(admit_agent_download(0, 4), DownloadAdmission::Admit);
+        assert_eq!(admit_agent_download(3, 4), DownloadAdmission::Admit);
+        assert_eq!(
+            admit_agent_download(4, 4),
+            DownloadAdmission::Busy {
+                retry_after: DOWNLOAD_BUSY_RETRY_AFTER
+            }
+        );
+        // A bound of zero would starve every agent: one is always admitted.
+        assert_eq!(admit_agent_download(0, 0), DownloadAdmission::Admit);
+        assert!(matches!(
+            admit_agent_download(1, 0),
+            DownloadAdmission::Busy { .. }
+        ));
+    }
+
+    #[test]
+    fn the_models_download_bound_is_a_whole_number_in_range_or_the_default() {
+        assert_eq!(agent_downloads_max(None), AGENT_DOWNLOADS_MAX_DEFAULT);
+        assert_eq!(agent_downloads_max(Some(0)), AGENT_DOWNLOADS_MAX_DEFAULT);
+        assert_eq!(agent_downloads_max(Some(1)), 1);
+        assert_eq!(agent_downloads_max(Some(1024)), 1024);
+        assert_eq!(agent_downloads_max(Some(1025)), AGENT_DOWNLOADS_MAX_DEFAULT);
+    }
+
+    #[test]
+    fn busy_backoff_starts_at_the_servers_wait_doubles_to_a_cap_and_spreads() {
+        let after = DOWNLOAD_BUSY_RETRY_AFTER;
+        assert_eq!(busy_download_backoff(1, after, 0), Millis(1_000));
+        assert_eq!(busy_download_backoff(2, after, 0), Millis(2_000));
+        assert_eq!(busy_download_backoff(6, after, 0), Millis(30_000));
+        assert_eq!(busy_download_backoff(60, after, 0), Millis(30_000));
+        assert_eq!(busy_download_backoff(1, after, 999), Millis(1_999));
+        for jitter in [0, 1, 7, u64::MAX] {
+            let wait = busy_download_backoff(3, after, jitter);
+            assert!(wait >= Millis(4_000) && wait < Millis(8_000), "{wait:?}");
+            assert!(agent_upgrade_delay(jitter) < AGENT_UPGRADE_SPREAD);
+        }
     }
 }
