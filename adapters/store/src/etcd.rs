@@ -14,6 +14,8 @@
 //! | `application/<name>`, `unit/<name>`, `relation/<key>`, `settings/<id>`, `charm/<url>` | documents |
 //! | `step/<step>@<version>` | database-step checkpoints |
 //! | `op/<operation-id>` | client operations' recorded results |
+//! | `agent-password/<tag>` | an agent's credential (its argon2 PHC string, JSON) |
+//! | `agent-status/<tag>` | an agent's last report ([`crate::AgentStatus`]) |
 //! | `record/current` | the upgrade-info record with its revision |
 //! | `record/archived/<revision, 20 digits>` | archived records |
 //! | `lease` | the coordinator lease `{token, holder, ttl, expires-at, lease}`, attached to an etcd lease |
@@ -29,6 +31,13 @@
 //!   the compare and the body runs again on the new state (serializable, like SQLite's single
 //!   writer). A database step's changes, its checkpoint and its events are one etcd
 //!   transaction; so are an operation's effect and its recorded result.
+//! - **Writes without events** (`op/`, `agent-password/`, `agent-status/`) are keys in the
+//!   same commit and log nothing. A commit of such keys alone still rewrites `head` (same
+//!   revision, a new commit id), so that it conflicts with concurrent transactions like any
+//!   other; [`Store::wait_for_change`] wakes only for a `head` whose revision grew. Except
+//!   agents' statuses (heartbeats): a commit of those alone is put without the compare on
+//!   `head` and leaves it alone, so the fleet's heartbeats never make another transaction
+//!   run again, and wake no watcher.
 //! - **The upgrade-info record** is created if absent and advanced by compare-and-set on its
 //!   revision by the trait's helpers inside such a transaction: the compare on `head` is
 //!   stronger than one on the record's key, so a stale revision can never commit.
@@ -136,8 +145,8 @@ use crate::lease::{Clock, Lease, SystemClock};
 use crate::postcondition;
 use crate::sqlite::RECORD_CURRENT;
 use crate::{
-    Abort, ChangeKind, Changes, Checkpoint, EntityKind, Event, Machine, Model, Store, StoreError,
-    Tx, TxOutcome, finish_body,
+    Abort, AgentStatus, ChangeKind, Changes, Checkpoint, EntityKind, Event, Machine, Model, Store,
+    StoreError, Tx, TxOutcome, finish_body, machine_tag,
 };
 
 /// How many times a transaction runs again after conflicting with another writer (or a lost
@@ -949,6 +958,31 @@ impl Store for EtcdStore {
             if tx.writes.is_empty() && tx.events.is_empty() {
                 return Ok(TxOutcome::Committed(Revision(head.revision)));
             }
+            // Agents' statuses alone (heartbeats, from every agent every few seconds): put
+            // without the compare on `head` and without moving it, so that they never make
+            // another transaction run again (one whose body outlasts the interval between
+            // heartbeats, a long database step, would otherwise never commit), nor run again
+            // themselves. What their body read is not checked: a status is its writer's
+            // alone, and one landing after its machine's removal is shown nowhere.
+            let status_prefix = inner.key("agent-status/");
+            if tx.events.is_empty()
+                && tx
+                    .writes
+                    .iter()
+                    .all(|(key, value)| key.starts_with(&status_prefix) && value.is_some())
+            {
+                let ops: Vec<TxnOp> = tx
+                    .writes
+                    .iter()
+                    .filter_map(|(key, value)| {
+                        value
+                            .as_ref()
+                            .map(|value| TxnOp::put(key.as_str(), value.clone(), None))
+                    })
+                    .collect();
+                inner.txn("commit agents' statuses", Txn::new().and_then(ops))?;
+                return Ok(TxOutcome::Committed(Revision(head.revision)));
+            }
             let logged = tx.events.len() as u64;
             let revision = head.revision + logged;
             let commit = commit_id();
@@ -1345,7 +1379,8 @@ impl Store for EtcdStore {
     }
 
     /// etcd's watch on `head` from the etcd revision just after the one read: hears commits
-    /// from every process.
+    /// from every process. A `head` rewritten at the same revision (a commit that logged no
+    /// event: an operation, an agent's credential or heartbeat) does not wake the caller.
     fn wait_for_change(&self, after: Revision, timeout: Duration) -> bool {
         let inner = &*self.inner;
         let started = std::time::Instant::now();
@@ -1383,7 +1418,16 @@ impl Store for EtcdStore {
                 match tokio::time::timeout_at(deadline, stream.message()).await {
                     Ok(Ok(Some(response))) => {
                         // Compacted past `at`: wake the caller, who reads again.
-                        if response.canceled() || !response.events().is_empty() {
+                        if response.canceled() {
+                            return true;
+                        }
+                        let grew = response.events().iter().any(|event| {
+                            event.kv().is_none_or(|kv| {
+                                serde_json::from_slice::<Head>(kv.value())
+                                    .map_or(true, |head| head.revision > after.0)
+                            })
+                        });
+                        if grew {
                             return true;
                         }
                     }
@@ -1565,6 +1609,15 @@ impl Tx for EtcdTx<'_> {
     }
 
     fn remove_machine(&mut self, id: &str) -> Result<Option<Revision>, StoreError> {
+        let tag = machine_tag(id);
+        for key in [
+            format!("agent-password/{tag}"),
+            format!("agent-status/{tag}"),
+        ] {
+            if self.get(&key)?.is_some() {
+                self.delete(&key);
+            }
+        }
         let key = format!("machine/{id}");
         let Some(machine) = self.typed::<Machine>(&key)? else {
             return Ok(None);
@@ -1646,6 +1699,32 @@ impl Tx for EtcdTx<'_> {
 
     fn put_operation(&mut self, id: &str, result: &serde_json::Value) -> Result<(), StoreError> {
         self.put(&format!("op/{id}"), bytes(result));
+        Ok(())
+    }
+
+    fn agent_password_hash(&mut self, tag: &str) -> Result<Option<String>, StoreError> {
+        self.typed(&format!("agent-password/{tag}"))
+    }
+
+    fn set_agent_password_hash(&mut self, tag: &str, phc: &str) -> Result<(), StoreError> {
+        self.put(&format!("agent-password/{tag}"), bytes(&phc));
+        Ok(())
+    }
+
+    fn agent_status(&mut self, tag: &str) -> Result<Option<AgentStatus>, StoreError> {
+        self.typed(&format!("agent-status/{tag}"))
+    }
+
+    fn agent_statuses(&mut self) -> Result<Vec<(String, AgentStatus)>, StoreError> {
+        let prefix = self.inner.key("agent-status/");
+        self.list("agent-status/")?
+            .into_iter()
+            .map(|(key, value)| Ok((key[prefix.len()..].to_owned(), decode(&key, &value)?)))
+            .collect()
+    }
+
+    fn put_agent_status(&mut self, tag: &str, status: &AgentStatus) -> Result<(), StoreError> {
+        self.put(&format!("agent-status/{tag}"), bytes(status));
         Ok(())
     }
 

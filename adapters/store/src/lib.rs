@@ -11,7 +11,8 @@
 //!   the operations the lifecycle core requests (create and compare-and-set of the
 //!   upgrade-info record, exactly-once database steps, the model's agent version,
 //!   `upgrade-available` and capabilities) and client operations with an `operation-id`.
-//! - [`Tx`]: what a transaction body may read and write. Every write appends an [`Event`].
+//! - [`Tx`]: what a transaction body may read and write. Every write of an entity appends
+//!   an [`Event`]; client operations, agents' credentials and agents' status do not.
 //! - [`MemoryStore`]: the in-memory engine for tests and the simulator. It keeps what was
 //!   durably committed apart from what a crash would lose ([`MemoryStore::crash`]).
 //! - [`SqliteStore`]: the embedded default (rusqlite, bundled SQLite; WAL,
@@ -76,7 +77,9 @@
 //! `current`; archiving a final record is a `remove` carrying the final record), `step`
 //! (a database step's checkpoint, id `<step>@<version>`), `settings` (id `model`: model
 //! config keys beyond the model's fields) and `charm` (id the charm URL). Leases and client operation ids
-//! are not entities and write no events (keep-alives would flood the log).
+//! are not entities and write no events (keep-alives would flood the log); neither do
+//! agents' credentials (secrets: never in a delta) nor agents' status (a heartbeat every
+//! few seconds per agent), which are read when needed.
 //!
 //! ## Decisions where the issue was silent
 //!
@@ -100,7 +103,8 @@
 //!   are discarded.
 //! - The SQLite schema is versioned in its own `schema_version` table (not `user_version`,
 //!   so that a stray tool cannot reset it silently); version 1 is the schema before seed 004
-//!   (machines with jobs only), version 2 adds roles and capabilities.
+//!   (machines with jobs only), version 2 adds roles and capabilities, version 3 settings
+//!   and charms, version 4 agents' credentials and status.
 //!
 //! ## Sync, not async
 //!
@@ -135,8 +139,8 @@ pub use lease::{Clock, Lease, ManualClock, SystemClock};
 pub use memory::{Durability, MemoryStore};
 pub use sqlite::{OpenMode, SqliteStore};
 pub use types::{
-    Application, ChangeKind, Changes, Checkpoint, Discovery, EntityKind, Event, Life, Machine,
-    Model, OperationOutcome, Relation, Unit,
+    AgentStatus, Application, ChangeKind, Changes, Checkpoint, Discovery, EntityKind, Event, Life,
+    Machine, Model, OperationOutcome, Relation, Unit, machine_tag,
 };
 pub use watch::{Notifier, Watcher};
 
@@ -206,8 +210,9 @@ pub enum TxOutcome {
     Failed(String),
 }
 
-/// What a transaction body reads and writes. Every `put_*` and `remove_*` appends one event
-/// with the next revision and returns it.
+/// What a transaction body reads and writes. Every `put_*` and `remove_*` of an entity
+/// appends one event with the next revision and returns it; the writes that return `()`
+/// (client operations, agents' credentials and status) append none.
 pub trait Tx {
     /// The store's clock, read once when the transaction began.
     fn now(&self) -> lockstep_core::Timestamp;
@@ -221,7 +226,9 @@ pub trait Tx {
     /// Every machine, by id.
     fn machines(&mut self) -> Result<Vec<Machine>, StoreError>;
     fn put_machine(&mut self, machine: &Machine) -> Result<Revision, StoreError>;
-    /// `None` when there was no such machine (and no event).
+    /// `None` when there was no such machine (and no event). Also deletes the credential and
+    /// the status of its agent (tag [`machine_tag`]`(id)`), whether or not the machine was
+    /// there: a removed machine's agent can no longer log in.
     fn remove_machine(&mut self, id: &str) -> Result<Option<Revision>, StoreError>;
 
     /// An application, unit, relation, settings or charm document, by kind and id.
@@ -255,6 +262,22 @@ pub trait Tx {
     fn operation(&mut self, id: &str) -> Result<Option<serde_json::Value>, StoreError>;
     /// Records a client operation's result (no event: it is not an entity).
     fn put_operation(&mut self, id: &str, result: &serde_json::Value) -> Result<(), StoreError>;
+
+    /// The argon2 PHC string of the agent with `tag` (e.g. `machine-0`), if it has one.
+    fn agent_password_hash(&mut self, tag: &str) -> Result<Option<String>, StoreError>;
+    /// Sets (or replaces) the agent's argon2 PHC string. A secret: no event, so it is never
+    /// in [`Store::changes_since`] nor in a watcher's delta, and it wakes no watcher.
+    fn set_agent_password_hash(&mut self, tag: &str, phc: &str) -> Result<(), StoreError>;
+
+    /// What the agent with `tag` last reported.
+    fn agent_status(&mut self, tag: &str) -> Result<Option<AgentStatus>, StoreError>;
+    /// Every agent's last report, ordered by tag.
+    fn agent_statuses(&mut self) -> Result<Vec<(String, AgentStatus)>, StoreError>;
+    /// Records (or replaces) the agent's report; the caller sets `updated` (`tx.now()`).
+    /// Durable, but no event: agents write it every few seconds as a heartbeat, and an
+    /// event each time would flood the log and wake every watcher. Readers (`status`) read
+    /// it when asked instead of watching it.
+    fn put_agent_status(&mut self, tag: &str, status: &AgentStatus) -> Result<(), StoreError>;
 
     /// The current upgrade-info record and its revision.
     fn record(&mut self) -> Result<Option<(UpgradeInfo, Revision)>, StoreError>;

@@ -9,7 +9,9 @@
 //!
 //! Transactions are optimistic: the body runs on a private copy, and the commit succeeds
 //! only if nobody committed in between (otherwise the body runs again, as etcd's STM
-//! does). Every handle cloned from one store shares it, like controllers sharing a database.
+//! does). "In between" is counted in commits, not revisions: a commit that logs no event
+//! (an operation, an agent's credential or status) leaves the revision alone but still
+//! conflicts. Every handle cloned from one store shares it, like controllers sharing a database.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,8 +25,8 @@ use crate::lease::{self, Clock, Lease, SystemClock};
 use crate::postcondition::{self, CommitOrder};
 use crate::watch::Notifier;
 use crate::{
-    Abort, ChangeKind, Changes, Checkpoint, EntityKind, Event, Machine, Model, Store, StoreError,
-    Tx, TxOutcome, finish_body,
+    Abort, AgentStatus, ChangeKind, Changes, Checkpoint, EntityKind, Event, Machine, Model, Store,
+    StoreError, Tx, TxOutcome, finish_body, machine_tag,
 };
 
 /// How many times a transaction runs again after conflicting with another writer.
@@ -48,6 +50,12 @@ struct State {
     documents: BTreeMap<(EntityKind, String), serde_json::Value>,
     checkpoints: BTreeMap<StepKey, Checkpoint>,
     operations: BTreeMap<String, serde_json::Value>,
+    /// Agents' credentials (argon2 PHC strings) by tag: no events.
+    agent_passwords: BTreeMap<String, String>,
+    /// Agents' last reports by tag: no events.
+    agent_statuses: BTreeMap<String, AgentStatus>,
+    /// Commits so far: what optimistic transactions compare (see the module's doc).
+    commits: u64,
     record: Option<(UpgradeInfo, Revision)>,
     archived: Vec<UpgradeInfo>,
     events: Vec<Event>,
@@ -65,6 +73,9 @@ impl Default for State {
             documents: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             operations: BTreeMap::new(),
+            agent_passwords: BTreeMap::new(),
+            agent_statuses: BTreeMap::new(),
+            commits: 0,
             record: None,
             archived: Vec::new(),
             events: Vec::new(),
@@ -160,6 +171,7 @@ impl Store for MemoryStore {
                 (shared.visible.clone(), shared.generation)
             };
             let base = state.revision;
+            let base_commits = state.commits;
             let now = self.clock.now();
             if !lease::fence_holds(state.lease, fence, now) {
                 return Ok(TxOutcome::Fenced);
@@ -178,9 +190,11 @@ impl Store for MemoryStore {
             if shared.generation != generation {
                 return Err(StoreError::Crashed);
             }
-            if shared.visible.revision != base {
+            if shared.visible.commits != base_commits {
                 continue;
             }
+            debug_assert_eq!(shared.visible.revision, base, "no commit, no new revision");
+            state.commits += 1;
             // The lease is not the body's: keep the one committed meanwhile, and check the
             // fence against it at the commit point.
             state.lease = shared.visible.lease;
@@ -284,6 +298,8 @@ impl Store for MemoryStore {
         if through > state.compacted {
             state.events.retain(|event| event.revision.0 > through);
             state.compacted = through;
+            // A transaction begun before must not put the dropped events back.
+            state.commits += 1;
             shared.acknowledge();
         }
         Ok(())
@@ -367,6 +383,9 @@ impl Tx for MemoryTx<'_> {
     }
 
     fn remove_machine(&mut self, id: &str) -> Result<Option<Revision>, StoreError> {
+        let tag = machine_tag(id);
+        self.state.agent_passwords.remove(&tag);
+        self.state.agent_statuses.remove(&tag);
         Ok(self.state.machines.remove(id).map(|machine| {
             self.log(
                 EntityKind::Machine,
@@ -445,6 +464,37 @@ impl Tx for MemoryTx<'_> {
 
     fn put_operation(&mut self, id: &str, result: &serde_json::Value) -> Result<(), StoreError> {
         self.state.operations.insert(id.to_owned(), result.clone());
+        Ok(())
+    }
+
+    fn agent_password_hash(&mut self, tag: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.state.agent_passwords.get(tag).cloned())
+    }
+
+    fn set_agent_password_hash(&mut self, tag: &str, phc: &str) -> Result<(), StoreError> {
+        self.state
+            .agent_passwords
+            .insert(tag.to_owned(), phc.to_owned());
+        Ok(())
+    }
+
+    fn agent_status(&mut self, tag: &str) -> Result<Option<AgentStatus>, StoreError> {
+        Ok(self.state.agent_statuses.get(tag).cloned())
+    }
+
+    fn agent_statuses(&mut self) -> Result<Vec<(String, AgentStatus)>, StoreError> {
+        Ok(self
+            .state
+            .agent_statuses
+            .iter()
+            .map(|(tag, status)| (tag.clone(), status.clone()))
+            .collect())
+    }
+
+    fn put_agent_status(&mut self, tag: &str, status: &AgentStatus) -> Result<(), StoreError> {
+        self.state
+            .agent_statuses
+            .insert(tag.to_owned(), status.clone());
         Ok(())
     }
 
@@ -591,6 +641,46 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(revisions, [1, 2]);
+    }
+
+    /// Writes that log no event still conflict: two controllers recording heartbeats at
+    /// once both keep theirs (a revision compare would let the later copy drop the other).
+    #[test]
+    fn writes_without_events_conflict_and_run_again() {
+        let store = store(Durability::Full);
+        let other = store.clone();
+        let status = |phase: &str| AgentStatus {
+            status: "started".to_owned(),
+            info: String::new(),
+            phase: phase.to_owned(),
+            version: None,
+            updated: START,
+        };
+        let mut runs = 0;
+        store
+            .transaction(None, &mut |tx| {
+                runs += 1;
+                if runs == 1 {
+                    other
+                        .transaction(None, &mut |tx| {
+                            tx.put_agent_status("machine-1", &status("ready"))?;
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+                tx.put_agent_status("machine-0", &status("upgrading"))?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(runs, 2);
+        let tags: Vec<String> = store
+            .read(|tx| tx.agent_statuses())
+            .unwrap()
+            .into_iter()
+            .map(|(tag, _)| tag)
+            .collect();
+        assert_eq!(tags, ["machine-0", "machine-1"]);
+        assert_eq!(store.revision().unwrap(), Revision(0));
     }
 
     #[test]

@@ -26,12 +26,12 @@ use crate::lease::{self, Clock, Lease, SystemClock};
 use crate::postcondition::{self, CommitOrder};
 use crate::watch::Notifier;
 use crate::{
-    Abort, ChangeKind, Changes, Checkpoint, Discovery, EntityKind, Event, Life, Machine, Model,
-    Store, StoreError, Tx, TxOutcome, finish_body,
+    Abort, AgentStatus, ChangeKind, Changes, Checkpoint, Discovery, EntityKind, Event, Life,
+    Machine, Model, Store, StoreError, Tx, TxOutcome, finish_body, machine_tag,
 };
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The upgrade-info record's id in the event log.
 pub(crate) const RECORD_CURRENT: &str = "current";
@@ -104,6 +104,17 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     // model's own fields) and charms recorded from uploads (metadata only).
     "CREATE TABLE settings (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
      CREATE TABLE charms (url TEXT PRIMARY KEY, doc TEXT NOT NULL);",
+    // 3 → 4: machine agents. Their credentials (argon2 PHC strings) and their last reported
+    // status, by tag; neither logs events (a secret, and a heartbeat).
+    "CREATE TABLE agent_passwords (tag TEXT PRIMARY KEY, hash TEXT NOT NULL);
+     CREATE TABLE agent_status (
+         tag TEXT PRIMARY KEY,
+         status TEXT NOT NULL,
+         info TEXT NOT NULL,
+         phase TEXT NOT NULL,
+         version TEXT,
+         updated INTEGER NOT NULL
+     );",
 ];
 
 /// How to open a store.
@@ -682,6 +693,18 @@ impl SqliteTx<'_> {
         self.check(result)
     }
 
+    /// Deletes the agent's credential and status (no event).
+    fn remove_agent(&mut self, tag: &str) -> Result<(), StoreError> {
+        let result = self
+            .tx
+            .execute("DELETE FROM agent_passwords WHERE tag = ?1", [tag])
+            .and_then(|_| {
+                self.tx
+                    .execute("DELETE FROM agent_status WHERE tag = ?1", [tag])
+            });
+        self.check(result).map(drop)
+    }
+
     fn text_column<T: serde::de::DeserializeOwned>(
         what: &str,
         text: Option<String>,
@@ -701,6 +724,36 @@ fn decode_text<T: serde::de::DeserializeOwned>(what: &str, text: String) -> Resu
 }
 
 type MachineRow = (String, String, String, Option<String>, String);
+
+type AgentStatusRow = (String, String, String, String, Option<String>, i64);
+
+const AGENT_STATUS_COLUMNS: &str = "tag, status, info, phase, version, updated";
+
+fn agent_status_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<AgentStatusRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+    ))
+}
+
+fn agent_status_from_row(row: AgentStatusRow) -> Result<(String, AgentStatus), StoreError> {
+    let (tag, status, info, phase, version, updated) = row;
+    let version = SqliteTx::text_column(&format!("agent status {tag:?}"), version)?;
+    Ok((
+        tag,
+        AgentStatus {
+            status,
+            info,
+            phase,
+            version,
+            updated: Timestamp(updated as u64),
+        },
+    ))
+}
 
 fn machine_from_row(row: MachineRow) -> Result<Machine, StoreError> {
     let (id, roles, jobs, agent_binary, life) = row;
@@ -889,10 +942,12 @@ impl Tx for SqliteTx<'_> {
 
     fn remove_machine(&mut self, id: &str) -> Result<Option<Revision>, StoreError> {
         let Some(machine) = self.machine(id)? else {
+            self.remove_agent(&machine_tag(id))?;
             return Ok(None);
         };
         let result = self.tx.execute("DELETE FROM machines WHERE id = ?1", [id]);
         self.check(result)?;
+        self.remove_agent(&machine_tag(id))?;
         self.log(
             EntityKind::Machine,
             id,
@@ -1026,6 +1081,77 @@ impl Tx for SqliteTx<'_> {
             params![id, result.to_string()],
         );
         self.check(outcome).map(drop)
+    }
+
+    fn agent_password_hash(&mut self, tag: &str) -> Result<Option<String>, StoreError> {
+        let result = self
+            .tx
+            .query_row(
+                "SELECT hash FROM agent_passwords WHERE tag = ?1",
+                [tag],
+                |row| row.get::<_, String>(0),
+            )
+            .optional();
+        self.check(result)
+    }
+
+    fn set_agent_password_hash(&mut self, tag: &str, phc: &str) -> Result<(), StoreError> {
+        let result = self.tx.execute(
+            "INSERT OR REPLACE INTO agent_passwords (tag, hash) VALUES (?1, ?2)",
+            params![tag, phc],
+        );
+        self.check(result).map(drop)
+    }
+
+    fn agent_status(&mut self, tag: &str) -> Result<Option<AgentStatus>, StoreError> {
+        let result = self
+            .tx
+            .query_row(
+                &format!("SELECT {AGENT_STATUS_COLUMNS} FROM agent_status WHERE tag = ?1"),
+                [tag],
+                agent_status_row,
+            )
+            .optional();
+        Ok(self
+            .check(result)?
+            .map(agent_status_from_row)
+            .transpose()?
+            .map(|(_, status)| status))
+    }
+
+    fn agent_statuses(&mut self) -> Result<Vec<(String, AgentStatus)>, StoreError> {
+        let result = self
+            .tx
+            .prepare(&format!(
+                "SELECT {AGENT_STATUS_COLUMNS} FROM agent_status ORDER BY tag"
+            ))
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], agent_status_row)?
+                    .collect::<Result<Vec<_>, _>>()
+            });
+        self.check(result)?
+            .into_iter()
+            .map(agent_status_from_row)
+            .collect()
+    }
+
+    fn put_agent_status(&mut self, tag: &str, status: &AgentStatus) -> Result<(), StoreError> {
+        let result = self.tx.execute(
+            &format!(
+                "INSERT OR REPLACE INTO agent_status ({AGENT_STATUS_COLUMNS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+            ),
+            params![
+                tag,
+                status.status,
+                status.info,
+                status.phase,
+                status.version.as_ref().map(ToString::to_string),
+                status.updated.0 as i64,
+            ],
+        );
+        self.check(result).map(drop)
     }
 
     fn record(&mut self) -> Result<Option<(UpgradeInfo, Revision)>, StoreError> {
@@ -1247,6 +1373,116 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A store of the schema before machine agents (version 3) opens, migrates to the
+    /// current one keeping its data and its revision, and then holds agents' credentials and
+    /// status; read-only, it is refused until migrated.
+    #[test]
+    fn version_3_store_is_migrated_and_keeps_its_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for migration in &MIGRATIONS[..3] {
+                conn.execute_batch(migration).unwrap();
+            }
+            conn.execute_batch(
+                "UPDATE schema_version SET version = 3;
+                 INSERT INTO model (id, uuid, name, agent_version, policy, controllers,
+                                    capabilities)
+                 VALUES (0, 'deadbeef-0000-4000-8000-000000000001', 'controller', '2.9.42',
+                         '\"off\"', '[0]', '[]');
+                 INSERT INTO machines (id, jobs, roles, agent_binary, life) VALUES
+                     ('0', '[]', '[\"controller\"]', '2.9.42-ubuntu-amd64', 'alive');
+                 INSERT INTO settings (id, doc) VALUES ('model', '{\"logging-config\": \"x\"}');
+                 INSERT INTO operations (id, result) VALUES ('op-1', '{\"ok\": true}');
+                 INSERT INTO events (rev, kind, entity_id, change, entity) VALUES
+                     (1, 'model', 'deadbeef-0000-4000-8000-000000000001', 'change', '{}'),
+                     (2, 'machine', '0', 'change', '{}');
+                 UPDATE meta SET value = 2 WHERE key = 'revision';",
+            )
+            .unwrap();
+        }
+        let error = open_read_only(&path).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                StoreError::MigrationNeeded {
+                    found: 3,
+                    supported: SCHEMA_VERSION,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let store = open(&path).unwrap();
+        let version: i64 = store
+            .connection()
+            .query_row("SELECT version FROM schema_version", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, 4);
+        assert_eq!(SCHEMA_VERSION, 4);
+        let model = store.load_model().unwrap().unwrap();
+        assert_eq!(model.agent_version, v("2.9.42"));
+        let (machine, settings, operation) = store
+            .read(|tx| {
+                Ok((
+                    tx.machine("0")?,
+                    tx.document(EntityKind::Settings, "model")?,
+                    tx.operation("op-1")?,
+                ))
+            })
+            .unwrap();
+        let machine = machine.unwrap();
+        assert_eq!(machine.roles, Roles::of(&[Role::Controller]));
+        assert_eq!(
+            machine.agent_binary.map(|binary| binary.to_string()),
+            Some("2.9.42-ubuntu-amd64".to_owned())
+        );
+        assert_eq!(settings, Some(serde_json::json!({"logging-config": "x"})));
+        assert_eq!(operation, Some(serde_json::json!({"ok": true})));
+        assert_eq!(store.revision().unwrap(), Revision(2));
+        // The new tables are there and empty, and take writes without events.
+        let status = crate::AgentStatus {
+            status: "started".to_owned(),
+            info: String::new(),
+            phase: "ready".to_owned(),
+            version: machine_binary(),
+            updated: START,
+        };
+        let (hash, statuses) = store
+            .read(|tx| Ok((tx.agent_password_hash("machine-0")?, tx.agent_statuses()?)))
+            .unwrap();
+        assert_eq!((hash, statuses), (None, Vec::new()));
+        store
+            .transaction(None, &mut |tx| {
+                tx.set_agent_password_hash(
+                    "machine-0",
+                    "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA",
+                )?;
+                tx.put_agent_status("machine-0", &status)?;
+                Ok(())
+            })
+            .unwrap();
+        drop(store);
+        let store = open(&path).unwrap();
+        assert_eq!(store.revision().unwrap(), Revision(2));
+        assert_eq!(
+            store.read(|tx| tx.agent_status("machine-0")).unwrap(),
+            Some(status)
+        );
+        assert!(
+            store
+                .read(|tx| tx.agent_password_hash("machine-0"))
+                .unwrap()
+                .is_some()
+        );
+        assert!(open_read_only(&path).is_ok(), "migrated: opens read-only");
+    }
+
+    fn machine_binary() -> Option<lockstep_core::Binary> {
+        Some(lockstep_core::Binary::new(v("2.9.42"), "ubuntu", "amd64").unwrap())
     }
 
     #[test]

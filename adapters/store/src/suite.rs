@@ -13,9 +13,9 @@ use lockstep_core::{Millis, Role, Roles, Timestamp, Version};
 use lockstep_core::policy::{Catalogue, CatalogueEntry, Sha256, Stream};
 
 use crate::{
-    Abort, AgentVersionChange, AgentVersionCheck, AgentVersionRefusal, AgentVersionSet,
-    Application, ChangeKind, Changes, Clock, EntityKind, Life, Machine, ManualClock, Model,
-    OperationOutcome, Store, StoreError, Tx, Unit, seed004,
+    Abort, AgentStatus, AgentVersionChange, AgentVersionCheck, AgentVersionRefusal,
+    AgentVersionSet, Application, ChangeKind, Changes, Clock, EntityKind, Life, Machine,
+    ManualClock, Model, OperationOutcome, Store, StoreError, Tx, TxOutcome, Unit, seed004,
 };
 
 /// An engine under test: a store, a second handle on the same store (another controller),
@@ -1103,6 +1103,393 @@ pub(crate) fn settings_and_charm_documents_round_trip<H: Harness>() {
     );
 }
 
+// ---------------------------------------------------------------------------------------
+// Machine agents: their credentials and their reported status, written without events.
+// ---------------------------------------------------------------------------------------
+
+const PHC_FIRST: &str =
+    "$argon2id$v=19$m=19456,t=2,p=1$Zmlyc3Qtc2FsdA$Zmlyc3QtaGFzaC1vZi1wYXNzd29yZA";
+const PHC_SECOND: &str =
+    "$argon2id$v=19$m=19456,t=2,p=1$c2Vjb25kLXNhbHQ$c2Vjb25kLWhhc2gtb2YtcGFzc3dvcmQ";
+
+fn agent_status(status: &str, info: &str, phase: &str, version: Option<&str>) -> AgentStatus {
+    AgentStatus {
+        status: status.to_owned(),
+        info: info.to_owned(),
+        phase: phase.to_owned(),
+        version: version
+            .map(|text| lockstep_core::Binary::new(v(text), "ubuntu", "amd64").expect("a binary")),
+        updated: START,
+    }
+}
+
+fn credential(store: &dyn Store, tag: &str) -> Option<String> {
+    let mut hash = None;
+    store
+        .snapshot(&mut |tx| {
+            hash = tx.agent_password_hash(tag)?;
+            Ok(())
+        })
+        .unwrap();
+    hash
+}
+
+fn status_of(store: &dyn Store, tag: &str) -> Option<AgentStatus> {
+    let mut status = None;
+    store
+        .snapshot(&mut |tx| {
+            status = tx.agent_status(tag)?;
+            Ok(())
+        })
+        .unwrap();
+    status
+}
+
+/// Whether `write`, run on the harness's store while another handle waits in
+/// [`Store::wait_for_change`] above the current revision, wakes that waiter within `timeout`.
+fn wakes_a_waiter<H: Harness>(
+    h: &H,
+    timeout: std::time::Duration,
+    write: &mut dyn FnMut(&mut dyn Tx) -> Result<(), Abort>,
+) -> bool
+where
+    H::S: 'static,
+{
+    let waiter = h.second();
+    let after = h.store().revision().unwrap();
+    let thread = std::thread::spawn(move || waiter.wait_for_change(after, timeout));
+    // Let the waiter start waiting (for etcd: open its watch) before the writes.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for _ in 0..3 {
+        h.store().transaction(None, write).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    thread.join().expect("the waiter")
+}
+
+/// An agent's credential is set, read from another handle, overwritten and kept across a
+/// restart, and never shows: no revision, no event (not even beside an entity written in
+/// the same transaction), no waiter woken.
+pub(crate) fn agent_credentials_are_kept_and_never_logged<H: Harness>()
+where
+    H::S: 'static,
+{
+    let mut h = H::new();
+    let before = h.store().revision().unwrap();
+    assert_eq!(credential(h.store(), "machine-0"), None);
+    let outcome = h
+        .store()
+        .transaction(None, &mut |tx| {
+            tx.set_agent_password_hash("machine-0", PHC_FIRST)?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(outcome, TxOutcome::Committed(before), "no revision");
+    assert_eq!(
+        credential(&h.second(), "machine-0").as_deref(),
+        Some(PHC_FIRST)
+    );
+    // Overwritten, beside an entity's write in the same transaction.
+    h.store()
+        .transaction(None, &mut |tx| {
+            tx.set_agent_password_hash("machine-0", PHC_SECOND)?;
+            tx.set_agent_password_hash("machine-1", PHC_FIRST)?;
+            add_application(tx, "mysql")
+        })
+        .unwrap();
+    h.restart();
+    let store = h.store();
+    assert_eq!(credential(store, "machine-0").as_deref(), Some(PHC_SECOND));
+    assert_eq!(credential(store, "machine-1").as_deref(), Some(PHC_FIRST));
+    assert_eq!(credential(store, "machine-2"), None);
+    let events = all_events(store);
+    assert_eq!(
+        events
+            .iter()
+            .map(|event| (event.kind, event.id.as_str()))
+            .collect::<Vec<_>>(),
+        [(EntityKind::Application, "mysql")],
+        "only the entity is logged"
+    );
+    let logged = serde_json::to_string(&events).unwrap();
+    assert!(!logged.contains("argon2"), "{logged}");
+    assert_eq!(store.revision().unwrap(), Revision(before.0 + 1));
+    assert!(
+        !wakes_a_waiter(&h, std::time::Duration::from_millis(1500), &mut |tx| {
+            tx.set_agent_password_hash("machine-0", PHC_FIRST)?;
+            Ok(())
+        }),
+        "a credential wakes no watcher"
+    );
+    assert_eq!(
+        credential(h.store(), "machine-0").as_deref(),
+        Some(PHC_FIRST)
+    );
+    assert_eq!(all_events(h.store()).len(), 1);
+}
+
+/// Agents' reports round-trip every field, are listed by tag, are replaced by the next
+/// heartbeat, survive a restart, and are never logged nor wake a watcher (while an entity's
+/// write does, so the check is not vacuous).
+pub(crate) fn agent_status_round_trips_and_is_never_logged<H: Harness>()
+where
+    H::S: 'static,
+{
+    let mut h = H::new();
+    let before = h.store().revision().unwrap();
+    let started = agent_status("started", "", "ready", Some("2.9.43"));
+    let failed = agent_status(
+        "error",
+        "hook failed: \"install\" (exit 1)\nsecond line é",
+        "upgrading",
+        None,
+    );
+    let outcome = h
+        .store()
+        .transaction(None, &mut |tx| {
+            let now = tx.now();
+            for (tag, status) in [
+                ("machine-10", &started),
+                ("machine-1", &started),
+                ("machine-0-lxd-1", &failed),
+            ] {
+                tx.put_agent_status(
+                    tag,
+                    &AgentStatus {
+                        updated: now,
+                        ..status.clone()
+                    },
+                )?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(outcome, TxOutcome::Committed(before), "no revision");
+    let listed = h.second().read(|tx| tx.agent_statuses()).unwrap();
+    assert_eq!(
+        listed,
+        [
+            ("machine-0-lxd-1".to_owned(), failed.clone()),
+            ("machine-1".to_owned(), started.clone()),
+            ("machine-10".to_owned(), started.clone()),
+        ],
+        "every field, ordered by tag"
+    );
+    // The next heartbeat replaces the report, with the store's clock.
+    h.clock().advance(Millis(5000));
+    h.store()
+        .transaction(None, &mut |tx| {
+            let updated = tx.now();
+            tx.put_agent_status(
+                "machine-1",
+                &AgentStatus {
+                    updated,
+                    ..agent_status("started", "", "upgrading", Some("2.9.44"))
+                },
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    h.restart();
+    let store = h.store();
+    let replaced = AgentStatus {
+        updated: Timestamp(START.0 + 5000),
+        ..agent_status("started", "", "upgrading", Some("2.9.44"))
+    };
+    assert_eq!(status_of(store, "machine-1"), Some(replaced));
+    assert_eq!(status_of(store, "machine-0-lxd-1"), Some(failed));
+    assert_eq!(status_of(store, "machine-2"), None);
+    assert_eq!(store.read(|tx| tx.agent_statuses()).unwrap().len(), 3);
+    assert_eq!(store.revision().unwrap(), before);
+    assert!(all_events(store).is_empty(), "no event");
+    assert!(
+        !wakes_a_waiter(&h, std::time::Duration::from_millis(1500), &mut |tx| {
+            let updated = tx.now();
+            tx.put_agent_status(
+                "machine-1",
+                &AgentStatus {
+                    updated,
+                    ..started.clone()
+                },
+            )?;
+            Ok(())
+        }),
+        "heartbeats wake no watcher"
+    );
+    assert!(all_events(h.store()).is_empty(), "no event");
+    let mut index = 0;
+    assert!(
+        wakes_a_waiter(&h, std::time::Duration::from_secs(20), &mut |tx| {
+            index += 1;
+            add_application(tx, &format!("app-{index}"))
+        }),
+        "an entity's write wakes the waiter"
+    );
+}
+
+/// Removing a machine deletes its agent's credential and status with it (one event: the
+/// machine's), and leaves other agents' alone; removing a machine the store does not have
+/// still deletes its agent's.
+pub(crate) fn removing_a_machine_removes_its_agents_credential_and_status<H: Harness>() {
+    let h = H::new();
+    let store = h.store();
+    store.create_model(&model()).unwrap();
+    for id in ["0", "1/lxd/0"] {
+        assert!(
+            store
+                .add_machine(&Machine::with_roles(id, Roles::of(&[Role::HostMachine])))
+                .unwrap()
+        );
+    }
+    let status = agent_status("started", "", "ready", Some("2.9.42"));
+    store
+        .transaction(None, &mut |tx| {
+            for tag in ["machine-0", "machine-1-lxd-0", "machine-7"] {
+                tx.set_agent_password_hash(tag, PHC_FIRST)?;
+                tx.put_agent_status(tag, &status)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let before = store.revision().unwrap();
+    let mut removed = None;
+    store
+        .transaction(None, &mut |tx| {
+            removed = tx.remove_machine("1/lxd/0")?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(removed, Some(Revision(before.0 + 1)));
+    let Changes::Events { events, .. } = store.changes_since(before, 10).unwrap() else {
+        panic!("no resync expected");
+    };
+    assert_eq!(
+        events
+            .iter()
+            .map(|event| (event.kind, event.id.as_str(), event.change))
+            .collect::<Vec<_>>(),
+        [(EntityKind::Machine, "1/lxd/0", ChangeKind::Remove)]
+    );
+    assert_eq!(credential(store, "machine-1-lxd-0"), None);
+    assert_eq!(status_of(store, "machine-1-lxd-0"), None);
+    assert_eq!(credential(store, "machine-0").as_deref(), Some(PHC_FIRST));
+    assert_eq!(status_of(store, "machine-0"), Some(status.clone()));
+    // No machine 7: nothing logged, and its agent's credential and status go all the same.
+    let revision = store.revision().unwrap();
+    store
+        .transaction(None, &mut |tx| {
+            removed = tx.remove_machine("7")?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(removed, None);
+    assert_eq!(store.revision().unwrap(), revision);
+    assert_eq!(credential(store, "machine-7"), None);
+    assert_eq!(status_of(store, "machine-7"), None);
+    let tags: Vec<String> = store
+        .read(|tx| tx.agent_statuses())
+        .unwrap()
+        .into_iter()
+        .map(|(tag, _)| tag)
+        .collect();
+    assert_eq!(tags, ["machine-0"]);
+}
+
+/// A transaction whose body runs while an agent's heartbeat commits (a long database step
+/// and a fleet reporting every few seconds) runs once: agents' statuses never make another
+/// transaction run again. Not the memory engine's promise: it swaps whole states, so a
+/// status committed meanwhile sends the body round again (it serves tests and the
+/// simulator, whose agents do not report statuses).
+pub(crate) fn a_transaction_runs_once_while_an_agent_reports<H: Harness>()
+where
+    H::S: 'static,
+{
+    let h = H::new();
+    // Another controller's handle, opened before the transaction takes the write lock.
+    let mut second = Some(h.second());
+    let mut runs = 0;
+    let mut beat = None;
+    let outcome = h
+        .store()
+        .transaction(None, &mut |tx| {
+            runs += 1;
+            let _ = tx.machines()?;
+            if let Some(store) = second.take() {
+                beat = Some(std::thread::spawn(move || {
+                    store
+                        .transaction(None, &mut |tx| {
+                            tx.put_agent_status(
+                                "machine-1",
+                                &agent_status("started", "", "ready", None),
+                            )?;
+                            Ok(())
+                        })
+                        .unwrap()
+                }));
+                // SQLite's heartbeat waits for this transaction's write lock; etcd's lands
+                // now.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            tx.put_machine(&Machine::with_roles("7", Roles::of(&[Role::HostMachine])))?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(matches!(outcome, TxOutcome::Committed(_)), "{outcome:?}");
+    beat.expect("the heartbeat ran")
+        .join()
+        .expect("the heartbeat");
+    assert_eq!(runs, 1, "the body ran again because an agent reported");
+    let statuses = h.store().read(|tx| tx.agent_statuses()).unwrap();
+    assert_eq!(statuses.len(), 1, "{statuses:?}");
+    assert!(h.store().read(|tx| tx.machine("7")).unwrap().is_some());
+}
+
+/// Agents reporting at once through several controllers: every report lands, although none
+/// logs an event (writes without a revision still conflict).
+pub(crate) fn concurrent_heartbeats_lose_nothing<H: Harness>()
+where
+    H::S: 'static,
+{
+    const BEATS: usize = 8;
+    let h = H::new();
+    let threads: Vec<_> = (0..4)
+        .map(|writer| {
+            let store = h.second();
+            std::thread::spawn(move || {
+                for beat in 1..=BEATS {
+                    store
+                        .transaction(None, &mut |tx| {
+                            tx.put_agent_status(
+                                &format!("machine-{writer}"),
+                                &agent_status("started", &beat.to_string(), "ready", None),
+                            )?;
+                            tx.set_agent_password_hash(&format!("machine-{writer}"), PHC_FIRST)?;
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a writer");
+    }
+    let statuses = h.store().read(|tx| tx.agent_statuses()).unwrap();
+    assert_eq!(
+        statuses,
+        (0..4)
+            .map(|writer| (
+                format!("machine-{writer}"),
+                agent_status("started", &BEATS.to_string(), "ready", None)
+            ))
+            .collect::<Vec<_>>()
+    );
+    for writer in 0..4 {
+        assert!(credential(h.store(), &format!("machine-{writer}")).is_some());
+    }
+    assert_eq!(h.store().revision().unwrap(), Revision(0));
+}
+
 /// A tiny deterministic generator (xorshift64*), so the suite needs no dependency.
 struct Rng(u64);
 
@@ -1614,8 +2001,35 @@ macro_rules! suite {
             fn machines_from_older_clients_are_stored_with_roles() {
                 super::machines_from_older_clients_are_stored_with_roles::<$harness>();
             }
+            #[test]
+            fn agent_credentials_are_kept_and_never_logged() {
+                super::agent_credentials_are_kept_and_never_logged::<$harness>();
+            }
+            #[test]
+            fn agent_status_round_trips_and_is_never_logged() {
+                super::agent_status_round_trips_and_is_never_logged::<$harness>();
+            }
+            #[test]
+            fn removing_a_machine_removes_its_agents_credential_and_status() {
+                super::removing_a_machine_removes_its_agents_credential_and_status::<$harness>();
+            }
+            #[test]
+            fn concurrent_heartbeats_lose_nothing() {
+                super::concurrent_heartbeats_lose_nothing::<$harness>();
+            }
         }
     };
+}
+
+#[test]
+fn sqlite_a_transaction_runs_once_while_an_agent_reports() {
+    a_transaction_runs_once_while_an_agent_reports::<SqliteHarness>();
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_a_transaction_runs_once_while_an_agent_reports() {
+    a_transaction_runs_once_while_an_agent_reports::<EtcdHarness>();
 }
 
 suite!(memory, MemoryHarness);

@@ -1,5 +1,5 @@
 //! What the store keeps: the model, machines, applications, units, relations, settings,
-//! charms, step checkpoints, and the event log's entries.
+//! charms, step checkpoints, agents' reported status, and the event log's entries.
 
 use std::fmt;
 
@@ -135,6 +135,30 @@ impl Machine {
             capabilities,
         ))
     }
+}
+
+/// Juju's tag of machine `id`: `machine-` and the id with `/` as `-` (`1/lxd/0` →
+/// `machine-1-lxd-0`). The key of a machine agent's credential and status.
+pub fn machine_tag(id: &str) -> String {
+    format!("machine-{}", id.replace('/', "-"))
+}
+
+/// What an agent last reported about itself through the API ([`crate::Tx::put_agent_status`]).
+/// Agents write it every few seconds, so `updated` doubles as a heartbeat: a status whose
+/// `updated` is old on the store's clock is an agent that is down.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct AgentStatus {
+    /// Juju's agent status word: `started`, `error`, ...
+    pub status: String,
+    /// Juju's status message (empty when there is none).
+    pub info: String,
+    /// lockstep's phase, e.g. `ready`, `upgrading`.
+    pub phase: String,
+    /// The agent binary it says it runs.
+    pub version: Option<Binary>,
+    /// The store's clock (`tx.now()`) when written.
+    pub updated: Timestamp,
 }
 
 /// An application, as a deployer creates it.

@@ -131,6 +131,29 @@ pub struct HttpConfig {
     pub throughput_window: Duration,
     /// Retries of failed attempts.
     pub retry: RetryPolicy,
+    /// HTTP Basic credentials sent with every request: a machine agent's tag and password
+    /// for its controller's tools endpoint. Never sent to another host: redirects to other
+    /// hosts are refused unless [`HttpConfig::redirect_to_other_hosts`], and reqwest drops
+    /// `Authorization` on a redirect to another host.
+    pub basic_auth: Option<BasicAuth>,
+}
+
+/// HTTP Basic credentials; the password is never printed.
+#[derive(Clone)]
+pub struct BasicAuth {
+    /// The user (an agent's tag, `machine-1`).
+    pub user: String,
+    /// The password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for BasicAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasicAuth")
+            .field("user", &self.user)
+            .field("password", &"(hidden)")
+            .finish()
+    }
 }
 
 impl HttpConfig {
@@ -169,6 +192,7 @@ impl Default for HttpConfig {
             throughput_min_bytes_per_second: 16 * 1024,
             throughput_window: Duration::from_secs(30),
             retry: RetryPolicy::default(),
+            basic_auth: None,
         }
     }
 }
@@ -456,6 +480,9 @@ impl HttpSource {
         };
         let offset = sink.received_bytes();
         let mut request = self.client.get(url.clone());
+        if let Some(auth) = &self.config.basic_auth {
+            request = request.basic_auth(&auth.user, Some(&auth.password));
+        }
         if offset > 0 {
             request = request.header(RANGE, format!("bytes={offset}-"));
         }

@@ -57,7 +57,7 @@ pub use error::{
 };
 pub use fetch::{AsyncSource, look_up_async};
 pub use generate::{GenerateOptions, Generated, generate_agent_binaries, sign_generated_metadata};
-pub use http::{HttpConfig, HttpSource, RetryPolicy};
+pub use http::{BasicAuth, HttpConfig, HttpSource, RetryPolicy};
 pub use lookup::{Lookup, LookupConfig, look_up};
 pub use signature::{Keyring, SigningKey};
 pub use source::{DirectorySource, Source};
