@@ -19,18 +19,15 @@ use crate::state::SharedState;
 use crate::tools_endpoint::ToolsEndpoint;
 
 /// The API's fixed configuration. `ApiConfig { model_uuid, controller_uuid, users,
-/// ..ApiConfig::default() }` leaves agents out, the tools endpoint off and the limits at
-/// their defaults.
+/// ..ApiConfig::default() }` leaves the tools endpoint off and the limits at their defaults.
+/// Machine agents are not configured here: their password hashes are in the shared state
+/// (`SharedState::agent_password_hash`), so every controller admits the same agents.
 #[derive(Clone, Debug, Default)]
 pub struct ApiConfig {
     pub model_uuid: String,
     pub controller_uuid: String,
     /// `(user name, argon2 password hash in PHC form)`.
     pub users: Vec<(String, String)>,
-    /// Machine agents that may log in: `(tag, argon2 password hash in PHC form)`, the tag
-    /// as the agent sends it in `auth-tag` (`machine-1`). The machine must also exist in
-    /// the shared state; whether it is a controller agent is read from its roles there.
-    pub agents: Vec<(String, String)>,
     /// Where `GET /model/<uuid>/tools/<binary>` keeps the binaries it fetched
     /// (`<binary>.tgz`); `None` turns the endpoint off (404).
     pub tools_cache: Option<PathBuf>,

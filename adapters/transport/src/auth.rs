@@ -1,6 +1,8 @@
 //! Authentication: users and machine agents log in with a password checked against an
 //! argon2id hash (on the login pool of [`crate::logins`]: a check costs milliseconds of
-//! CPU and 19 MiB), and an agent only for a machine that exists in the shared state.
+//! CPU and 19 MiB). Users' hashes are the API's configuration; agents' are in the shared
+//! state, issued by any controller (`MachineManager.ProvisioningScript`), and an agent logs
+//! in only for a machine that exists there.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use crate::admission::Ticket;
 use crate::api::Api;
 use crate::limits::{LOGIN_THROTTLE_FIRST, Refusal};
-use crate::logins::QueueFull;
+use crate::logins::{Checked, HashLookup, QueueFull};
 use crate::tools_endpoint::http_error;
 use crate::wire::WireError;
 
@@ -127,11 +129,14 @@ impl Denied {
 }
 
 /// Who `auth-tag` and `credentials` authenticate, if anyone, for a client at `source`: a
-/// user of [`crate::api::ApiConfig::users`], or an agent of [`crate::api::ApiConfig::agents`]
-/// whose machine exists in the shared state (a controller agent when the machine is a
-/// controller). Someone unknown costs a check too, so the time taken does not tell. The
-/// check runs on the login pool in `source`'s turn, unless the source or the user is
-/// throttled ([`crate::logins`]).
+/// user of [`crate::api::ApiConfig::users`], or a machine agent whose password hash is in
+/// the shared state ([`SharedState::agent_password_hash`], so any controller admits an
+/// agent whose password any controller issued) and whose machine exists there (a controller
+/// agent when the machine is a controller). Someone unknown costs a check too, so the time
+/// taken does not tell. The check runs on the login pool in `source`'s turn, unless the
+/// source or the user is throttled ([`crate::logins`]).
+///
+/// [`SharedState::agent_password_hash`]: crate::state::SharedState::agent_password_hash
 pub async fn authenticate(
     api: &Api,
     source: IpAddr,
@@ -143,38 +148,79 @@ pub async fn authenticate(
         return Err(Denied::Throttled { retry_after });
     }
     let user = tag.strip_prefix("user-");
-    let known = match user {
-        Some(user) => api.config.users.iter().find(|(name, _)| name == user),
-        None => api.config.agents.iter().find(|(agent, _)| agent == tag),
+    let checked = match user {
+        Some(user) => {
+            let known = api.config.users.iter().find(|(name, _)| name == user);
+            let hash: &str = match known {
+                Some((_, hash)) => hash,
+                None => unknown_entity_hash(),
+            };
+            api.checks
+                .verify(source, password, hash)
+                .await
+                .map(|matched| Checked {
+                    matched: matched && known.is_some(),
+                    unavailable: false,
+                })
+        }
+        // An agent's hash is read by the login thread, in the source's turn.
+        None => {
+            let read = agent_hash_lookup(api, tag);
+            api.checks
+                .verify_looked_up(source, password, read, unknown_entity_hash())
+                .await
+        }
     };
-    let hash: &str = match known {
-        Some((_, hash)) => hash,
-        None => unknown_entity_hash(),
-    };
-    let matched = match api.checks.verify(source, password, hash).await {
-        Ok(matched) => matched && known.is_some(),
+    let checked = match checked {
+        Ok(checked) => checked,
         Err(QueueFull) => {
             api.connections.count(Refusal::LoginQueueFull);
             return Err(Denied::QueueFull);
         }
     };
-    if !matched {
-        api.throttle.failed(source, tag, Instant::now());
+    if !checked.matched {
+        // The state could not be read: the login fails (after a check, so it takes the
+        // same time), and is not counted against the agent or its source.
+        if !checked.unavailable {
+            api.throttle.failed(source, tag, Instant::now());
+        }
         return Err(Denied::Unauthorized);
     }
     api.throttle.succeeded(source);
     if user.is_some() {
         return Ok(Login::User);
     }
-    let id = machine_id(tag).ok_or(Denied::Unauthorized)?;
-    let roles = api
-        .state
-        .machine_roles(&id)
-        .await
-        .ok()
-        .flatten()
-        .ok_or(Denied::Unauthorized)?;
-    Ok(if roles.contains(Role::Controller) {
+    agent_login(api, tag).await.ok_or(Denied::Unauthorized)
+}
+
+/// Reads agent `tag`'s password hash from the shared state, for a login thread (which is
+/// no runtime thread: it waits for the state on the runtime of the call that queued it).
+/// `Ok(None)` at once for a tag that is not a machine agent's; `Err(())` when the state
+/// could not be read (logged).
+fn agent_hash_lookup(api: &Api, tag: &str) -> HashLookup {
+    let (state, runtime, tag) = (
+        std::sync::Arc::clone(&api.state),
+        tokio::runtime::Handle::current(),
+        tag.to_owned(),
+    );
+    Box::new(move || {
+        if machine_id(&tag).is_none() {
+            return Ok(None);
+        }
+        runtime
+            .block_on(state.agent_password_hash(&tag))
+            .map_err(|error| {
+                tracing::warn!(target: "lockstep::api", tag, error = %error.message, "cannot read an agent's credentials");
+            })
+    })
+}
+
+/// The login of agent `tag`, which authenticated: a controller agent when its machine is a
+/// controller, a machine agent otherwise; `None` when its machine does not exist (or the
+/// state cannot say).
+async fn agent_login(api: &Api, tag: &str) -> Option<Login> {
+    let roles = api.state.machine_roles(&machine_id(tag)?).await.ok()??;
+    Some(if roles.contains(Role::Controller) {
         Login::ControllerAgent
     } else {
         Login::MachineAgent
@@ -182,10 +228,10 @@ pub async fn authenticate(
 }
 
 /// Who a login carried over from the previous worker is now (`spec/relay.md`): `tag` must
-/// still be a user of [`crate::api::ApiConfig::users`] or an agent of
-/// [`crate::api::ApiConfig::agents`] whose machine exists; an agent's kind is read afresh
-/// from its machine's roles. No password: the launcher, which only this worker's relay
-/// socket accepts, vouches that a worker authenticated it.
+/// still be a user of [`crate::api::ApiConfig::users`], or an agent that still has a
+/// password hash in the shared state and whose machine exists; an agent's kind is read
+/// afresh from its machine's roles. No password: the launcher, which only this worker's
+/// relay socket accepts, vouches that a worker authenticated it.
 pub async fn carried(api: &Api, tag: &str) -> Option<Login> {
     if let Some(user) = tag.strip_prefix("user-") {
         return api
@@ -195,15 +241,9 @@ pub async fn carried(api: &Api, tag: &str) -> Option<Login> {
             .any(|(name, _)| name == user)
             .then_some(Login::User);
     }
-    if !api.config.agents.iter().any(|(agent, _)| agent == tag) {
-        return None;
-    }
-    let roles = api.state.machine_roles(&machine_id(tag)?).await.ok()??;
-    Some(if roles.contains(Role::Controller) {
-        Login::ControllerAgent
-    } else {
-        Login::MachineAgent
-    })
+    machine_id(tag)?;
+    api.state.agent_password_hash(tag).await.ok()??;
+    agent_login(api, tag).await
 }
 
 /// `user-admin:<password>` from an `Authorization: Basic` header.

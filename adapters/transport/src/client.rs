@@ -44,6 +44,7 @@ pub struct ClientConfig {
     /// The controller's CA, as handed out at bootstrap.
     pub ca_pem: String,
     pub model_uuid: Option<String>,
+    /// A user's name (`admin`), or a machine agent's tag (`machine-1`): see [`auth_tag`].
     pub user: String,
     pub password: String,
     pub retry: RetryPolicy,
@@ -60,6 +61,19 @@ impl fmt::Debug for ClientConfig {
             .field("user", &self.user)
             .field("client_id", &self.client_id)
             .finish_non_exhaustive()
+    }
+}
+
+/// The `auth-tag` a client logs in with: an agent's tag (`machine-1`) as it is, a user's
+/// name (`admin`) as Juju's user tag (`user-admin`).
+pub fn auth_tag(user: &str) -> String {
+    let is_agent = user
+        .strip_prefix("machine-")
+        .is_some_and(|id| !id.is_empty());
+    if is_agent || user.starts_with("user-") {
+        user.to_owned()
+    } else {
+        format!("user-{user}")
     }
 }
 
@@ -287,11 +301,7 @@ impl Client {
             return Ok(Arc::clone(connection));
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        let index = self.failover.lock().expect("not poisoned").address();
-        let address = match index {
-            0 => &self.config.address,
-            n => &self.config.fallback_addresses[n - 1],
-        };
+        let address = self.address();
         let connect_timeout = Duration::from_millis(Failover::CONNECT_TIMEOUT.0);
         let (opened, ended) = match tokio::time::timeout(
             connect_timeout,
@@ -315,7 +325,7 @@ impl Client {
         let connection = Arc::new(opened.map_err(|error| {
             tracing::debug!(target: "lockstep::client", %error, "connect failed");
         })?);
-        let login = json!({"auth-tag": format!("user-{}", self.config.user), "credentials": self.config.password,
+        let login = json!({"auth-tag": auth_tag(&self.config.user), "credentials": self.config.password,
                            "client-version": crate::wire::SERVER_VERSION});
         let id = self.request_ids.fetch_add(1, Ordering::Relaxed);
         let reply = connection
@@ -393,6 +403,23 @@ impl Client {
         self.call(facade, version, method, params, deadline).await
     }
 
+    /// A call on an object the server made (a watcher: `NotifyWatcher.Next` with the
+    /// watcher's id as the request's `id`), retried like [`Client::call`]. The id is the
+    /// server's: after a reconnect the server may no longer know it and answers `not found`.
+    pub async fn call_object(
+        &self,
+        facade: &str,
+        version: u32,
+        object: &str,
+        method: &str,
+        params: Value,
+        deadline: Duration,
+    ) -> Result<Value, ClientError> {
+        self.call_on(facade, version, object, method, params, deadline)
+            .await
+            .map(|(response, _)| response)
+    }
+
     async fn call_on(
         &self,
         facade: &str,
@@ -461,6 +488,16 @@ impl Client {
     }
 
     /// Retries so far, by cause.
+    /// The controller address this client is connected to, or tries next: `address`, or
+    /// the fallback the core's [`Failover`] moved to after a connect failed.
+    pub fn address(&self) -> &str {
+        let index = self.failover.lock().expect("not poisoned").address();
+        match index {
+            0 => &self.config.address,
+            n => &self.config.fallback_addresses[n - 1],
+        }
+    }
+
     pub fn stats(&self) -> ClientStats {
         ClientStats {
             upgrade_in_progress: self.stats.upgrade_in_progress.load(Ordering::Relaxed),
@@ -607,5 +644,19 @@ impl Watcher<'_> {
     /// The revision to resume after (what has been delivered).
     pub fn position(&self) -> Option<Revision> {
         self.position.resume_after()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auth_tag;
+
+    #[test]
+    fn a_machine_agents_tag_logs_in_as_it_is_and_a_user_name_as_a_user_tag() {
+        assert_eq!(auth_tag("machine-1"), "machine-1");
+        assert_eq!(auth_tag("admin"), "user-admin");
+        assert_eq!(auth_tag("user-admin"), "user-admin");
+        // Not a tag: a user may be called so.
+        assert_eq!(auth_tag("machine-"), "user-machine-");
     }
 }

@@ -4,7 +4,10 @@
 //! on a few threads of their own ([`ApiLimits::login_concurrency`]), never on tokio's
 //! blocking pool, which the store and the lease keep-alive use. Waiting checks queue per
 //! source address and are taken in turn across addresses: one address's flood delays
-//! another's login by at most one check per address with checks waiting.
+//! another's login by at most one check per address with checks waiting. A hash that must
+//! be read from the shared state (a machine agent's) is read by the login thread, in the
+//! check's turn ([`PasswordChecks::verify_looked_up`]): a flood of logins reads the state no
+//! more often at once than the pool has threads.
 //!
 //! [`Throttle`]: failed logins per source address and per user. After
 //! [`ApiLimits::login_failures_before_throttle`] failures, the next login from that source
@@ -107,8 +110,43 @@ struct Queues {
 #[derive(Debug)]
 struct Check {
     password: String,
-    hash: String,
-    verdict: oneshot::Sender<bool>,
+    hash: Hash,
+    verdict: oneshot::Sender<Checked>,
+}
+
+/// Where a check's hash comes from.
+enum Hash {
+    /// Known when the check was queued (users: the API's configuration).
+    Known(String),
+    /// Read by the login thread in the check's turn (agents: the shared state). `Ok(None)`:
+    /// no such credential, and the password is checked against `unknown` instead, so that
+    /// the time taken does not tell; `Err(())`: the state could not be read (likewise).
+    Lookup {
+        read: HashLookup,
+        unknown: &'static str,
+    },
+}
+
+/// Reads a hash for [`PasswordChecks::verify_looked_up`], on a login thread.
+pub type HashLookup = Box<dyn FnOnce() -> Result<Option<String>, ()> + Send>;
+
+impl std::fmt::Debug for Hash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hash::Known(_) => f.write_str("Known(..)"),
+            Hash::Lookup { .. } => f.write_str("Lookup(..)"),
+        }
+    }
+}
+
+/// What a check found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// A credential was found and the password matches it.
+    pub matched: bool,
+    /// The credential could not be read (the state was unavailable): the login failed for
+    /// the controller's reason, not the client's.
+    pub unavailable: bool,
 }
 
 /// `source`'s checks already wait [`ApiLimits::queued_logins_per_source_max`] deep.
@@ -147,6 +185,31 @@ impl PasswordChecks {
         password: &str,
         hash: &str,
     ) -> Result<bool, QueueFull> {
+        self.check(source, password, Hash::Known(hash.to_owned()))
+            .await
+            .map(|checked| checked.matched)
+    }
+
+    /// Whether `password` matches the hash `read` finds, read and checked by a login thread
+    /// in `source`'s turn; when `read` finds none (or fails), `password` is checked against
+    /// `unknown`, which never matches, so that the time taken does not tell.
+    pub async fn verify_looked_up(
+        &self,
+        source: IpAddr,
+        password: &str,
+        read: HashLookup,
+        unknown: &'static str,
+    ) -> Result<Checked, QueueFull> {
+        self.check(source, password, Hash::Lookup { read, unknown })
+            .await
+    }
+
+    async fn check(
+        &self,
+        source: IpAddr,
+        password: &str,
+        hash: Hash,
+    ) -> Result<Checked, QueueFull> {
         let (verdict, answer) = oneshot::channel();
         {
             let mut queues = self.shared.queues.lock().expect("not poisoned");
@@ -160,7 +223,7 @@ impl PasswordChecks {
             let first = queue.is_empty();
             queue.push_back(Check {
                 password: password.to_owned(),
-                hash: hash.to_owned(),
+                hash,
                 verdict,
             });
             if first {
@@ -170,7 +233,7 @@ impl PasswordChecks {
         }
         self.shared.work.notify_one();
         // A thread that cannot answer (it panicked) answers no.
-        Ok(answer.await.unwrap_or(false))
+        Ok(answer.await.unwrap_or_default())
     }
 
     /// `(checking, queued)` now, for `/metrics`.
@@ -204,10 +267,30 @@ impl Shared {
                 }
             };
             // A client that went away no longer wants the answer: skip its hash.
-            let matched =
-                !check.verdict.is_closed() && verifier.verify(&check.password, &check.hash);
+            let checked = if check.verdict.is_closed() {
+                Checked::default()
+            } else {
+                match check.hash {
+                    Hash::Known(hash) => Checked {
+                        matched: verifier.verify(&check.password, &hash),
+                        unavailable: false,
+                    },
+                    Hash::Lookup { read, unknown } => {
+                        let found = read();
+                        let hash = match &found {
+                            Ok(Some(hash)) => hash.as_str(),
+                            Ok(None) | Err(()) => unknown,
+                        };
+                        let matched = verifier.verify(&check.password, hash);
+                        Checked {
+                            matched: matched && matches!(found, Ok(Some(_))),
+                            unavailable: found.is_err(),
+                        }
+                    }
+                }
+            };
             self.queues.lock().expect("not poisoned").checking -= 1;
-            let _ = check.verdict.send(matched);
+            let _ = check.verdict.send(checked);
         }
     }
 }
@@ -428,7 +511,7 @@ mod tests {
             }
             queue.push_back(Check {
                 password: password.to_owned(),
-                hash: String::new(),
+                hash: Hash::Known(String::new()),
                 verdict,
             });
             queues.queued += 1;
@@ -512,5 +595,50 @@ mod tests {
         assert_eq!(checks.verify(source(1), "right", &hash).await, Ok(true));
         assert_eq!(checks.verify(source(1), "wrong", &hash).await, Ok(false));
         assert_eq!(checks.in_progress(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_looked_up_hash_is_read_on_a_login_thread_and_nobody_known_never_matches() {
+        let checks = PasswordChecks::new(&ApiLimits::default());
+        let hash = crate::auth::hash_password("right");
+        let unknown: &'static str = Box::leak(crate::auth::hash_password("right").into_boxed_str());
+        let found = |hash: Result<Option<String>, ()>| -> HashLookup {
+            Box::new(move || {
+                let thread = std::thread::current();
+                assert!(
+                    thread
+                        .name()
+                        .is_some_and(|name| name.starts_with("lockstep-login-")),
+                    "read on {:?}",
+                    thread.name()
+                );
+                hash
+            })
+        };
+        let check = |read, password| checks.verify_looked_up(source(1), password, read, unknown);
+        let matched = Checked {
+            matched: true,
+            unavailable: false,
+        };
+        assert_eq!(
+            check(found(Ok(Some(hash.clone()))), "right").await,
+            Ok(matched)
+        );
+        assert_eq!(
+            check(found(Ok(Some(hash))), "wrong").await,
+            Ok(Checked::default())
+        );
+        // Nobody known: checked against `unknown`, which the password matches, and still no.
+        assert_eq!(
+            check(found(Ok(None)), "right").await,
+            Ok(Checked::default())
+        );
+        assert_eq!(
+            check(found(Err(())), "right").await,
+            Ok(Checked {
+                matched: false,
+                unavailable: true
+            })
+        );
     }
 }

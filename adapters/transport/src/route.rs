@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use crate::api::Api;
 use crate::facade::{
-    admin, all_watcher, application, charms, client, controller, machine_manager, model_config,
-    model_manager, pinger, upgrade, upgrader,
+    admin, agent, all_watcher, application, charms, client, controller, machine_manager, machiner,
+    model_config, model_manager, notify_watcher, pinger, upgrade, upgrader,
 };
 use crate::served::{facade_label, not_implemented, permitted, served};
 use crate::session::Session;
@@ -89,6 +89,9 @@ pub(crate) async fn call(
         ("MachineManager", "DestroyMachineWithParams") => {
             machine_manager::destroy_machines(api, params).await
         }
+        ("MachineManager", "ProvisioningScript") => {
+            machine_manager::provisioning_script(api, session, params).await
+        }
         ("Client", "FindTools") => client::find_tools(api, session, params).await,
         ("Client", "WatchAll") => client::watch_all(api, session, params),
         ("ModelManager", "ModelInfo") => model_manager::model_info(api, view, params).await,
@@ -115,6 +118,11 @@ pub(crate) async fn call(
         ("Upgrader", "SetTools" | "SetVersion") => upgrader::set_tools(api, session, params).await,
         ("Upgrader", "DesiredVersion") => upgrader::desired_version(api, session, params).await,
         ("Upgrader", "Tools") => upgrader::tools(api, session, params).await,
+        ("Upgrader", "WatchAPIVersion") => upgrader::watch_api_version(api, session, params).await,
+        ("NotifyWatcher", "Next") => notify_watcher::next(api, session, &request.id).await,
+        ("NotifyWatcher", "Stop") => notify_watcher::stop(session, &request.id),
+        ("Agent", "GetEntities") => agent::get_entities(api, session, params).await,
+        ("Machiner", "SetStatus") => machiner::set_status(api, session, params).await,
         ("AllWatcher", "Next") => all_watcher::next(api, session, &request.id).await,
         ("AllWatcher", "Stop") => all_watcher::stop(session, &request.id),
         ("Upgrade", "WatchProgress") => upgrade::watch_progress(api, params).await,

@@ -9,6 +9,7 @@ use crate::wire::WireError;
 /// same table is in `spec/wire.md`, and a test keeps the two equal.
 pub const FACADES: &[(&str, &[u32], &[&str])] = &[
     ("Admin", &[3], &["Login", "RedirectInfo"]),
+    ("Agent", &[3], &["GetEntities"]),
     ("AllWatcher", &[1, 3], &["Next", "Stop"]),
     (
         "Application",
@@ -49,8 +50,13 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
     (
         "MachineManager",
         &[10],
-        &["AddMachines", "DestroyMachineWithParams"],
+        &[
+            "AddMachines",
+            "DestroyMachineWithParams",
+            "ProvisioningScript",
+        ],
     ),
+    ("Machiner", &[5], &["SetStatus"]),
     (
         "ModelConfig",
         &[3],
@@ -61,19 +67,38 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
         &[9, 10],
         &["ModelInfo", "ListModelSummaries"],
     ),
+    ("NotifyWatcher", &[1], &["Next", "Stop"]),
     ("Pinger", &[1], &["Ping"]),
     ("Upgrade", &[1], &["Status", "WatchProgress"]),
     (
         "Upgrader",
         &[1],
-        &["SetTools", "SetVersion", "DesiredVersion", "Tools"],
+        &[
+            "SetTools",
+            "SetVersion",
+            "DesiredVersion",
+            "Tools",
+            "WatchAPIVersion",
+        ],
     ),
 ];
 
-/// The facades an agent login may call; a user may call every facade but `Upgrader`
-/// (Juju's agent and client facades are apart in the same way). Anything else is
-/// `permission denied`, code `unauthorized access` (Juju's `ErrPerm`).
-pub const AGENT_FACADES: &[&str] = &["Admin", "Pinger", "Upgrade", "Upgrader"];
+/// The facades an agent login may call; a user may call every facade but
+/// [`AGENT_ONLY_FACADES`] (Juju's agent and client facades are apart in the same way).
+/// Anything else is `permission denied`, code `unauthorized access` (Juju's `ErrPerm`).
+pub const AGENT_FACADES: &[&str] = &[
+    "Admin",
+    "Agent",
+    "Machiner",
+    "NotifyWatcher",
+    "Pinger",
+    "Upgrade",
+    "Upgrader",
+];
+
+/// The agents' own facades, which users may not call: an agent's view of itself, its
+/// reports, and the watchers only agents open (`Upgrader.WatchAPIVersion`).
+pub const AGENT_ONLY_FACADES: &[&str] = &["Agent", "Machiner", "NotifyWatcher", "Upgrader"];
 
 /// `not implemented` unless the facade, version and method are served, in Juju's words
 /// (`rpcreflect.CallNotImplementedError`): an unknown facade, or a known one at a version
@@ -113,12 +138,12 @@ pub fn not_implemented(facade: &str, version: u32, method: &str) -> WireError {
 }
 
 /// True when `login` may call `facade` at all (the gate decides about the phase): users
-/// every facade but `Upgrader`, agents [`AGENT_FACADES`]. Before login the gate admits
-/// `Admin` only.
+/// every facade but [`AGENT_ONLY_FACADES`], agents [`AGENT_FACADES`]. Before login the gate
+/// admits `Admin` only.
 pub fn permitted(login: Login, facade: &str) -> bool {
     match login {
         Login::Anonymous => true,
-        Login::User => facade != "Upgrader",
+        Login::User => !AGENT_ONLY_FACADES.contains(&facade),
         Login::ControllerAgent | Login::MachineAgent => AGENT_FACADES.contains(&facade),
     }
 }
@@ -130,6 +155,7 @@ pub fn facade_label(facade: &str) -> &'static str {
         .iter()
         .map(|(name, _, _)| *name)
         .chain(gate::LIMITED_ALLOW_LIST.iter().map(|(name, _)| *name))
+        .chain(gate::AGENT_REPORTS.iter().map(|(name, _)| *name))
         .find(|name| *name == facade)
         .unwrap_or("other")
 }
@@ -166,5 +192,17 @@ mod tests {
             })
             .collect();
         assert_eq!(rows, code, "FACADES is sorted by name");
+    }
+
+    #[test]
+    fn agents_only_facades_are_agents_facades_and_served() {
+        for facade in AGENT_ONLY_FACADES {
+            assert!(AGENT_FACADES.contains(facade), "{facade}");
+            assert!(FACADES.iter().any(|(name, ..)| name == facade), "{facade}");
+            assert!(!permitted(Login::User, facade), "{facade}");
+        }
+        for facade in AGENT_FACADES {
+            assert!(FACADES.iter().any(|(name, ..)| name == facade), "{facade}");
+        }
     }
 }

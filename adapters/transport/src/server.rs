@@ -375,11 +375,18 @@ async fn tools(
         .map(|axum::Extension(admitted)| &*admitted.ticket);
     let source = source_of(ticket, relayed.map(|axum::Extension(peer)| peer));
     let who = [Login::User, Login::ControllerAgent, Login::MachineAgent];
-    if let Err(refused) = auth::http_login(&api, source, ticket, &headers, &who).await {
-        return refused;
-    }
+    let login = match auth::http_login(&api, source, ticket, &headers, &who).await {
+        Ok((login, _)) => login,
+        Err(refused) => return refused,
+    };
     api.tools
-        .get(&api.backend, &*api.state, &uuid, &binary)
+        .get(
+            &api.backend,
+            &*api.state,
+            &uuid,
+            &binary,
+            login == Login::MachineAgent,
+        )
         .await
 }
 

@@ -1,5 +1,8 @@
 //! One connection's state: who logged in, the address its client reached, and its
-//! AllWatchers, which belong to it as in Juju (they end with the connection).
+//! AllWatchers and NotifyWatchers, which belong to it as in Juju (they end with the
+//! connection). Both kinds share the connection's watcher limit and id sequence; only
+//! AllWatchers are carried over to the next worker (an agent whose NotifyWatcher is gone
+//! gets `not found` and opens another, as after a restart of Juju's controller).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -31,7 +34,22 @@ pub struct Session {
     /// the front door (whose slot is the launcher's).
     relayed_from: Option<SocketAddr>,
     watchers: Mutex<BTreeMap<u64, Arc<Watcher>>>,
+    notify_watchers: Mutex<BTreeMap<u64, Arc<NotifyWatcher>>>,
     next_watcher: AtomicU64,
+}
+
+/// A NotifyWatcher of an agent's desired version (`Upgrader.WatchAPIVersion`): whose, and
+/// the version the previous `Next` saw (`None` before the first `Next`, which answers at
+/// once).
+#[derive(Debug)]
+pub struct NotifyWatcher {
+    /// The agent watched (`machine-1`): the logged-in agent's own tag.
+    pub tag: String,
+    /// Held for the whole of a `Next`: one `Next` at a time per watcher.
+    pub seen: tokio::sync::Mutex<Option<lockstep_core::Version>>,
+    pub stopped: tokio::sync::watch::Sender<bool>,
+    /// Its place among all connections' watchers.
+    _slot: WatcherSlot,
 }
 
 /// An AllWatcher: its position in the event log (`None` until the first `Next` sent the
@@ -68,6 +86,7 @@ impl Session {
             access: Mutex::new(ModelAccess::Read),
             reached,
             watchers: Mutex::new(BTreeMap::new()),
+            notify_watchers: Mutex::new(BTreeMap::new()),
             next_watcher: AtomicU64::new(1),
         }
     }
@@ -139,7 +158,18 @@ impl Session {
         slot: WatcherSlot,
     ) -> Result<u64, WireError> {
         let mut watchers = self.watchers.lock().expect("not poisoned");
-        if watchers.len() >= max {
+        self.room_for_a_watcher(watchers.len(), max)?;
+        let id = self.next_watcher.fetch_add(1, Ordering::Relaxed);
+        watchers.insert(id, Watcher::new(position, slot));
+        Ok(id)
+    }
+
+    /// `Ok` while the connection holds fewer than `max` watchers of both kinds, of which
+    /// `all_watchers` AllWatchers (their map is locked by the caller; the NotifyWatchers'
+    /// is locked here, always after it).
+    fn room_for_a_watcher(&self, all_watchers: usize, max: usize) -> Result<(), WireError> {
+        let held = all_watchers + self.notify_watchers.lock().expect("not poisoned").len();
+        if held >= max {
             return Err(WireError::new(
                 "quota limit exceeded",
                 format!(
@@ -147,9 +177,61 @@ impl Session {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// A new NotifyWatcher of agent `tag`'s desired version, holding `slot`, unless the
+    /// connection holds `max` watchers already; its id.
+    pub fn add_notify_watcher(
+        &self,
+        tag: &str,
+        max: usize,
+        slot: WatcherSlot,
+    ) -> Result<u64, WireError> {
+        let watchers = self.watchers.lock().expect("not poisoned");
+        self.room_for_a_watcher(watchers.len(), max)?;
         let id = self.next_watcher.fetch_add(1, Ordering::Relaxed);
-        watchers.insert(id, Watcher::new(position, slot));
+        let (stopped, _) = tokio::sync::watch::channel(false);
+        self.notify_watchers.lock().expect("not poisoned").insert(
+            id,
+            Arc::new(NotifyWatcher {
+                tag: tag.to_owned(),
+                seen: tokio::sync::Mutex::new(None),
+                stopped,
+                _slot: slot,
+            }),
+        );
+        drop(watchers);
         Ok(id)
+    }
+
+    /// The NotifyWatcher of id `id`; Juju's `unknown watcher id` (code `not found`)
+    /// otherwise, which tells an agent to open a new one.
+    pub fn notify_watcher(&self, id: &str) -> Result<Arc<NotifyWatcher>, WireError> {
+        id.parse::<u64>()
+            .ok()
+            .and_then(|id| {
+                self.notify_watchers
+                    .lock()
+                    .expect("not poisoned")
+                    .get(&id)
+                    .cloned()
+            })
+            .ok_or_else(|| WireError::new("not found", format!("unknown watcher id {id:?}")))
+    }
+
+    /// Stops NotifyWatcher `id` (a pending `Next` fails with `watcher was stopped`) and
+    /// forgets it.
+    pub fn stop_notify_watcher(&self, id: &str) -> Result<(), WireError> {
+        let watcher = self.notify_watcher(id)?;
+        watcher.stopped.send_replace(true);
+        if let Ok(id) = id.parse::<u64>() {
+            self.notify_watchers
+                .lock()
+                .expect("not poisoned")
+                .remove(&id);
+        }
+        Ok(())
     }
 
     /// A watcher carried over from the previous worker (`spec/relay.md`): id `id`, after
@@ -168,7 +250,7 @@ impl Session {
                 format!("watcher {id} is carried over twice"),
             ));
         }
-        if watchers.len() >= max {
+        if self.room_for_a_watcher(watchers.len(), max).is_err() {
             return Err(WireError::new(
                 "quota limit exceeded",
                 format!(

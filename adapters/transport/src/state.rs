@@ -130,12 +130,98 @@ pub trait SharedState: Send + Sync + 'static {
     /// harmless: the caller reads [`SharedState::changes_since`] again.
     async fn wait_for_change(&self, after: Revision);
 
+    /// The state's revision now: the last change any controller committed. A
+    /// `NotifyWatcher.Next` reads it after each wake-up ([`SharedState::wait_for_change`]) and
+    /// reads its agent's view again only when it moved.
+    async fn revision(&self) -> Result<Revision, WireError>;
+
     // --- Authentication ----------------------------------------------------------------
 
     /// The roles of machine `machine_id` (a legacy machine's jobs read as roles), `None`
     /// when there is no such machine: an agent logs in only for a machine that exists, as a
     /// controller agent when it has [`lockstep_core::Role::Controller`].
     async fn machine_roles(&self, machine_id: &str) -> Result<Option<Roles>, WireError>;
+    /// The argon2id hash (PHC form) of agent `tag`'s password (`machine-1`), `None` when no
+    /// controller issued it one. Read from the shared state at every login, so that any
+    /// controller admits an agent whose password any controller issued
+    /// ([`SharedState::provisioning_script`]).
+    async fn agent_password_hash(&self, tag: &str) -> Result<Option<String>, WireError>;
+
+    // --- Machine agents ----------------------------------------------------------------
+
+    /// `MachineManager.ProvisioningScript`: issues machine `request.machine_id`'s agent a
+    /// fresh random password, stores only its hash (replacing any earlier one, which stops
+    /// working), and answers the POSIX `sh` script that writes the agent's `agent.conf`
+    /// (with that password) under `request.data_dir`. Refused for a machine that does not
+    /// exist (`not found`) or is a controller (`bad request`), naming it. Not recorded under
+    /// an `operation-id`: its answer holds a secret, which no store keeps.
+    async fn provisioning_script(&self, request: &Provisioning) -> Result<String, WireError>;
+    /// `Agent.GetEntities`: for each machine id (in order; the transport has checked that the
+    /// agent asks about itself), its life, its jobs (the core's rule over its roles and the
+    /// model's capabilities) and container type, or the error Juju answers for it
+    /// (`machine 1 not found`, code `not found`).
+    async fn agent_entities(
+        &self,
+        machine_ids: &[String],
+    ) -> Result<Vec<Result<AgentEntity, WireError>>, WireError>;
+    /// `Machiner.SetStatus`: records each report (in order; the transport has checked them
+    /// and that each agent reports on itself) as its agent's status, stamped with the
+    /// store's clock, replacing the previous one. A status is no change clients watch: no
+    /// delta, no wake-up of watchers. An unknown machine gets `not found` in its result.
+    async fn set_agent_statuses(
+        &self,
+        reports: &[AgentStatusReport],
+    ) -> Result<Vec<Result<(), WireError>>, WireError>;
+}
+
+/// What `MachineManager.ProvisioningScript` asks of the state: Juju's params and what only
+/// the transport knows of the controller (its identity, the address the caller reached, its
+/// CA and its own version), which go into the agent's `agent.conf`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Provisioning {
+    /// `machine-id`: the machine whose agent is provisioned (`1`).
+    pub machine_id: String,
+    /// `nonce`: Juju's provisioning nonce; accepted, not recorded (logins do not check it).
+    pub nonce: String,
+    /// `data-dir`: the agent's data directory on the machine, an absolute path.
+    pub data_dir: String,
+    /// `disable-package-commands`: accepted; the script runs no package commands anyway.
+    pub disable_package_commands: bool,
+    /// The model and controller, `agent.conf`'s `model` and `controller`.
+    pub identity: Identity,
+    /// `agent.conf`'s `apiaddresses`: the `host:port` the caller reached this API at.
+    pub api_addresses: Vec<String>,
+    /// `agent.conf`'s `cacert`: the controller's CA certificate (PEM).
+    pub ca_pem: String,
+    /// `agent.conf`'s `upgradedToVersion`: this controller's running version.
+    pub server_version: Version,
+}
+
+/// One entity of `Agent.GetEntities`, Juju's `AgentGetEntitiesResult` without its error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentEntity {
+    /// `alive`, `dying` or `dead`.
+    pub life: String,
+    /// Juju's job names (`JobHostUnits`, `JobManageModel`, ...).
+    pub jobs: Vec<String>,
+    /// `lxd` for machine `0/lxd/1`; empty for a machine that is no container.
+    pub container_type: String,
+}
+
+/// One entry of `Machiner.SetStatus`, checked by the transport.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStatusReport {
+    /// The agent's tag (`machine-1`): its own.
+    pub tag: String,
+    /// Juju's machine agent status: `started`, `stopped`, `error` or `pending`.
+    pub status: String,
+    /// Its message.
+    pub info: String,
+    /// lockstep's `data.phase`: the agent's lifecycle phase (`ready`, `upgrading`, ...);
+    /// empty when not sent.
+    pub phase: String,
+    /// lockstep's `data.version`: the binary the agent runs, when sent.
+    pub version: Option<Binary>,
 }
 
 /// What `Client.FullStatus` shows of the state, each entity already as Juju's status

@@ -12,9 +12,17 @@
 //! again. Before a fetch, the cache drops every binary whose version is not one
 //! [`Backend::versions_to_keep`] names (running, previous, target), so it holds a few
 //! binaries, not every one ever asked for.
+//!
+//! Machine agents' downloads are admitted by the core's rule
+//! ([`lockstep_core::upgrader::admit_agent_download`]) under the model's
+//! `max-agent-downloads` (default [`lockstep_core::upgrader::AGENT_DOWNLOADS_MAX_DEFAULT`]):
+//! beyond it an agent is answered 503 with `Retry-After`, code `try again`, and retries with
+//! backoff. A download holds its slot from admission (through an upstream fetch, if one is
+//! needed) until its last byte is handed to the connection, or the client goes away.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::http::{StatusCode, header};
@@ -23,6 +31,7 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use lockstep_core::Binary;
 use lockstep_core::policy::CatalogueEntry;
+use lockstep_core::upgrader::{self, DownloadAdmission};
 use serde_json::json;
 
 use crate::backend::Backend;
@@ -43,6 +52,30 @@ pub struct ToolsEndpoint {
     /// `None`: the endpoint is off (404).
     cache: Option<PathBuf>,
     fetches: Fetches,
+    /// Machine agents' downloads admitted and not finished.
+    agent_downloads: Arc<AtomicU32>,
+}
+
+/// A machine agent's admitted download: frees its slot when dropped (the response's last
+/// byte handed over, the client gone, or an error answered).
+#[derive(Debug)]
+struct DownloadSlot(Arc<AtomicU32>);
+
+impl Drop for DownloadSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The model's `max-agent-downloads`, as the core reads it: a whole number (or its
+/// decimal text); anything else leaves the default.
+pub fn configured_agent_downloads_max(value: Option<&serde_json::Value>) -> u32 {
+    let configured = value.and_then(|value| {
+        value
+            .as_u64()
+            .or_else(|| value.as_str().and_then(|text| text.trim().parse().ok()))
+    });
+    upgrader::agent_downloads_max(configured)
 }
 
 impl ToolsEndpoint {
@@ -52,6 +85,7 @@ impl ToolsEndpoint {
             model_uuid,
             cache,
             fetches: Fetches::default(),
+            agent_downloads: Arc::default(),
         }
     }
 
@@ -67,6 +101,7 @@ impl ToolsEndpoint {
         state: &dyn SharedState,
         uuid: &str,
         binary: &str,
+        machine_agent: bool,
     ) -> Response {
         if uuid != self.model_uuid {
             return http_error(
@@ -106,9 +141,65 @@ impl ToolsEndpoint {
                 format!("no agent binaries found for {binary}"),
             );
         };
+        let slot = if machine_agent {
+            let max = match state.model_config().await {
+                Ok(config) => configured_agent_downloads_max(
+                    config.settings.get(upgrader::AGENT_DOWNLOADS_MAX_KEY),
+                ),
+                Err(_) => upgrader::AGENT_DOWNLOADS_MAX_DEFAULT,
+            };
+            match self.admit_agent(max) {
+                Ok(slot) => Some(slot),
+                Err(busy) => return busy,
+            }
+        } else {
+            None
+        };
         match self.fetches.ensure(backend, cache, &entry).await {
-            Ok(path) => serve_file(&path).await,
+            Ok(path) => serve_file(&path, slot).await,
             Err((status, message)) => http_error(status, "", message),
+        }
+    }
+
+    /// Machine agents' downloads in flight now.
+    pub fn agent_downloads_in_flight(&self) -> u32 {
+        self.agent_downloads.load(Ordering::SeqCst)
+    }
+
+    /// A slot for one more machine agent's download under `max`, or the 503 that refuses it.
+    #[expect(clippy::result_large_err, reason = "the error is the response to send")]
+    fn admit_agent(&self, max: u32) -> Result<DownloadSlot, Response> {
+        let mut in_flight = self.agent_downloads.load(Ordering::SeqCst);
+        loop {
+            match upgrader::admit_agent_download(in_flight, max) {
+                DownloadAdmission::Admit => {
+                    match self.agent_downloads.compare_exchange(
+                        in_flight,
+                        in_flight + 1,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    ) {
+                        Ok(_) => return Ok(DownloadSlot(Arc::clone(&self.agent_downloads))),
+                        Err(now) => in_flight = now,
+                    }
+                }
+                DownloadAdmission::Busy { retry_after } => {
+                    let seconds = retry_after.0.div_ceil(1000).max(1);
+                    let mut response = http_error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "try again",
+                        format!(
+                            "busy: {in_flight} agent downloads in flight, the model's \
+                             {} is {max}; retry after {seconds}s",
+                            upgrader::AGENT_DOWNLOADS_MAX_KEY
+                        ),
+                    );
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+                    return Err(response);
+                }
+            }
         }
     }
 }
@@ -144,8 +235,11 @@ impl std::fmt::Debug for Fetches {
 
 /// The cached tarball of `binary` in `cache`. A binary's text has no `/` (its release and
 /// arch are ASCII letters, digits, `.` and `_`), so this is one file inside `cache`.
+/// A binary's tarball in the cache: `juju-<binary>.tgz`, Juju's name, which the
+/// controller's own staging of a binary writes too, so that a controller fetches each
+/// binary from upstream once, for itself and its agents alike.
 fn cached_path(cache: &Path, binary: &Binary) -> PathBuf {
-    let name = format!("{binary}.tgz");
+    let name = format!("juju-{binary}.tgz");
     assert!(!name.contains('/') && !name.contains('\\'), "{name:?}");
     cache.join(name)
 }
@@ -235,7 +329,8 @@ impl Fetches {
 
 /// Drops from `cache` every cached binary whose version [`Backend::versions_to_keep`] does
 /// not name, except `fetching`'s. Only files named as this endpoint names them
-/// (`<binary>.tgz`) are touched; a failure to list or remove is logged, not fatal.
+/// (`juju-<binary>.tgz`, or `<binary>.tgz` as earlier versions did) are touched; a failure
+/// to list or remove is logged, not fatal.
 async fn prune(backend: &dyn Backend, cache: &Path, fetching: &Binary) {
     let keep = backend.versions_to_keep().await;
     let Ok(mut entries) = tokio::fs::read_dir(cache).await else {
@@ -246,6 +341,7 @@ async fn prune(backend: &dyn Backend, cache: &Path, fetching: &Binary) {
         let Some(binary) = name
             .to_str()
             .and_then(|name| name.strip_suffix(".tgz"))
+            .map(|name| name.strip_prefix("juju-").unwrap_or(name))
             .and_then(|name| Binary::parse(name).ok())
         else {
             continue;
@@ -298,8 +394,9 @@ async fn fetch_into(
         .map_err(|error| format!("cannot put the fetched file into the tools cache: {error}"))
 }
 
-/// The tarball at `path` as a streamed `application/x-tar-gz` body.
-async fn serve_file(path: &Path) -> Response {
+/// The tarball at `path` as a streamed `application/x-tar-gz` body; `slot` (a machine
+/// agent's download) is held until the body ends or is dropped.
+async fn serve_file(path: &Path, slot: Option<DownloadSlot>) -> Response {
     let file = match tokio::fs::File::open(path).await {
         Ok(file) => file,
         Err(error) => {
@@ -326,7 +423,7 @@ async fn serve_file(path: &Path) -> Response {
             );
         }
     };
-    let chunks = futures_util::stream::unfold(file, |mut file| async move {
+    let chunks = futures_util::stream::unfold((file, slot), |(mut file, slot)| async move {
         use tokio::io::AsyncReadExt;
         let mut buffer = vec![0u8; CHUNK_SIZE_BYTES];
         match file.read(&mut buffer).await {
@@ -335,10 +432,10 @@ async fn serve_file(path: &Path) -> Response {
                 buffer.truncate(read);
                 Some((
                     Ok::<_, std::io::Error>(axum::body::Bytes::from(buffer)),
-                    file,
+                    (file, slot),
                 ))
             }
-            Err(error) => Some((Err(error), file)),
+            Err(error) => Some((Err(error), (file, slot))),
         }
     });
     (

@@ -477,7 +477,7 @@ async fn a_fetch_whose_requesters_all_left_finishes_and_frees_its_slot() {
         .tools_cache
         .as_ref()
         .unwrap()
-        .join(format!("{binary}.tgz"));
+        .join(format!("juju-{binary}.tgz"));
     tokio::time::timeout(Duration::from_secs(10), async {
         while !cached.is_file() {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -497,8 +497,9 @@ async fn before_a_fetch_the_cache_drops_binaries_of_versions_not_kept() {
     std::fs::create_dir_all(&cache).unwrap();
     for name in [
         "2.9.42-ubuntu-amd64.tgz",
+        "juju-2.9.42-ubuntu-arm64.tgz",
         "2.9.43-ubuntu-amd64.tgz",
-        "2.9.43-ubuntu-arm64.tgz",
+        "juju-2.9.43-ubuntu-arm64.tgz",
         "notes.txt",
     ] {
         std::fs::write(cache.join(name), b"old").unwrap();
@@ -519,9 +520,66 @@ async fn before_a_fetch_the_cache_drops_binaries_of_versions_not_kept() {
         left,
         [
             "2.9.43-ubuntu-amd64.tgz",
-            "2.9.43-ubuntu-arm64.tgz",
-            "2.9.44-ubuntu-amd64.tgz",
+            "juju-2.9.43-ubuntu-arm64.tgz",
+            "juju-2.9.44-ubuntu-amd64.tgz",
             "notes.txt"
         ]
     );
+}
+
+#[tokio::test]
+async fn machine_agents_beyond_max_agent_downloads_are_answered_busy_and_users_are_not_counted() {
+    use lockstep_transport::state::SharedState;
+    let fixture = Arc::new(start(Phase::Ready).await);
+    fixture
+        .state
+        .model_set(&json!({"config": {"max-agent-downloads": 1}}))
+        .await
+        .unwrap();
+    // The fetch from upstream takes a while (long beside a login and a request): the first
+    // agent holds its slot through it.
+    *fixture.backend.fetch_delay.lock().unwrap() = Duration::from_secs(5);
+    let binary = "2.9.44-ubuntu-amd64";
+    let path = format!("/model/{MODEL_UUID}/tools/{binary}");
+    let expected = tarball(&entry(binary, Stream::Released));
+    let agent = |fixture: &Fixture| {
+        format!(
+            "machine-{}",
+            fixture.state.add_machine(Roles::of(&[Role::HostMachine]))
+        )
+    };
+    let (first, second) = (agent(&fixture), agent(&fixture));
+    let admitted = {
+        let (fixture, path, first) = (Arc::clone(&fixture), path.clone(), first.clone());
+        tokio::spawn(async move { get_as(&fixture, &path, Some((&first, AGENT_PASSWORD))).await })
+    };
+    // Until the first one is admitted (it then waits for the fetch), nothing is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fixture.backend.fetches.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the first download never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _, body) = get_as(&fixture, &path, Some((&second, AGENT_PASSWORD))).await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    let refusal = json_body(&body);
+    assert_eq!(refusal["error"]["code"], "try again", "{refusal}");
+    assert!(
+        refusal["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max-agent-downloads is 1"),
+        "{refusal}"
+    );
+    // A user's download is not an agent's: it is served beside the agent's.
+    let (status, _, body) = get(&fixture, &path).await;
+    assert_eq!((status, body == expected), (200, true));
+    let (status, _, body) = admitted.await.unwrap();
+    assert_eq!((status, body == expected), (200, true));
+    // The first agent's download is over: its slot is free for the second.
+    let (status, _, body) = get_as(&fixture, &path, Some((&second, AGENT_PASSWORD))).await;
+    assert_eq!((status, body == expected), (200, true));
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 1);
 }

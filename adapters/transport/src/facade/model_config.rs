@@ -98,6 +98,20 @@ pub fn check_stored(key: &str, value: &Value) -> Result<(), WireError> {
             format!("model config key {key:?} must have 1 to {KEY_SIZE_BYTES_MAX} bytes"),
         ));
     }
+    if key == lockstep_core::upgrader::AGENT_DOWNLOADS_MAX_KEY {
+        let number = value
+            .as_u64()
+            .or_else(|| value.as_str().and_then(|text| text.trim().parse().ok()));
+        let limit = u64::from(lockstep_core::upgrader::AGENT_DOWNLOADS_MAX_LIMIT);
+        if !number.is_some_and(|number| (1..=limit).contains(&number)) {
+            return Err(WireError::new(
+                "bad request",
+                format!(
+                    "model config key {key:?}: {value} is not a whole number from 1 to {limit}"
+                ),
+            ));
+        }
+    }
     let size_bytes = value.to_string().len();
     if size_bytes > VALUE_SIZE_BYTES_MAX {
         return Err(WireError::new(

@@ -1,10 +1,12 @@
-//! `Upgrader`, the machine agents' facade: `SetTools` (and `SetVersion`), `DesiredVersion`
-//! and `Tools`. An agent may ask about, and report for, itself only.
+//! `Upgrader`, the machine agents' facade: `SetTools` (and `SetVersion`), `DesiredVersion`,
+//! `Tools` and `WatchAPIVersion` (whose watchers `NotifyWatcher` serves). An agent may ask
+//! about, and report for, itself only.
 
 use lockstep_core::{Binary, Version};
 use serde_json::{Value, json};
 
 use crate::api::Api;
+use crate::limits::Refusal;
 use crate::session::Session;
 use crate::state::AgentViews;
 use crate::tools;
@@ -49,6 +51,17 @@ pub async fn set_tools(api: &Api, session: &Session, params: &Value) -> Result<V
     api.state.set_tools(&session.agent(), params).await
 }
 
+/// This API server's own version, as the lifecycle reports it.
+pub(crate) fn server_version(api: &Api) -> Result<Version, WireError> {
+    let own = api.backend.agent_version();
+    Version::parse(&own).map_err(|error| {
+        WireError::new(
+            "",
+            format!("this controller's own version is unreadable: {error}"),
+        )
+    })
+}
+
 /// The views of the entities `params` names (`{"entities": [{"tag"}]}`), for the agent
 /// logged in on `session`, with this server's own version.
 async fn agent_views(
@@ -56,17 +69,54 @@ async fn agent_views(
     session: &Session,
     params: &Value,
 ) -> Result<AgentViews, WireError> {
-    let own = api.backend.agent_version();
-    let server_version = Version::parse(&own).map_err(|error| {
-        WireError::new(
-            "",
-            format!("this controller's own version is unreadable: {error}"),
-        )
-    })?;
+    let server_version = server_version(api)?;
     let tags = entity_tags(params, "entities", "tag")?;
     api.state
         .agent_views(&session.agent(), server_version, &tags)
         .await
+}
+
+/// `Upgrader.WatchAPIVersion {"entities": [{"tag"}]}`: for each, a NotifyWatcher of that
+/// agent's desired version on this connection, `{"results": [{"NotifyWatcherId": "<n>"} |
+/// {"error"}]}` (Juju's key, without a JSON tag). The agent may watch itself only; its
+/// machine must exist. Watchers count against the connection's and the controller's
+/// watcher limits, as AllWatchers do (over either, Juju's `quota limit exceeded`).
+pub async fn watch_api_version(
+    api: &Api,
+    session: &Session,
+    params: &Value,
+) -> Result<Value, WireError> {
+    let views = agent_views(api, session, params).await?;
+    let tags = entity_tags(params, "entities", "tag")?;
+    let limits = &api.config.limits;
+    let results: Vec<Value> = tags
+        .iter()
+        .zip(views.entities)
+        .map(|(tag, view)| {
+            let watcher = view.and_then(|_| {
+                let slot = api.connections.watcher_slot().ok_or_else(|| {
+                    WireError::new(
+                        "quota limit exceeded",
+                        format!(
+                            "the controller holds {} watchers, its limit (--max-watchers); stop one first",
+                            limits.watchers_max
+                        ),
+                    )
+                })?;
+                session.add_notify_watcher(tag, limits.watchers_per_connection_max, slot)
+            });
+            match watcher {
+                Ok(id) => json!({"NotifyWatcherId": id.to_string()}),
+                Err(error) => {
+                    if error.code == "quota limit exceeded" {
+                        api.connections.count(Refusal::Watchers);
+                    }
+                    json!({"error": error.result_json()})
+                }
+            }
+        })
+        .collect();
+    Ok(json!({"results": results}))
 }
 
 /// `Upgrader.DesiredVersion {"entities": [{"tag"}]}`: for each, the version it should run

@@ -161,7 +161,8 @@ pub fn tarball(entry: &CatalogueEntry) -> Vec<u8> {
 /// The password of every agent in [`AGENTS`].
 pub const AGENT_PASSWORD: &str = "agent-s3cret";
 
-/// The agents the fixture's config lets log in.
+/// The agents whose password hashes the fixture stores in its state (as
+/// `ProvisioningScript` would), so that they log in.
 pub const AGENTS: [&str; 3] = ["machine-0", "machine-1", "machine-2"];
 
 pub struct Fixture {
@@ -230,8 +231,9 @@ pub async fn start_with(
     start_configured(phase, state, port, credentials, |_| {}).await
 }
 
-/// [`start_with`], with the test's own changes to the config (which has one user `admin`,
-/// the agents of [`AGENTS`], and a fresh tools cache under the target directory).
+/// [`start_with`], with the test's own changes to the config (which has one user `admin`
+/// and a fresh tools cache under the target directory); the agents of [`AGENTS`] get their
+/// credentials in `state`.
 pub async fn start_configured(
     phase: Phase,
     state: Arc<FakeState>,
@@ -247,14 +249,13 @@ pub async fn start_configured(
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tools-cache-{port}"));
     let _ = std::fs::remove_dir_all(&tools_cache);
     let agent_hash = hash_password(AGENT_PASSWORD);
+    for tag in AGENTS {
+        state.set_agent_password_hash(tag, &agent_hash);
+    }
     let mut config = ApiConfig {
         model_uuid: MODEL_UUID.into(),
         controller_uuid: "deadbeef-0000-4000-8000-000000000002".into(),
         users: vec![("admin".into(), hash_password(PASSWORD))],
-        agents: AGENTS
-            .iter()
-            .map(|tag| ((*tag).to_owned(), agent_hash.clone()))
-            .collect(),
         tools_cache: Some(tools_cache),
         limits: Default::default(),
     };

@@ -14,8 +14,8 @@ use lockstep_core::upgrader;
 use lockstep_core::{Binary, Role, Roles, Version};
 use lockstep_transport::charm::Charm;
 use lockstep_transport::state::{
-    AgentVersionChange, AgentView, AgentViews, Changes, Identity, ModelConfig, SharedState,
-    Snapshot, Status,
+    AgentEntity, AgentStatusReport, AgentVersionChange, AgentView, AgentViews, Changes, Identity,
+    ModelConfig, Provisioning, SharedState, Snapshot, Status,
 };
 use lockstep_transport::wire::{Delta, WireError};
 use serde_json::{Map, Value, json};
@@ -43,6 +43,12 @@ struct Inner {
     operations: HashMap<String, Value>,
     /// Charms recorded from uploads, by URL.
     charms: BTreeMap<String, Charm>,
+    /// Agents' password hashes by tag.
+    credentials: HashMap<String, String>,
+    /// Agents' last status reports by tag.
+    statuses: BTreeMap<String, AgentStatusReport>,
+    /// Every `ProvisioningScript` asked, with the password issued.
+    provisioned: Vec<(Provisioning, String)>,
 }
 
 impl Inner {
@@ -116,6 +122,10 @@ pub struct FakeState {
     /// While set, `AddMachines` commits and then never answers: a worker that dies between
     /// its commit and its reply.
     pub stall_after_commit: std::sync::atomic::AtomicBool,
+    /// How long each read of an agent's password hash takes (blocking its thread).
+    pub hash_read_delay: Mutex<std::time::Duration>,
+    /// Reads of agents' password hashes: in flight now, at most at once, and in all.
+    pub hash_reads: Mutex<(usize, usize, usize)>,
 }
 
 fn bad(message: String) -> WireError {
@@ -150,12 +160,17 @@ impl FakeState {
             compacted: 0,
             operations: HashMap::new(),
             charms: BTreeMap::new(),
+            credentials: HashMap::new(),
+            statuses: BTreeMap::new(),
+            provisioned: Vec::new(),
         };
         inner.model_delta();
         FakeState {
             inner: Mutex::new(inner),
             changed: tokio::sync::Notify::new(),
             stall_after_commit: std::sync::atomic::AtomicBool::new(false),
+            hash_read_delay: Mutex::new(std::time::Duration::ZERO),
+            hash_reads: Mutex::new((0, 0, 0)),
         }
     }
 
@@ -174,6 +189,34 @@ impl FakeState {
         let id = self.inner.lock().unwrap().add_machine(roles);
         self.changed.notify_waiters();
         id
+    }
+
+    /// Stores agent `tag`'s password hash, as `ProvisioningScript` does.
+    pub fn set_agent_password_hash(&self, tag: &str, hash: &str) {
+        self.inner
+            .lock()
+            .unwrap()
+            .credentials
+            .insert(tag.to_owned(), hash.to_owned());
+    }
+
+    /// Agent `tag`'s last status report.
+    pub fn agent_status(&self, tag: &str) -> Option<AgentStatusReport> {
+        self.inner.lock().unwrap().statuses.get(tag).cloned()
+    }
+
+    /// Every `ProvisioningScript` asked of the state, with the password it issued.
+    pub fn provisioned(&self) -> Vec<(Provisioning, String)> {
+        self.inner.lock().unwrap().provisioned.clone()
+    }
+
+    /// Sets the model's agent-version as a committed change (a model delta).
+    pub fn set_model_agent_version(&self, version: Version) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.model.agent_version = version;
+        inner.model_delta();
+        drop(inner);
+        self.changed.notify_waiters();
     }
 
     /// Drops the deltas at or below `through`.
@@ -691,6 +734,99 @@ impl SharedState for FakeState {
             return;
         }
         notified.await;
+    }
+
+    async fn revision(&self) -> Result<Revision, WireError> {
+        Ok(FakeState::revision(self))
+    }
+
+    async fn agent_password_hash(&self, tag: &str) -> Result<Option<String>, WireError> {
+        {
+            let mut reads = self.hash_reads.lock().unwrap();
+            reads.0 += 1;
+            reads.1 = reads.1.max(reads.0);
+            reads.2 += 1;
+        }
+        let delay = *self.hash_read_delay.lock().unwrap();
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        self.hash_reads.lock().unwrap().0 -= 1;
+        Ok(self.inner.lock().unwrap().credentials.get(tag).cloned())
+    }
+
+    async fn provisioning_script(&self, request: &Provisioning) -> Result<String, WireError> {
+        let id = &request.machine_id;
+        let roles = match self.inner.lock().unwrap().machines.get(id) {
+            None => {
+                return Err(WireError::new(
+                    "not found",
+                    format!("machine {id} not found"),
+                ));
+            }
+            Some((roles, _)) => *roles,
+        };
+        if roles.contains(Role::Controller) {
+            return Err(WireError::new(
+                "bad request",
+                format!("machine {id} is a controller"),
+            ));
+        }
+        let mut inner = self.inner.lock().unwrap();
+        let password = format!("password-{}-{}", id, inner.provisioned.len());
+        let hash = lockstep_transport::auth::hash_password(&password);
+        inner.credentials.insert(format!("machine-{id}"), hash);
+        inner.provisioned.push((request.clone(), password.clone()));
+        Ok(format!("#!/bin/sh\n# machine {id}: {password}\n"))
+    }
+
+    async fn agent_entities(
+        &self,
+        machine_ids: &[String],
+    ) -> Result<Vec<Result<AgentEntity, WireError>>, WireError> {
+        let inner = self.inner.lock().unwrap();
+        let table = lockstep_core::jobs::JobTable::lockstep();
+        Ok(machine_ids
+            .iter()
+            .map(|id| {
+                let (roles, _) = inner.machines.get(id).ok_or_else(|| {
+                    WireError::new("not found", format!("machine {id} not found"))
+                })?;
+                let stored = lockstep_core::jobs::StoredMachine::from_fields(*roles, &[])
+                    .map_err(|error| WireError::new("", error.to_string()))?;
+                let jobs = lockstep_core::jobs::reported_jobs(
+                    &table,
+                    stored,
+                    &lockstep_core::jobs::Capabilities::new(),
+                );
+                Ok(AgentEntity {
+                    life: "alive".into(),
+                    jobs: jobs.iter().map(|job| job.as_str().to_owned()).collect(),
+                    container_type: String::new(),
+                })
+            })
+            .collect())
+    }
+
+    async fn set_agent_statuses(
+        &self,
+        reports: &[AgentStatusReport],
+    ) -> Result<Vec<Result<(), WireError>>, WireError> {
+        let mut inner = self.inner.lock().unwrap();
+        Ok(reports
+            .iter()
+            .map(|report| {
+                let id = report.tag.strip_prefix("machine-").unwrap_or_default();
+                if !inner.machines.contains_key(id) {
+                    return Err(WireError::new(
+                        "not found",
+                        format!("machine {id} not found"),
+                    ));
+                }
+                inner.statuses.insert(report.tag.clone(), report.clone());
+                Ok(())
+            })
+            .collect())
     }
 
     async fn machine_roles(&self, machine_id: &str) -> Result<Option<Roles>, WireError> {
