@@ -1,5 +1,6 @@
 //! Offending values quoted in messages: Rust string syntax, cut to a bounded length, so that
-//! a hostile or huge value cannot flood a log line or a terminal.
+//! a hostile or huge value cannot flood a log line or a terminal. And values quoted as one
+//! word of a POSIX shell command ([`shell_word`]), for the scripts lockstep writes.
 
 /// The most characters of an offending value quoted in a message.
 pub const QUOTE_LENGTH_MAX: usize = 100;
@@ -15,9 +16,35 @@ pub fn quote(text: &str) -> String {
     }
 }
 
+/// `text` as one word of a POSIX `sh` command, whatever it holds: in single quotes, each
+/// `'` written `'\''`. Nothing in it is expanded. (A NUL byte cannot be passed to a command
+/// at all: callers refuse it first.)
+pub fn shell_word(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shell_words_are_taken_literally_by_sh() {
+        for text in [
+            "plain",
+            "",
+            "it's",
+            "$(rm -rf /) `x` $HOME \\ \" *",
+            "a\nb",
+            "''",
+        ] {
+            let output = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_word(text)))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(output.stdout).unwrap(), text, "{text:?}");
+        }
+    }
 
     #[test]
     fn quotes_are_cut() {

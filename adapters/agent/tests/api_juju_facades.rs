@@ -125,6 +125,10 @@ async fn login_advertises_the_facades_libjuju_and_jujuclient_negotiate() {
     ] {
         assert_eq!(facades.get(name), Some(&versions), "{name}: {reply}");
     }
+    // The agents' own facades are not advertised to users.
+    for name in ["Agent", "Machiner", "NotifyWatcher", "Upgrader"] {
+        assert_eq!(facades.get(name), None, "{name}: {reply}");
+    }
     assert_eq!(reply["response"]["user-info"]["model-access"], "admin");
     // A method not served on a new facade: Juju's words and code, a `response` object.
     let reply = call(
@@ -132,14 +136,14 @@ async fn login_advertises_the_facades_libjuju_and_jujuclient_negotiate() {
         2,
         "MachineManager",
         10,
-        "ProvisioningScript",
+        "UpgradeSeriesPrepare",
         json!({}),
     )
     .await;
     assert_eq!(
         reply,
         json!({"request-id": 2, "error-code": "not implemented", "response": {},
-               "error": "no such request - method MachineManager(10).ProvisioningScript is not implemented"})
+               "error": "no such request - method MachineManager(10).UpgradeSeriesPrepare is not implemented"})
     );
 }
 

@@ -237,3 +237,29 @@ fn the_daemon_and_the_cli_are_separate_parts() {
         assert!(!parts.contains(other), "{binary} uses {other}: {parts:?}");
     }
 }
+
+/// The machine agent reaches state through the API only: `daemon::machine_agent` names no
+/// store (neither the store crate nor the agent's `store` module) and none of the API's
+/// state side (`api::*`). (Modules it uses for other things, the step runner among them,
+/// have store code of their own for controllers; this checks what the machine agent itself
+/// refers to.)
+#[test]
+fn the_machine_agent_refers_to_no_store() {
+    let modules = modules();
+    let graph = graph(&modules);
+    let uses = graph
+        .get("daemon::machine_agent")
+        .expect("the machine agent's module");
+    assert!(!uses.is_empty(), "the graph reads no module");
+    for module in uses {
+        assert!(
+            module != "store" && module != "api" && !module.starts_with("api::"),
+            "daemon::machine_agent refers to {module}"
+        );
+    }
+    let code = code_of(&modules["daemon::machine_agent"]);
+    assert!(
+        !code.contains("lockstep_store"),
+        "daemon::machine_agent refers to lockstep_store"
+    );
+}

@@ -1286,3 +1286,22 @@ fn agent_conf_strings_a_literal_block_cannot_hold_are_written_so_that_they_read_
     let again = AgentConf::parse(&conf.to_yaml().unwrap(), path).unwrap();
     assert_eq!(again, conf);
 }
+
+#[test]
+fn a_machine_agents_password_is_written_and_read_back_but_never_printed() {
+    let root = tempfile::tempdir().unwrap();
+    let data = DataDir::new(root.path());
+    let mut conf = full_conf();
+    conf.apipassword = "0123456789abcdef-s3cret".to_owned().into();
+    data.write_agent_conf(&conf).unwrap();
+    let back = data.read_agent_conf().unwrap().unwrap();
+    assert_eq!(back.apipassword.as_str(), "0123456789abcdef-s3cret");
+    let text = std::fs::read_to_string(data.agent_conf_path()).unwrap();
+    assert!(
+        text.contains("apipassword: 0123456789abcdef-s3cret"),
+        "{text}"
+    );
+    let printed = format!("{back:?}");
+    assert!(!printed.contains("s3cret"), "{printed}");
+    assert!(printed.contains("apipassword: (hidden)"), "{printed}");
+}

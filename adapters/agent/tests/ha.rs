@@ -38,13 +38,44 @@ async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_controllers_upgrade_together_while_a_client_deploys_through_them() {
+async fn three_controllers_upgrade_together_while_a_client_deploys_through_them_then_their_agents()
+{
     let _turn = one_at_a_time().await;
     let ha = Ha::start(&[]);
     let model = ha.store.load_model().unwrap().unwrap();
     assert_eq!(model.agent_version, own());
     let controllers: BTreeSet<u8> = model.controllers.iter().map(|c| c.0).collect();
     assert_eq!(controllers, BTreeSet::from([0, 1, 2]));
+
+    // Three machine agents, spread over the three controllers by the local provider.
+    let add = ha.controllers[0].run(&["add-machine", "-n", "3"]);
+    assert!(add.status.success(), "{}", common::text(&add));
+    let agents = ha.controllers[0].data().machine_agent_dirs();
+    let firsts: BTreeSet<String> = agents
+        .iter()
+        .map(|dir| dir.read_agent_conf().unwrap().unwrap().apiaddresses[0].clone())
+        .collect();
+    assert_eq!(
+        firsts.len(),
+        3,
+        "each agent on a controller of its own: {firsts:?}"
+    );
+    // Nothing of etcd reaches an agent: no endpoint, no user, no certificate, no store file.
+    for dir in &agents {
+        let conf = dir.read_agent_conf().unwrap().unwrap();
+        assert!(
+            conf.etcd_endpoints.is_empty()
+                && conf.etcd_prefix.is_empty()
+                && conf.etcd_user.is_none()
+                && conf.etcd_password_file.is_none()
+                && conf.etcd_cacert.is_none()
+                && conf.etcd_cert.is_none()
+                && conf.etcd_key.is_none(),
+            "{}: {conf:?}",
+            dir.agent_conf_path().display()
+        );
+        assert!(!dir.store_path().exists(), "{}", dir.root().display());
+    }
 
     let started = Instant::now();
     ha.upgrade();
@@ -54,6 +85,34 @@ async fn three_controllers_upgrade_together_while_a_client_deploys_through_them(
     ha.assert_upgraded_once().await;
     eprintln!("three controllers upgraded in {:?}", started.elapsed());
     ha.assert_deployed_once(deploy).await;
+    // Then every agent, each through its own controller.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let output = ha.controllers[0].run(&["status", "--format", "json"]);
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+        let on_next = status["machines"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, machine)| {
+                let jobs = machine["jobs"].as_array().cloned().unwrap_or_default();
+                jobs.contains(&json!("JobHostUnits")) && !jobs.contains(&json!("JobManageModel"))
+            })
+            .filter(|(_, machine)| {
+                let shown = &machine["agent-status"];
+                shown["status"] == "started" && shown["version"] == next().to_string()
+            })
+            .count();
+        if on_next == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{on_next} of 3 machine agents on {} after the controllers: {status:#}",
+            next()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // The coordinator released its lease when its steps were done.
     assert_eq!(ha.coordinator(), None);
 }
@@ -81,14 +140,17 @@ async fn three_controllers_on_etcd_over_tls_upgrade_together() {
 }
 
 /// `controller.yaml` lists every controller after enable-ha: with the first one down, the
-/// CLI carries on through another (they serve one model), and what it did is there once.
+/// CLI carries on through another (they serve one model), and what it did is there once;
+/// the others show the killed one `down` once its last status report is older than
+/// `AGENT_DOWN_AFTER`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_carries_on_through_another_controller_when_the_first_is_down() {
+async fn the_cli_carries_on_through_another_controller_when_the_first_is_down_and_status_says_so() {
     let _turn = one_at_a_time().await;
     let ha = Ha::start(&[]);
     let endpoints = ha.controllers[0].controller_file().api_endpoints;
     assert_eq!(endpoints.len(), 3, "{endpoints:?}");
     ha.controllers[0].kill_9();
+    let killed_at = Instant::now();
     let deploy = ha.deploy_in_background(0);
     let deploy = deploy.join().expect("the deploy thread");
     assert!(deploy.status.success(), "{}", common::text(&deploy));
@@ -96,6 +158,26 @@ async fn the_cli_carries_on_through_another_controller_when_the_first_is_down() 
     assert!(status.status.success(), "{}", common::text(&status));
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     common::assert_bundle_deployed_once(&status);
+    assert_eq!(
+        status["machines"]["1"]["agent-status"]["status"], "started",
+        "{status:#}"
+    );
+    let bound = lockstep_transport::facade::machiner::AGENT_DOWN_AFTER;
+    loop {
+        let output = ha.controllers[0].run(&["status", "--format", "json"]);
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+        let shown = &status["machines"]["0"]["agent-status"];
+        if shown["status"] == "down" {
+            break;
+        }
+        // The bound, and time for one `lockstep status` on a busy machine.
+        assert!(
+            killed_at.elapsed() < bound + Duration::from_secs(15),
+            "controller 0 not shown down {:?} after it was killed: {shown:#}",
+            killed_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     ha.restart(0, &[]);
     ha.controllers[0].wait_ready(READY_WITHIN).await;
     for controller in &ha.controllers {

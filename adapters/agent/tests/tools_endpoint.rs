@@ -1,16 +1,17 @@
 //! The tools endpoint of a real controller, started by `lockstep bootstrap` from a mirror:
 //! nobody without credentials downloads (or makes the controller fetch) an agent binary;
-//! the admin downloads the one the controller runs, byte for byte the mirror's tarball.
+//! the admin downloads a published one, byte for byte the mirror's tarball.
 
 use crate::common;
 
 use std::path::Path;
 
-use common::{Controller, Mirror, Published, basic, own};
+use common::{Controller, Mirror, Published, basic, next};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_them() {
-    let mirror = Mirror::new(&[(own(), Published::Lockstepd)]);
+    // N+1 is published, not installed: the controller has not fetched it for itself.
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
     let controller = Controller::bootstrap(
         &[
             "--metadata-source",
@@ -22,7 +23,7 @@ async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_t
     );
     controller.assert_bootstrapped();
     let file = controller.controller_file();
-    let binary = lockstep_agent::datadir::host_binary(own());
+    let binary = lockstep_agent::datadir::host_binary(next());
     let path = format!("/model/{}/tools/{binary}", file.model_uuid);
     let cache = controller.data().tools_cache_dir();
 
@@ -38,7 +39,7 @@ async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_t
         assert_eq!(status, 401, "{who}: {}", String::from_utf8_lossy(&body));
     }
     assert!(
-        !cache.join(format!("{binary}.tgz")).exists(),
+        !cache.join(format!("juju-{binary}.tgz")).exists(),
         "a refused download fetched the binary"
     );
 

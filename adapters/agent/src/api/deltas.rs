@@ -27,6 +27,7 @@ use serde_json::{Map, Value, json};
 
 use super::applications::{is_exposed, object_field};
 use super::calls::{MODEL_SETTINGS, store_error};
+use super::machines::reported_jobs;
 use super::model_config::config_of;
 use super::status::{
     State, UNIT_AGENT_STATUS, WORKLOAD_STATUS, life, machine_statuses, read_state,
@@ -133,12 +134,7 @@ pub fn delta(event: &Event, context: &Context<'_>) -> Option<Value> {
             let machine: Machine = serde_json::from_value(entity.clone()).ok()?;
             let jobs: Vec<String> = context
                 .model
-                .and_then(|model| {
-                    machine
-                        .reported_jobs(context.table, &model.capabilities)
-                        .ok()
-                })
-                .map(|jobs| jobs.iter().map(|job| job.as_str().to_owned()).collect())
+                .map(|model| reported_jobs(&machine, context.table, &model.capabilities))
                 .unwrap_or_default();
             let ((agent, agent_info, version), (instance, instance_info)) =
                 machine_statuses(&machine);

@@ -2,7 +2,7 @@
 //! (one call: [`add_machines`]), `MachineManager.DestroyMachineWithParams`, and what agent
 //! authentication reads of a machine (that it exists, and its roles).
 
-use lockstep_core::jobs::Job;
+use lockstep_core::jobs::{Capabilities, Job, JobTable};
 use lockstep_core::{Role, Roles};
 use lockstep_store::{EntityKind, Life, Machine, Store, StoreError, Tx, Unit};
 use lockstep_transport::wire::WireError;
@@ -229,6 +229,21 @@ pub fn next_machine_id(tx: &mut dyn Tx) -> Result<u64, StoreError> {
 /// and its older names) stand for.
 pub fn roles(machine: &Machine) -> Roles {
     lockstep_core::upgrader::machine_roles(machine.roles, &machine.legacy_jobs)
+}
+
+/// The jobs the API reports for `machine` (`FullStatus`, the deltas, `Agent.GetEntities`):
+/// the core's rule ([`lockstep_core::jobs::reported_jobs`], through
+/// [`Machine::reported_jobs`]) over its roles (or legacy jobs) and the model's
+/// `capabilities`, by Juju's names; none for a document the rule cannot read.
+pub fn reported_jobs(
+    machine: &Machine,
+    table: &JobTable,
+    capabilities: &Capabilities,
+) -> Vec<String> {
+    machine
+        .reported_jobs(table, capabilities)
+        .map(|jobs| jobs.iter().map(|job| job.as_str().to_owned()).collect())
+        .unwrap_or_default()
 }
 
 /// True for a controller machine: its roles say so, or, for a legacy machine, its jobs

@@ -18,13 +18,19 @@
 //!   `SetConfigs`, `UnsetApplicationsConfig`, `DestroyApplication`, `DestroyUnit`, and the
 //!   charms endpoint's record of an uploaded charm.
 //! - [`upgrader`]: the Upgrader facade's views (controllers first) and `SetTools`.
+//! - [`machine_agents`]: machine agents' credentials (read at every login),
+//!   `Agent.GetEntities` and `Machiner.SetStatus`.
+//! - [`provisioning`]: `MachineManager.ProvisioningScript`: an agent's fresh password (the
+//!   store keeps its hash) and the script that writes its `agent.conf`.
 //! - [`deltas`]: the AllWatcher's deltas, from the store's event log.
 
 pub mod applications;
 pub mod calls;
 pub mod deltas;
+pub mod machine_agents;
 pub mod machines;
 pub mod model_config;
+pub mod provisioning;
 pub mod status;
 pub mod upgrader;
 
@@ -40,7 +46,8 @@ use lockstep_core::{Roles, Version};
 use lockstep_store::Store;
 use lockstep_transport::charm::Charm;
 use lockstep_transport::state::{
-    AgentVersionChange, AgentViews, Changes, Identity, ModelConfig, SharedState, Snapshot, Status,
+    AgentEntity, AgentStatusReport, AgentVersionChange, AgentViews, Changes, Identity, ModelConfig,
+    Provisioning, SharedState, Snapshot, Status,
 };
 use lockstep_transport::wire::WireError;
 use serde_json::Value;
@@ -184,6 +191,18 @@ impl StoreState {
                 }
             }
         });
+    }
+
+    /// Runs a write that logs no event (agents' credentials and statuses) on the blocking
+    /// pool: no watcher has anything to hear of it, so none is woken.
+    async fn quiet_write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn Store) -> Result<T, WireError> + Send + 'static,
+    ) -> Result<T, WireError> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || work(store.as_ref()))
+            .await
+            .map_err(|error| WireError::new("", format!("internal error: {error}")))?
     }
 
     /// A mutating call with its params, which go to the blocking pool (only these calls
@@ -353,9 +372,46 @@ impl SharedState for StoreState {
         }
     }
 
+    async fn revision(&self) -> Result<Revision, WireError> {
+        self.read(|store, _| store.revision().map_err(calls::store_error))
+            .await
+    }
+
     async fn machine_roles(&self, machine_id: &str) -> Result<Option<Roles>, WireError> {
         let id = machine_id.to_owned();
         self.read(move |store, _| machines::machine_roles(store, &id))
+            .await
+    }
+
+    async fn agent_password_hash(&self, tag: &str) -> Result<Option<String>, WireError> {
+        let tag = tag.to_owned();
+        self.read(move |store, _| machine_agents::agent_password_hash(store, &tag))
+            .await
+    }
+
+    async fn provisioning_script(&self, request: &Provisioning) -> Result<String, WireError> {
+        let request = request.clone();
+        // The argon2 hash is computed here, on the blocking pool: an admin's rare call, never
+        // a login's check (those run on the login pool).
+        self.quiet_write(move |store| provisioning::provisioning_script(store, &request))
+            .await
+    }
+
+    async fn agent_entities(
+        &self,
+        machine_ids: &[String],
+    ) -> Result<Vec<Result<AgentEntity, WireError>>, WireError> {
+        let ids = machine_ids.to_vec();
+        self.read(move |store, jobs| machine_agents::agent_entities(store, jobs, &ids))
+            .await
+    }
+
+    async fn set_agent_statuses(
+        &self,
+        reports: &[AgentStatusReport],
+    ) -> Result<Vec<Result<(), WireError>>, WireError> {
+        let reports = reports.to_vec();
+        self.quiet_write(move |store| machine_agents::set_agent_statuses(store, &reports))
             .await
     }
 }

@@ -1,15 +1,22 @@
 //! `Client.FullStatus`'s view of the state, and the whole state read at one revision
 //! (which a watcher's first answer shows too).
 
+use lockstep_core::Timestamp;
 use lockstep_core::jobs::JobTable;
 use lockstep_core::lifecycle::Revision;
-use lockstep_store::{Application, EntityKind, Life, Machine, Model, Store, StoreError, Unit};
+use lockstep_store::{
+    AgentStatus, Application, EntityKind, Life, Machine, Model, Store, StoreError, Unit,
+    machine_tag,
+};
+use lockstep_transport::facade::client::rfc3339;
+use lockstep_transport::facade::machiner::{AGENT_DOWN, AGENT_DOWN_AFTER};
 use lockstep_transport::state::{Status, detailed_status};
 use lockstep_transport::wire::WireError;
 use serde_json::{Map, Value, json};
 
 use super::applications::{base, charm_name, is_exposed};
 use super::calls::{model, store_error};
+use super::machines::reported_jobs;
 use super::model_config::settings;
 
 /// What a unit's agent status says: lockstep runs no unit agents, so none has started
@@ -45,14 +52,54 @@ pub fn machine_statuses(
     }
 }
 
+/// A machine's agent status as `FullStatus` shows it, Juju's `DetailedStatus`, from what
+/// its agent last reported (`Machiner.SetStatus`) at the store's clock `now`: the status,
+/// message and time it reported, with lockstep's `data.phase` and the version it reported
+/// (else the one of [`machine_statuses`]); `down` (Juju's words) once the report is older
+/// than [`AGENT_DOWN_AFTER`]. `None` when its agent never reported a status.
+pub fn reported_agent_status(
+    machine: &Machine,
+    reported: Option<&AgentStatus>,
+    now: Timestamp,
+) -> Option<Value> {
+    let reported = reported?;
+    let version = reported
+        .version
+        .as_ref()
+        .or(machine.agent_binary.as_ref())
+        .map(|binary| binary.number.to_string())
+        .unwrap_or_default();
+    let since = rfc3339(reported.updated.0 / 1000);
+    let silent = now.0.saturating_sub(reported.updated.0) > AGENT_DOWN_AFTER.as_millis() as u64;
+    let (status, info) = if silent {
+        AGENT_DOWN
+    } else {
+        (reported.status.as_str(), reported.info.as_str())
+    };
+    let mut detail = detailed_status(status, info, Some(&since), &version);
+    if !reported.phase.is_empty() {
+        detail["data"] = json!({"phase": reported.phase});
+    }
+    Some(detail)
+}
+
 /// `Client.FullStatus`: the state's part of the reply (the transport adds the lifecycle's),
 /// each entity as Juju's status shows it.
 pub fn full_status(store: &dyn Store, table: &JobTable) -> Result<Status, WireError> {
     let model = model(store)?;
     let state = read_state(store)?;
+    let reports: std::collections::HashMap<&str, &AgentStatus> = state
+        .agent_statuses
+        .iter()
+        .map(|(tag, status)| (tag.as_str(), status))
+        .collect();
     let mut machines = Map::new();
     for machine in &state.machines {
-        machines.insert(machine.id.clone(), machine_status(machine, table, &model));
+        let reported = reports.get(machine_tag(&machine.id).as_str()).copied();
+        machines.insert(
+            machine.id.clone(),
+            machine_status(machine, table, &model, reported, state.now),
+        );
     }
     let mut applications = Map::new();
     for (name, document) in &state.applications {
@@ -193,25 +240,43 @@ pub fn charm_revision(url: &str) -> i64 {
         .unwrap_or(-1)
 }
 
-fn machine_status(machine: &Machine, table: &JobTable, model: &Model) -> Value {
-    let jobs: Vec<String> = machine
-        .reported_jobs(table, &model.capabilities)
-        .map(|jobs| jobs.iter().map(|job| job.as_str().to_owned()).collect())
-        .unwrap_or_default();
+fn machine_status(
+    machine: &Machine,
+    table: &JobTable,
+    model: &Model,
+    reported: Option<&AgentStatus>,
+    now: Timestamp,
+) -> Value {
+    let jobs = reported_jobs(machine, table, &model.capabilities);
     let ((agent, agent_info, version), (instance, instance_info)) = machine_statuses(machine);
+    let agent_status = reported_agent_status(machine, reported, now)
+        .unwrap_or_else(|| detailed_status(agent, agent_info, None, &version));
+    // An agent that reported anything runs on the machine.
+    let (instance, instance_info) = if reported.is_some() {
+        ("running", "")
+    } else {
+        (instance, instance_info)
+    };
+    let started = machine.agent_binary.is_some() || reported.is_some();
+    let release = machine
+        .agent_binary
+        .as_ref()
+        .or(reported.and_then(|status| status.version.as_ref()))
+        .map(|binary| binary.release.as_str())
+        .unwrap_or_default();
     json!({
         "id": machine.id,
         "jobs": jobs,
         "life": life(machine.life),
-        "agent-status": detailed_status(agent, agent_info, None, &version),
+        "agent-status": agent_status,
         "instance-status": detailed_status(instance, instance_info, None, ""),
         "modification-status": detailed_status("idle", "", None, ""),
         "dns-name": "",
         "ip-addresses": [],
-        "instance-id": if machine.agent_binary.is_some() { machine.id.as_str() } else { "" },
+        "instance-id": if started { machine.id.as_str() } else { "" },
         "display-name": "",
         "series": "",
-        "base": {"name": machine.agent_binary.as_ref().map(|binary| binary.release.as_str()).unwrap_or_default(), "channel": ""},
+        "base": {"name": release, "channel": ""},
         "containers": {},
         "constraints": "",
         "hardware": "",
@@ -231,6 +296,9 @@ pub fn life(life: Life) -> &'static str {
 #[derive(Debug)]
 pub struct State {
     pub revision: Revision,
+    /// The store's clock when the snapshot was read: "now" for agents' statuses, the same
+    /// on every controller.
+    pub now: Timestamp,
     pub model: Option<Model>,
     /// The model config's stored keys.
     pub settings: Map<String, Value>,
@@ -241,6 +309,8 @@ pub struct State {
     pub units: Vec<(Unit, Value)>,
     /// Relation documents.
     pub relations: Vec<Value>,
+    /// Each agent's last status report, by tag.
+    pub agent_statuses: Vec<(String, AgentStatus)>,
 }
 
 /// Reads the whole state in one snapshot.
@@ -249,6 +319,7 @@ pub fn read_state(store: &dyn Store) -> Result<State, WireError> {
     store
         .snapshot(&mut |tx| {
             let revision = tx.revision()?;
+            let now = tx.now();
             let model = tx.model()?;
             let settings = settings(tx)?;
             let machines = tx.machines()?;
@@ -267,14 +338,17 @@ pub fn read_state(store: &dyn Store) -> Result<State, WireError> {
                 .into_iter()
                 .map(|(_, document)| document)
                 .collect();
+            let agent_statuses = tx.agent_statuses()?;
             state = Some(State {
                 revision,
+                now,
                 model,
                 settings,
                 machines,
                 applications,
                 units,
                 relations,
+                agent_statuses,
             });
             Ok(())
         })
@@ -286,5 +360,39 @@ fn decode(kind: EntityKind, id: &str, error: &serde_json::Error) -> StoreError {
     StoreError::Corrupt {
         path: std::path::PathBuf::from(format!("{kind} {id:?}")),
         detail: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_core::{Binary, Role, Roles};
+
+    #[test]
+    fn an_agent_is_down_once_its_report_is_older_than_agent_down_after() {
+        let mut machine = Machine::with_roles("1", Roles::of(&[Role::HostMachine]));
+        machine.agent_binary = Some(Binary::parse("2.9.43-ubuntu-amd64").unwrap());
+        let reported = AgentStatus {
+            status: "started".into(),
+            info: "".into(),
+            phase: "upgrading".into(),
+            version: None,
+            updated: Timestamp(1_000_000),
+        };
+        let at = |after_ms: u64| {
+            reported_agent_status(&machine, Some(&reported), Timestamp(1_000_000 + after_ms))
+                .unwrap()
+        };
+        let limit = AGENT_DOWN_AFTER.as_millis() as u64;
+        let fresh = at(limit);
+        assert_eq!(fresh["status"], "started");
+        assert_eq!(fresh["version"], "2.9.43");
+        assert_eq!(fresh["data"], json!({"phase": "upgrading"}));
+        assert_eq!(fresh["since"], "1970-01-01T00:16:40Z");
+        let silent = at(limit + 1);
+        assert_eq!(silent["status"], "down");
+        assert_eq!(silent["info"], "agent is not communicating with the server");
+        assert_eq!(silent["since"], "1970-01-01T00:16:40Z");
+        assert_eq!(reported_agent_status(&machine, None, Timestamp(0)), None);
     }
 }

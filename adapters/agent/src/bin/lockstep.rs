@@ -132,7 +132,8 @@ enum Command {
     },
     /// Deploy a Juju bundle (applications, units, exposure, relations).
     Deploy { bundle: PathBuf },
-    /// Add machines that host units.
+    /// Add machines that host units, each with a machine agent started on this host (the
+    /// local provider) under <data-dir>/machines/.
     AddMachine {
         #[arg(short = 'n', default_value_t = 1)]
         count: u32,
@@ -290,7 +291,11 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
         }
         Command::Status { format } => Ok(commands::status(&session()?, format).await?),
         Command::Deploy { bundle } => Ok(commands::deploy(&session()?, &bundle).await?),
-        Command::AddMachine { count } => Ok(commands::add_machine(&session()?, count).await?),
+        Command::AddMachine { count } => {
+            let primary = lockstep_agent::datadir::DataDir::new(&args.data_dir);
+            lockstep_agent::cli::machines::add_machines(&session()?, &primary, count).await?;
+            Ok(())
+        }
         Command::Watch { limit } => Ok(commands::watch(&session()?, limit).await?),
         Command::UpgradeController {
             agent_version,

@@ -11,12 +11,14 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lockstep_agent::daemon::api_limits::ApiLimitFlags;
+use lockstep_agent::daemon::capabilities::{self, CapabilitySource};
 use lockstep_agent::daemon::launcher::{self, LauncherOptions};
 use lockstep_agent::daemon::notify::Notifier;
 use lockstep_agent::daemon::worker::{self, RestartMode, WorkerOptions};
 use lockstep_agent::logging::{self, LogFormat};
 use lockstep_agent::store::{StoreEngine, StoreOverrides};
 use lockstep_core::Millis;
+use lockstep_core::jobs::Capabilities;
 use lockstep_core::lifecycle::Limits;
 
 /// This build's identity marker (`datadir::AGENT_IDENTITY_MARKER`: its version and OS),
@@ -74,14 +76,29 @@ struct Args {
         global = true
     )]
     stage_retry_sec: u64,
-    /// Capabilities the local environment provider reports (comma-separated).
+    /// The environment's capabilities, overriding the interrogation of this host: the
+    /// provider reports exactly this list (comma-separated; `--capabilities=` for none).
+    /// Without it (or --capabilities-file) a controller interrogates its host at bootstrap
+    /// and at the end of every upgrade: manage-firewall when nft or iptables is on PATH and
+    /// the process has CAP_NET_ADMIN.
     #[arg(
         long,
         env = "LOCKSTEPD_CAPABILITIES",
-        default_value = "manage-firewall",
+        value_parser = capabilities::parse_override,
+        value_name = "LIST",
         global = true
     )]
-    capabilities: String,
+    capabilities: Option<Capabilities>,
+    /// A file holding the capabilities (the same list), read afresh at every refresh, so
+    /// that they can change between two upgrades (for tests).
+    #[arg(
+        long,
+        env = "LOCKSTEPD_CAPABILITIES_FILE",
+        value_name = "PATH",
+        conflicts_with = "capabilities",
+        global = true
+    )]
+    capabilities_file: Option<PathBuf>,
     /// The engine holding the controllers' shared state, overriding agent.conf's `store`.
     #[arg(long, value_enum, env = "LOCKSTEPD_STORE", global = true)]
     store: Option<StoreEngine>,
@@ -145,7 +162,22 @@ fn store_overrides(args: &Args) -> StoreOverrides {
     }
 }
 
+/// Where this run's capabilities come from: `--capabilities`, `--capabilities-file` (made
+/// absolute, so that it names the same file whatever directory a worker runs in), or this
+/// host interrogated.
+fn capability_source(args: &Args) -> CapabilitySource {
+    match (&args.capabilities, &args.capabilities_file) {
+        (Some(capabilities), _) => CapabilitySource::Override(capabilities.clone()),
+        (None, Some(path)) => {
+            CapabilitySource::File(std::path::absolute(path).unwrap_or_else(|_| path.clone()))
+        }
+        (None, None) => CapabilitySource::Host,
+    }
+}
+
 fn main() -> ExitCode {
+    // Before any other thread runs.
+    lockstep_agent::daemon::memory::return_large_allocations();
     check_identity_marker();
     // Whatever the daemon creates without an explicit mode is private to its user.
     lockstep_agent::datadir::private_umask();
@@ -171,7 +203,7 @@ fn main() -> ExitCode {
                 data_dir: args.data_dir.clone(),
                 restart: args.restart,
                 limits,
-                capabilities: args.capabilities.clone(),
+                capabilities: capability_source(&args),
                 store: store_overrides(&args),
                 api_limits: args.api_limits.limits(),
             };
@@ -189,11 +221,10 @@ fn main() -> ExitCode {
                 args.trial_ready_timeout_sec.to_string(),
                 "--stage-retry-sec".to_owned(),
                 args.stage_retry_sec.to_string(),
-                "--capabilities".to_owned(),
-                args.capabilities.clone(),
                 "--controllers-wait-sec".to_owned(),
                 args.controllers_wait_sec.to_string(),
             ];
+            worker_args.extend(capability_source(&args).to_args());
             worker_args.extend(args.api_limits.to_args());
             if let Some(store) = args.store {
                 worker_args.push("--store".to_owned());

@@ -54,6 +54,7 @@ pub enum CommandError {
     Bundle(#[from] BundleError),
     #[error(transparent)]
     Status(#[from] StatusError),
+
     #[error("watching the model: {0}")]
     Watch(#[source] ClientError),
     #[error("Upgrade.Status did not report the controller's agent version: {}", quote(&reply.to_string()))]
@@ -298,29 +299,6 @@ pub async fn deploy(session: &Session, bundle: &Path) -> Result<(), CommandError
     Ok(())
 }
 
-pub async fn add_machine(session: &Session, count: u32) -> Result<(), CommandError> {
-    session.wait_ready().await?;
-    let params: Vec<Value> = (0..count)
-        .map(|_| json!({"jobs": ["JobHostUnits"]}))
-        .collect();
-    let reply = session
-        .mutate(
-            "Client",
-            CLIENT_VERSION,
-            "AddMachines",
-            json!({"params": params}),
-        )
-        .await?;
-    check_results(&reply, "add-machine")?;
-    for machine in reply["machines"].as_array().into_iter().flatten() {
-        say(&format!(
-            "created machine {}",
-            machine["machine"].as_str().unwrap_or("?")
-        ));
-    }
-    Ok(())
-}
-
 /// Streams deltas as JSON lines until interrupted, resuming across controller restarts.
 pub async fn watch(session: &Session, limit: Option<usize>) -> Result<(), CommandError> {
     let mut watcher = session.client.watch();
@@ -457,6 +435,12 @@ pub fn kill_controller(
     // Read before stopping: the entries to remove from Juju's client store are the ones
     // with this controller's name and uuid.
     let controller = ControllerFile::read(&data).ok();
+    // The machine agents the local provider started, then the controllers.
+    for agent in data.machine_agent_dirs() {
+        if agent.pid_path().exists() {
+            stop_daemon(&agent, timeout)?;
+        }
+    }
     for (_, member) in crate::cli::ha::members(&data) {
         if member.pid_path().exists() {
             stop_daemon(&member, timeout)?;
@@ -495,7 +479,7 @@ fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), CommandError> {
     let target = rustix::process::Pid::from_raw(pid).ok_or_else(not_a_pid)?;
     if !crate::process::alive(pid as u32) {
         say(&format!(
-            "controller in {} is not running",
+            "lockstepd in {} is not running",
             data.root().display()
         ));
         return Ok(());
@@ -514,7 +498,7 @@ fn stop_daemon(data: &DataDir, timeout: Duration) -> Result<(), CommandError> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    say(&format!("controller in {} stopped", data.root().display()));
+    say(&format!("lockstepd in {} stopped", data.root().display()));
     Ok(())
 }
 

@@ -25,6 +25,8 @@ pub enum CliError {
     #[error(transparent)]
     Ha(#[from] HaError),
     #[error(transparent)]
+    AddMachine(#[from] crate::cli::machines::ProvisionError),
+    #[error(transparent)]
     Demo(#[from] DemoError),
     /// `-c NAME` given to a command that works on a data directory.
     #[error(

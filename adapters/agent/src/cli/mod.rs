@@ -27,4 +27,5 @@ pub mod demo;
 pub mod error;
 pub mod ha;
 pub mod juju_data;
+pub mod machines;
 pub mod status;

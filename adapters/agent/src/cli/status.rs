@@ -291,6 +291,12 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
                             .get("agent-status")
                             .and_then(|status| status.get("version")),
                     ),
+                    cell(
+                        machine
+                            .get("agent-status")
+                            .and_then(|status| status.get("data"))
+                            .and_then(|data| data.get("phase")),
+                    ),
                     base(machine.get("base")),
                     jobs,
                 ]
@@ -299,7 +305,7 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
         out.push('\n');
         table(
             &mut out,
-            &["Machine", "State", "Version", "Base", "Jobs"],
+            &["Machine", "State", "Version", "Phase", "Base", "Jobs"],
             rows,
         );
         // What the controller that answered says of itself: which agent-binary metadata
@@ -590,6 +596,53 @@ mod tests {
     }
 
     #[test]
+    fn each_machine_shows_its_agents_state_version_phase_and_jobs() {
+        let status = json!({
+            "machines": {
+                "0": {"jobs": ["JobManageModel"],
+                      "agent-status": {"status": "started", "version": "2.9.44",
+                                       "data": {"phase": "ready"}}},
+                "1": {"jobs": ["JobHostUnits", "JobManageFirewall"],
+                      "agent-status": {"status": "down", "version": "2.9.43",
+                                       "data": {"phase": "upgrading"}}},
+            },
+        });
+        let tabular = render(&status, Format::Tabular).unwrap();
+        let lines: Vec<Vec<&str>> = tabular
+            .lines()
+            .map(|line| line.split_whitespace().collect())
+            .collect();
+        assert!(
+            lines.contains(&vec![
+                "Machine", "State", "Version", "Phase", "Base", "Jobs"
+            ]),
+            "{tabular}"
+        );
+        assert!(
+            lines.contains(&vec![
+                "0",
+                "started",
+                "2.9.44",
+                "ready",
+                "-",
+                "JobManageModel"
+            ]),
+            "{tabular}"
+        );
+        assert!(
+            lines.contains(&vec![
+                "1",
+                "down",
+                "2.9.43",
+                "upgrading",
+                "-",
+                "JobHostUnits,JobManageFirewall"
+            ]),
+            "{tabular}"
+        );
+    }
+
+    #[test]
     fn the_controllers_metadata_verification_is_shown_in_every_format() {
         let status = json!({
             "model": {"name": "controller"},
@@ -665,7 +718,7 @@ mod tests {
         );
         assert!(text.contains("\na/0   -         -      -\n"), "{text}");
         assert!(
-            text.contains("\n0        -      -        -     -\n"),
+            text.contains("\n0        -      -        -      -     -\n"),
             "{text}"
         );
     }

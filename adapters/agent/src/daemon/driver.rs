@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lockstep_core::gate::GateView;
-use lockstep_core::jobs::JobsError;
 use lockstep_core::lifecycle::{
     ControllerId, Input, ModelView, Output, Request, RequestId, StageSource, StatusReport,
     StepOutcome, request_name,
@@ -31,6 +30,7 @@ use lockstep_store::{Store, StoreError};
 use lockstep_streams::{DownloadError, LookupError, SourceError};
 use tokio::sync::{mpsc, watch};
 
+use crate::daemon::capabilities::CapabilitySource;
 use crate::daemon::notify::Notifier;
 use crate::daemon::step_runner::{self, HostContext};
 use crate::datadir::{DataDir, DataDirError, DownloadedTools};
@@ -62,8 +62,6 @@ pub enum OperationError {
     AgentConfVanished { path: PathBuf },
     #[error("the store holds no model: bootstrap did not finish; bootstrap again")]
     NoModel,
-    #[error("--capabilities: {0}")]
-    Capabilities(#[source] JobsError),
     #[error("cannot refresh the model's capabilities: {0}")]
     Refresh(#[source] RefreshError),
     #[error("the lifecycle asked for an invalid upgrade-info transition: {0}")]
@@ -137,8 +135,9 @@ pub struct DriverConfig {
     /// `machine-0`.
     pub tag: String,
     pub controller: Option<ControllerId>,
-    /// Capabilities the environment provider reports (`manage-firewall`, ...).
-    pub capabilities: String,
+    /// Where the environment provider's capabilities come from (`--capabilities`,
+    /// `--capabilities-file`, or this host interrogated).
+    pub capabilities: CapabilitySource,
     /// Which metadata the catalogue lookups accept, as `agent.conf` pins it.
     pub metadata_trust: Arc<MetadataTrust>,
 }
@@ -230,6 +229,12 @@ impl Driver {
 
     /// Runs the lifecycle from `Start` until it asks to restart, or `shutdown` fires.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Exit {
+        let capabilities = &self.config.capabilities;
+        if matches!(capabilities, CapabilitySource::Override(_)) {
+            tracing::warn!(target: "lockstep::agent", "capabilities: {}", capabilities.describe());
+        } else {
+            tracing::info!(target: "lockstep::agent", "capabilities: {}", capabilities.describe());
+        }
         self.watch_model();
         let now = self.now();
         self.core.handle(now, Input::Start);
@@ -389,16 +394,22 @@ impl Driver {
                 });
             }
             Request::RefreshCapabilities => {
+                // The provider is asked afresh each time: the host (or the file) as it is now.
                 self.blocking(id, "refresh capabilities", move || {
-                    let provider =
-                        lockstep_store::seed004::LocalProvider::from_config(&config.capabilities)
-                            .map_err(OperationError::Capabilities)?;
-                    lockstep_store::seed004::refresh_capabilities(
+                    let provider = config.capabilities.provider();
+                    let refreshed = lockstep_store::seed004::refresh_capabilities(
                         &*store,
-                        &provider,
+                        &*provider,
                         running.number,
                     )
                     .map_err(OperationError::Refresh)?;
+                    tracing::info!(
+                        target: "lockstep::agent",
+                        capabilities = %crate::daemon::capabilities::list(&refreshed.report.capabilities),
+                        by = %running.number,
+                        reason = %refreshed.report.reason,
+                        "capabilities reported"
+                    );
                     Ok(Input::Done { id })
                 });
             }

@@ -25,6 +25,13 @@ pub enum DaemonError {
         agent_conf: PathBuf,
         data_dir: PathBuf,
     },
+    /// A machine agent's `agent.conf` names no controller address.
+    #[error("{} names no API address (apiaddresses): the machine agent cannot reach a controller; provision it again (lockstep add-machine)", agent_conf.display())]
+    NoApiAddress { agent_conf: PathBuf },
+    /// A machine agent's machine is a controller's (`Agent.GetEntities` answered
+    /// `JobManageModel`): its agent is the controller lockstepd, not a machine agent.
+    #[error("{tag} is a controller machine (JobManageModel), so {} must not run a machine agent", agent_conf.display())]
+    MachineAgentOfController { agent_conf: PathBuf, tag: String },
     /// The data directory cannot be read or written.
     #[error(transparent)]
     DataDir(#[from] DataDirError),

@@ -137,11 +137,14 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             tracing::warn!(target: "lockstep::launcher", %error, "cannot sweep leftover temporary files");
         }
     }
-    let listener = bind(&conf.api_listen).await?;
     let relay_socket = data.root().join(lockstep_transport::relay::SOCKET_NAME);
-    // Either the launcher serves the port (behind the front door) or every worker inherits it.
+    // A machine agent serves no port: the launcher only supervises its worker. A controller's
+    // launcher either serves the port (behind the front door) or every worker inherits it.
+    let machine_agent = crate::daemon::machine_agent::is_machine_agent(&conf);
     let (door, _served, listen_fd) = match &options.front_door {
+        _ if machine_agent => (None, None, None),
         Some(limits) => {
+            let listener = bind(&conf.api_listen).await?;
             let (door, served) = front_door(
                 &data,
                 &options.data_dir,
@@ -152,6 +155,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             (Some(door), Some(served), None)
         }
         None => {
+            let listener = bind(&conf.api_listen).await?;
             tracing::warn!(target: "lockstep::launcher", "no front door (--front-door=false): each worker serves the API's port itself, and its restart closes every client's connection");
             rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty()).map_err(|e| {
                 DaemonError::system("let workers inherit the listening socket")(e.into())
@@ -181,6 +185,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
         target: "lockstep::launcher",
         pid = std::process::id(),
         listen = %conf.api_listen,
+        machine_agent,
         data_dir = %options.data_dir.display(),
         "launcher started"
     );
@@ -197,9 +202,14 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             .env(LAUNCHER_PID, std::process::id().to_string())
             .kill_on_drop(true);
         match &listen_fd {
-            Some((_, fd)) => command.env(LISTEN_FD, fd.to_string()),
-            None => command.env(RELAY_SOCKET, &relay_socket),
-        };
+            Some((_, fd)) => {
+                command.env(LISTEN_FD, fd.to_string());
+            }
+            None if door.is_some() => {
+                command.env(RELAY_SOCKET, &relay_socket);
+            }
+            None => {}
+        }
         let mut child = command.spawn().map_err(|error| DaemonError::Execute {
             path: exe.clone(),
             error,

@@ -9,8 +9,7 @@
 //! binary, handing the socket over (`--restart=exec`); with `--restart=exit` it exits with
 //! [`EXIT_RESTART`] and the launcher (or another supervisor) starts the new binary.
 
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -34,8 +33,8 @@ use crate::datadir::{self, AgentConf, DataDir, DataDirError};
 use crate::metadata::{MetadataSource, MetadataTrust};
 use crate::store::StoreSetupError;
 
-/// The environment variable carrying the listening socket's descriptor number.
-pub const LISTEN_FD: &str = "LOCKSTEP_LISTEN_FD";
+use crate::daemon::restart::restart_into;
+pub use crate::daemon::restart::{EXIT_FATAL, EXIT_RESTART, LISTEN_FD, RestartMode};
 
 /// The environment variable carrying the launcher's pid, so that a worker whose launcher
 /// died before the worker could ask for its death signal notices and ends.
@@ -46,31 +45,14 @@ pub const LAUNCHER_PID: &str = "LOCKSTEP_LAUNCHER_PID";
 /// API's port, which the launcher keeps.
 pub const RELAY_SOCKET: &str = "LOCKSTEP_RELAY_SOCKET";
 
-/// Exit status of a worker that switched binaries and wants its supervisor to start the new
-/// one (`--restart=exit`): Juju's "must restart: an agent upgrade is available".
-pub const EXIT_RESTART: i32 = 3;
-
-/// Exit status of a worker that hit a condition no retry fixes (a bug); the launcher
-/// restarts it with backoff and the core re-plans from what is stored.
-pub const EXIT_FATAL: i32 = 70;
-
-/// How the worker restarts into a new binary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum RestartMode {
-    /// Re-execute the new binary in this process, handing the listening socket over.
-    Exec,
-    /// Exit with status 3 for a supervisor to start the new binary.
-    Exit,
-}
-
 /// The worker's settings.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
     pub data_dir: PathBuf,
     pub restart: RestartMode,
     pub limits: Limits,
-    /// Capabilities the local provider reports.
-    pub capabilities: String,
+    /// Where the environment provider's capabilities come from.
+    pub capabilities: crate::daemon::capabilities::CapabilitySource,
     /// `--store`, `--etcd-endpoints`, `--etcd-insecure`: override `agent.conf`'s store.
     pub store: crate::store::StoreOverrides,
     /// The API's limits (`--max-connections` and the rest).
@@ -318,6 +300,66 @@ fn users(data: &DataDir) -> Result<Vec<(String, String)>, DataDirError> {
         .collect())
 }
 
+/// Writes this controller's own agent status to the shared store whenever its lifecycle's
+/// status changes and every [`crate::daemon::machine_agent::STATUS_INTERVAL`] regardless,
+/// as machine agents report theirs through `Machiner.SetStatus`: its `updated` time is the
+/// heartbeat by which `lockstep status` shows a controller that stopped as down. Once
+/// Ready, it also records the binary it runs on its machine (when the machine says
+/// otherwise), which the Upgrader's controllers-first rule reads.
+async fn report_own_status(
+    store: Arc<dyn Store>,
+    tag: String,
+    running: Binary,
+    mut status: watch::Receiver<AgentStatus>,
+) {
+    loop {
+        let (phase, info) = {
+            let current = status.borrow_and_update();
+            match &current.report {
+                Some(report) => (report.phase, report.message.clone()),
+                None => (lockstep_core::Phase::Bootstrapping, String::new()),
+            }
+        };
+        let (word, info) = crate::daemon::machine_agent::status_of(phase, &info);
+        let store = Arc::clone(&store);
+        let tag_now = tag.clone();
+        let version = running.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            store.transaction(None, &mut |tx| {
+                let reported = lockstep_store::AgentStatus {
+                    status: word.to_owned(),
+                    info: info.clone(),
+                    phase: phase.as_str().to_owned(),
+                    version: Some(version.clone()),
+                    updated: tx.now(),
+                };
+                tx.put_agent_status(&tag_now, &reported)?;
+                // Ready on its binary, a controller reports it on its machine, as a machine
+                // agent does with Upgrader.SetTools: the controllers-first rule lets the
+                // agents follow once every controller's machine names the new version.
+                if phase == lockstep_core::Phase::Ready
+                    && let Some(id) = tag_now.strip_prefix("machine-")
+                    && let Some(mut machine) = tx.machine(id)?
+                    && machine.agent_binary.as_ref() != Some(&version)
+                {
+                    machine.agent_binary = Some(version.clone());
+                    tx.put_machine(&machine)?;
+                }
+                Ok(())
+            })
+        })
+        .await;
+        if let Ok(Err(error)) = written {
+            tracing::debug!(target: "lockstep::agent", %error, "own status not written");
+        }
+        let _ = tokio::time::timeout(
+            crate::daemon::machine_agent::STATUS_INTERVAL,
+            status.changed(),
+        )
+        .await;
+    }
+}
+
 /// Runs the worker until shutdown or a restart. Returns the process's exit status (a
 /// successful `--restart=exec` does not return).
 pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, DaemonError> {
@@ -329,6 +371,18 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             agent_conf: data.agent_conf_path(),
             data_dir: options.data_dir.clone(),
         })?;
+    // A machine agent reaches everything through the API: it opens no store and serves no
+    // port.
+    if crate::daemon::machine_agent::is_machine_agent(&conf) {
+        let agent = crate::daemon::machine_agent::MachineAgent {
+            limits: options.limits,
+            restart: options.restart,
+            data,
+            conf,
+            running,
+        };
+        return crate::daemon::machine_agent::run(agent, notifier).await;
+    }
     let settings = options.store_settings(&conf)?;
     tracing::info!(target: "lockstep::agent", %running, tag = %conf.tag, pid = std::process::id(), store = %settings.describe(&data), "worker starting");
     log_store_access(&settings);
@@ -440,8 +494,6 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             model_uuid: conf.model.clone(),
             controller_uuid: conf.controller.clone(),
             users: users(&data)?,
-            // Machine agents (the machine-agent process) come in a later issue.
-            agents: Vec::new(),
             tools_cache: Some(data.tools_cache_dir()),
             limits: options.api_limits.clone(),
         },
@@ -478,7 +530,14 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
         let _ = shutdown_tx.send(true);
     });
 
+    let heartbeat = tokio::spawn(report_own_status(
+        Arc::clone(&store),
+        conf.tag.clone(),
+        running.clone(),
+        handles.status.clone(),
+    ));
     let exit = driver.run(shutdown).await;
+    heartbeat.abort();
     // Closes the listener's copy and every client connection; the socket itself stays open
     // through `handover` (and the launcher's copy), so new clients wait in its backlog.
     server.abort();
@@ -494,28 +553,12 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             tracing::error!(target: "lockstep::agent", %reason, "worker cannot go on");
             Ok(EXIT_FATAL)
         }
-        Exit::RestartInto(binary) => match options.restart {
-            RestartMode::Exit => {
-                tracing::info!(target: "lockstep::agent", %binary, "must restart: an agent upgrade is available");
-                Ok(EXIT_RESTART)
-            }
-            RestartMode::Exec => {
-                let path = data.agent_link(&conf.tag).join("lockstepd");
-                let mut command = std::process::Command::new(&path);
-                command.args(std::env::args_os().skip(1));
-                // Behind a front door the launcher keeps the port: only the relay socket's
-                // path (in the environment already) goes on.
-                if let Some(handover) = &handover {
-                    rustix::io::fcntl_setfd(handover, rustix::io::FdFlags::empty()).map_err(
-                        |e| DaemonError::system("hand the listening socket over")(e.into()),
-                    )?;
-                    command.env(LISTEN_FD, handover.as_raw_fd().to_string());
-                }
-                tracing::info!(target: "lockstep::agent", %binary, exe = %path.display(), "re-executing");
-                let error = command.exec();
-                // Only reached when exec failed: the binary on trial cannot even start.
-                Err(DaemonError::Execute { path, error })
-            }
-        },
+        Exit::RestartInto(binary) => restart_into(
+            options.restart,
+            &data,
+            &conf.tag,
+            &binary,
+            handover.as_ref(),
+        ),
     }
 }

@@ -172,6 +172,53 @@ pub struct AgentConf {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub allow_metadata_redirects: bool,
+    /// Juju's `apipassword`: a machine agent's password for the API (its hash is in the
+    /// shared store; the controllers never keep the plaintext). Empty for a controller,
+    /// which reaches the store itself. The file is mode [`AGENT_CONF_MODE`].
+    #[serde(default, skip_serializing_if = "ApiPassword::is_empty")]
+    pub apipassword: ApiPassword,
+}
+
+/// A machine agent's API password: its text is the file's and the login's, never a log's
+/// (`Debug` shows `(hidden)`).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ApiPassword(String);
+
+impl ApiPassword {
+    /// True when there is none (a controller's `agent.conf`).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The password itself.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for ApiPassword {
+    fn from(password: String) -> ApiPassword {
+        ApiPassword(password)
+    }
+}
+
+impl std::ops::Deref for ApiPassword {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiPassword {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "(none)"
+        } else {
+            "(hidden)"
+        })
+    }
 }
 
 impl AgentConf {
@@ -198,6 +245,7 @@ impl AgentConf {
             etcd_cert: None,
             etcd_key: None,
             etcd_user: None,
+            apipassword: ApiPassword::default(),
             etcd_password_file: None,
             etcd_insecure: false,
             metadata_keyring: None,

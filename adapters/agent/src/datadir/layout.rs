@@ -72,6 +72,31 @@ impl DataDir {
         self.root.join(HA).join(format!("machine-{id}"))
     }
 
+    /// `<root>/machines`: the data directories of the machine agents `lockstep add-machine`
+    /// started on this host (the local provider).
+    pub fn machine_agents_dir(&self) -> PathBuf {
+        self.root.join("machines")
+    }
+
+    /// `<root>/machines/machine-<id>`: the data directory of machine `id`'s agent.
+    pub fn machine_agent_dir(&self, id: &str) -> DataDir {
+        DataDir::new(self.machine_agents_dir().join(format!("machine-{id}")))
+    }
+
+    /// Every machine agent's data directory under `<root>/machines` (those holding an
+    /// `agent.conf`), by name.
+    pub fn machine_agent_dirs(&self) -> Vec<DataDir> {
+        let mut dirs: Vec<PathBuf> = fs::read_dir(self.machine_agents_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| path.join(AGENT_CONF).is_file())
+            .collect();
+        dirs.sort();
+        dirs.into_iter().map(DataDir::new).collect()
+    }
+
     /// `<root>/streams-mark.json`
     pub fn streams_mark_path(&self) -> PathBuf {
         self.root.join(STREAMS_MARK)

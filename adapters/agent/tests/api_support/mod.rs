@@ -198,6 +198,20 @@ pub fn model() -> Model {
     }
 }
 
+/// Stores the hash of `password` as the credential of each agent of `tags`, as
+/// `MachineManager.ProvisioningScript` does (without its checks of the machine).
+pub fn store_agent_password(store: &dyn Store, tags: &[&str], password: &str) {
+    let hash = hash_password(password);
+    store
+        .transaction(None, &mut |tx| {
+            for tag in tags {
+                tx.set_agent_password_hash(tag, &hash)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
 pub fn view(phase: Phase) -> GateView {
     GateView {
         phase,
@@ -242,8 +256,9 @@ pub async fn start_with(
     start_configured(phase, store, port, credentials, |_| {}).await
 }
 
-/// [`start_with`], with the test's own changes to the config (which has one user `admin`,
-/// the agents of [`AGENTS`], and a fresh tools cache under the target directory).
+/// [`start_with`], with the test's own changes to the config (which has one user `admin`
+/// and a fresh tools cache under the target directory); the agents of [`AGENTS`] get their
+/// credentials in the store, as `ProvisioningScript` would give them.
 pub async fn start_configured(
     phase: Phase,
     store: Arc<dyn Store>,
@@ -259,15 +274,11 @@ pub async fn start_configured(
     let tools_cache =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tools-cache-{port}"));
     let _ = std::fs::remove_dir_all(&tools_cache);
-    let agent_hash = hash_password(AGENT_PASSWORD);
+    store_agent_password(store.as_ref(), &AGENTS, AGENT_PASSWORD);
     let mut config = ApiConfig {
         model_uuid: MODEL_UUID.into(),
         controller_uuid: "deadbeef-0000-4000-8000-000000000002".into(),
         users: vec![("admin".into(), hash_password(PASSWORD))],
-        agents: AGENTS
-            .iter()
-            .map(|tag| ((*tag).to_owned(), agent_hash.clone()))
-            .collect(),
         tools_cache: Some(tools_cache),
         limits: Default::default(),
     };

@@ -67,6 +67,8 @@ struct HoldState {
     blackholed: bool,
     binaries_asked: usize,
     held: usize,
+    /// The path of every tarball asked for, in order.
+    tarballs: Vec<String>,
 }
 
 impl Hold {
@@ -84,6 +86,7 @@ impl Hold {
         };
         if binary {
             state.binaries_asked += 1;
+            state.tarballs.push(path.to_owned());
         }
         if !held || state.released {
             return;
@@ -189,6 +192,17 @@ impl HttpMirror {
     /// [`HoldBack::MetadataFromNow`]).
     pub fn blackhole_metadata(&self) {
         self.hold.state.lock().expect("not poisoned").blackholed = true;
+    }
+
+    /// How many times the tarball of `binary` (`2.9.44-ubuntu-amd64`) was asked for.
+    pub fn tarball_requests(&self, binary: &str) -> usize {
+        let name = format!("/juju-{binary}.tgz");
+        let state = self.hold.state.lock().expect("not poisoned");
+        state
+            .tarballs
+            .iter()
+            .filter(|path| path.ends_with(&name))
+            .count()
     }
 
     /// How many requests the mirror has held back so far (answered or not).

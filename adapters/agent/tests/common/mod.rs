@@ -133,6 +133,11 @@ impl Mirror {
     }
 }
 
+/// The pid a `lockstepd.pid` file holds.
+pub fn pid_in(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 /// A controller bootstrapped by `lockstep bootstrap` in a temporary data dir.
 pub struct Controller {
     pub dir: tempfile::TempDir,
@@ -298,11 +303,7 @@ impl Controller {
     }
 
     pub fn launcher_pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.data().pid_path())
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        pid_in(&self.data().pid_path())
     }
 
     pub fn worker_pid(&self) -> Option<u32> {
@@ -569,6 +570,18 @@ impl Controller {
 
     /// Stops the launcher (and its worker) by pid.
     pub fn stop(&self) {
+        // The machine agents `lockstep add-machine` started under this data dir first: each
+        // is a launcher and its worker, stopped by their ids.
+        for agent in self.data().machine_agent_dirs() {
+            let Some(launcher) = pid_in(&agent.pid_path()) else {
+                continue;
+            };
+            let worker = lockstep_agent::cli::demo::worker_pid(launcher);
+            lockstep_agent::cli::demo::stop_daemon(launcher);
+            if let Some(worker) = worker {
+                lockstep_agent::cli::demo::stop_daemon(worker);
+            }
+        }
         let worker = self.worker_pid();
         if let Some(pid) = self.launcher_pid() {
             lockstep_agent::cli::demo::stop_daemon(pid);

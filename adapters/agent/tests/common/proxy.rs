@@ -47,6 +47,10 @@ struct Shared {
     /// Set when the proxy is dropped: every thread ends.
     stop: AtomicBool,
     state: Mutex<State>,
+    /// Bytes per second each direction of each connection may carry; 0: no limit.
+    rate: std::sync::atomic::AtomicU64,
+    /// Bytes forwarded so far, both directions, every connection.
+    forwarded: std::sync::atomic::AtomicU64,
 }
 
 struct State {
@@ -101,6 +105,8 @@ impl Proxy {
             .expect("proxy: cannot read the listener's address");
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            rate: std::sync::atomic::AtomicU64::new(0),
+            forwarded: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(State {
                 blackholed: false,
                 conns: Vec::new(),
@@ -129,6 +135,17 @@ impl Proxy {
     /// The proxy's address as an URL, `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.addr.port())
+    }
+
+    /// Slows every connection, existing ones included, to about `bytes_per_second` in each
+    /// direction (a slow link); 0 lifts the limit.
+    pub fn throttle(&self, bytes_per_second: u64) {
+        self.shared.rate.store(bytes_per_second, Ordering::SeqCst);
+    }
+
+    /// Bytes forwarded so far, both directions of every connection.
+    pub fn forwarded_bytes(&self) -> u64 {
+        self.shared.forwarded.load(Ordering::SeqCst)
     }
 
     /// Cuts every connection off, as a network partition would.
@@ -322,6 +339,11 @@ fn copy(mut src: TcpStream, mut dst: Option<TcpStream>, cut: &AtomicBool, shared
         let Some(dst) = dst.as_mut() else { continue };
         if forward(dst, &buf[..len], cut, shared).is_err() {
             break;
+        }
+        shared.forwarded.fetch_add(len as u64, Ordering::SeqCst);
+        let rate = shared.rate.load(Ordering::SeqCst);
+        if rate > 0 {
+            thread::sleep(Duration::from_secs_f64(len as f64 / rate as f64));
         }
     }
     // Under a cut nothing crosses, not even the end of the stream: heal() closes both sides.

@@ -1,0 +1,114 @@
+//! `MachineManager.ProvisioningScript`'s share of the state: a fresh password for the
+//! machine's agent, of which the shared store keeps only the hash, and the POSIX `sh`
+//! script that writes the agent's `agent.conf` (with the password) on the machine.
+
+use lockstep_core::lifecycle::Snapshot;
+use lockstep_store::{Store, machine_tag};
+use lockstep_transport::state::Provisioning;
+use lockstep_transport::wire::WireError;
+use serde_json::Value;
+
+use super::calls::{failed, mutate};
+use super::machines::is_controller;
+use crate::datadir::AgentConf;
+use crate::datadir::names::AGENT_CONF;
+use crate::quote::shell_word;
+
+/// Random bytes in an agent's password (shown as hex): 256 bits.
+pub const AGENT_PASSWORD_BYTES: usize = 32;
+
+/// The here-document delimiter of the script; `agent.conf`'s text never holds it as a line
+/// (checked before the script is answered).
+pub const HEREDOC_DELIMITER: &str = "LOCKSTEP_AGENT_CONF";
+
+/// A fresh agent password: [`AGENT_PASSWORD_BYTES`] from the operating system, as hex.
+pub fn new_password() -> String {
+    use rand_core::RngCore;
+    let mut bytes = [0_u8; AGENT_PASSWORD_BYTES];
+    rand_core::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// `MachineManager.ProvisioningScript`: checks the machine (it exists and is no
+/// controller), stores the hash of a fresh password as its agent's credential (replacing
+/// any earlier one) in one transaction, and renders the script. The hash is argon2id with
+/// the parameters of users' passwords (`lockstep_transport::auth::hash_password`, as
+/// bootstrap hashes the admin's), computed before the transaction.
+pub fn provisioning_script(store: &dyn Store, request: &Provisioning) -> Result<String, WireError> {
+    let id = request.machine_id.as_str();
+    let tag = machine_tag(id);
+    let password = new_password();
+    let script = render(request, &tag, &password)?;
+    let hash = lockstep_transport::auth::hash_password(&password);
+    // No operation-id: the answer holds a secret, which the store must not record.
+    mutate(store, &Value::Null, &mut |tx| {
+        let Some(machine) = tx.machine(id)? else {
+            return Err(failed(WireError::new(
+                "not found",
+                format!("machine {id} not found"),
+            )));
+        };
+        if is_controller(&machine) {
+            return Err(failed(WireError::new(
+                "bad request",
+                format!("machine {id} is a controller: its agent is the controller itself"),
+            )));
+        }
+        tx.set_agent_password_hash(&tag, &hash)?;
+        Ok(Value::Null)
+    })?;
+    Ok(script)
+}
+
+/// The script: as root on the machine, it creates `data-dir` and writes `agent.conf` in it,
+/// mode 0600 (under `umask 077`, `chmod` for a file left over), through a temporary file
+/// renamed into place, from a here-document whose delimiter is quoted (nothing in it is
+/// expanded).
+pub fn render(request: &Provisioning, tag: &str, password: &str) -> Result<String, WireError> {
+    let snapshot = Snapshot {
+        format: Snapshot::FORMAT,
+        upgraded_to_version: request.server_version,
+        host_checkpoints: Vec::new(),
+        previous: None,
+        trial: None,
+        bootstrap_complete: false,
+    };
+    let mut conf = AgentConf::new(tag, snapshot);
+    conf.controller = request.identity.controller_uuid.clone();
+    conf.model = request.identity.model_uuid.clone();
+    conf.apiaddresses = request.api_addresses.clone();
+    conf.cacert = request.ca_pem.clone();
+    conf.apipassword = password.to_owned().into();
+    let mut text = conf
+        .to_yaml()
+        .map_err(|error| WireError::new("", format!("cannot write agent.conf: {error}")))?;
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    if text.lines().any(|line| line == HEREDOC_DELIMITER) {
+        return Err(WireError::new(
+            "",
+            format!("agent.conf would hold a line {HEREDOC_DELIMITER:?}, the script's delimiter"),
+        ));
+    }
+    let data_dir = request.data_dir.trim_end_matches('/');
+    let data_dir = if data_dir.is_empty() { "/" } else { data_dir };
+    Ok(format!(
+        "#!/bin/sh\n\
+         # lockstep: provisions the agent of machine {id} for controller {controller}.\n\
+         # The agent.conf below holds the agent's API password: keep this script secret.\n\
+         set -eu\n\
+         umask 077\n\
+         data_dir={data_dir}\n\
+         mkdir -p \"$data_dir\"\n\
+         rm -f \"$data_dir/{AGENT_CONF}.provisioning\"\n\
+         cat > \"$data_dir/{AGENT_CONF}.provisioning\" <<'{HEREDOC_DELIMITER}'\n\
+         {text}\
+         {HEREDOC_DELIMITER}\n\
+         chmod 600 \"$data_dir/{AGENT_CONF}.provisioning\"\n\
+         mv -f \"$data_dir/{AGENT_CONF}.provisioning\" \"$data_dir/{AGENT_CONF}\"\n",
+        id = request.machine_id,
+        controller = request.identity.controller_uuid,
+        data_dir = shell_word(data_dir),
+    ))
+}

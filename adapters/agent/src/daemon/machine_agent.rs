@@ -1,0 +1,920 @@
+//! The machine agent: `lockstepd` in the host-machine role (Juju's machine agent). It never
+//! opens the store: everything goes through its controllers' API, logged in as its tag with
+//! the password of its `agent.conf` (issued by `MachineManager.ProvisioningScript`).
+//!
+//! At start it reads its jobs (`Agent.GetEntities`) and turns them into roles, reports the
+//! binary it runs (`Upgrader.SetTools`), and runs the same lifecycle as a controller with
+//! those roles and no controller id: the core decides; this driver only answers its
+//! requests through the API:
+//!
+//! | request | answered by |
+//! |---|---|
+//! | `PersistSnapshot` | `agent.conf`, atomically |
+//! | `LoadModel` | `Upgrader.DesiredVersion`: the version the controllers want this agent on (controllers first) |
+//! | `RunStep` (host steps only) | the step runner, on this host |
+//! | `DesiredBinary` | `Upgrader.Tools`: the catalogue's binary and its URL on the tools endpoint |
+//! | `StageBinary` (from the controller) | a verified download from that URL (HTTP Basic, the controller's CA), unpacked |
+//! | `RestartInto` | the `tools/<tag>` link switched, then a re-exec (or exit 3) |
+//!
+//! The desired version is followed through `Upgrader.WatchAPIVersion` and
+//! `NotifyWatcher.Next`, each change fed to the core as `AgentVersionChanged` (acted on in
+//! Ready). Its status, phase and binary go to `Machiner.SetStatus` whenever they change and
+//! every [`STATUS_INTERVAL`] (a heartbeat: the controllers show an agent silent for three
+//! intervals as down). When no controller answers, the agent keeps running what it runs
+//! and its calls retry with backoff through every address of `agent.conf`.
+//!
+//! **Architecture Invariant:** no lifecycle decision here, as in the controller's driver;
+//! and no store: this module holds no `Store`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockstep_core::jobs::Job;
+use lockstep_core::lifecycle::{
+    Config, ControllerSet, Input, ModelView, Output, Request, RequestId, StagePlan, StageSource,
+    StatusReport, StepOutcome,
+};
+use lockstep_core::policy::{Sha256, UpgradePolicy};
+use lockstep_core::steps::StepKind;
+use lockstep_core::{Binary, Lifecycle, Phase, Role, Roles, Timestamp, Version};
+use lockstep_transport::client::{Client, ClientConfig, ClientError};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use crate::daemon::error::DaemonError;
+use crate::daemon::notify::Notifier;
+use crate::daemon::restart::{self, RestartMode};
+use crate::daemon::step_runner::{self, HostContext};
+use crate::datadir::{AgentConf, DataDir, DownloadedTools};
+
+/// How often the agent reports its status even when nothing changed (its heartbeat): the
+/// interval the controllers' "down" rule counts in.
+pub const STATUS_INTERVAL: Duration = lockstep_transport::facade::machiner::AGENT_STATUS_INTERVAL;
+
+/// The longest one API call is retried (through upgrades, restarts and unreachable
+/// controllers) before the agent logs it and tries again after [`RETRY_PAUSE`].
+const CALL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The pause between two rounds of a call that gave up.
+const RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// The longest an agent keeps asking a busy controller for its download before it hands
+/// the failure to the core (which retries the staging later).
+const BUSY_WAIT_MAX: Duration = Duration::from_secs(600);
+
+/// A random draw, for the jitter the core's rules take as data.
+fn random() -> u64 {
+    use rand_core::RngCore;
+    rand_core::OsRng.next_u64()
+}
+
+/// The longest a `NotifyWatcher.Next` waits for the server's answer before it is asked again.
+const NEXT_DEADLINE: Duration = Duration::from_secs(300);
+
+/// True when `conf` is a machine agent's: no API of its own to serve, a password to log in.
+pub fn is_machine_agent(conf: &AgentConf) -> bool {
+    conf.api_listen.is_empty() && !conf.apipassword.is_empty()
+}
+
+/// Why the machine agent ended.
+enum Exit {
+    RestartInto(Binary),
+    Shutdown,
+    Fatal(String),
+}
+
+/// What a machine agent runs with.
+#[derive(Debug)]
+pub struct MachineAgent {
+    /// The lifecycle's limits (`--trial-ready-timeout-sec` and the rest).
+    pub limits: lockstep_core::lifecycle::Limits,
+    /// How it restarts into a new binary.
+    pub restart: RestartMode,
+    pub data: DataDir,
+    pub conf: AgentConf,
+    /// The binary this process runs.
+    pub running: Binary,
+}
+
+/// Runs the machine agent until shutdown or a restart into a new binary. Returns the
+/// process's exit status (a successful `--restart=exec` does not return).
+pub async fn run(agent: MachineAgent, notifier: Notifier) -> Result<i32, DaemonError> {
+    let MachineAgent {
+        limits,
+        restart,
+        data,
+        conf,
+        running,
+    } = agent;
+    let Some((address, fallback)) = conf.apiaddresses.split_first() else {
+        return Err(DaemonError::NoApiAddress {
+            agent_conf: data.agent_conf_path(),
+        });
+    };
+    let api = Arc::new(Client::new(ClientConfig {
+        address: address.clone(),
+        fallback_addresses: fallback.to_vec(),
+        ca_pem: conf.cacert.clone(),
+        model_uuid: Some(conf.model.clone()),
+        user: conf.tag.clone(),
+        password: conf.apipassword.as_str().to_owned(),
+        retry: Default::default(),
+        // Unique to this start: a re-exec keeps the pid, and an id reused would make the
+        // store take the new binary's `SetTools` for the old one's, already applied.
+        client_id: format!("{}-{:016x}", conf.tag, random()),
+    }));
+    let notifier = Arc::new(notifier);
+    tracing::info!(target: "lockstep::agent", tag = %conf.tag, %running, controller = %address, "machine agent started");
+    let (shutdown_tx, mut shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        crate::process::wait_for_termination().await;
+        let _ = shutdown_tx.send(true);
+    });
+
+    // Until the lifecycle's loop runs (and pings the launcher's watchdog itself), a task
+    // does: waiting for an unreachable controller is no hang.
+    let waiting = {
+        let notifier = Arc::clone(&notifier);
+        tokio::spawn(async move {
+            loop {
+                notifier.watchdog();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let prepared = prepare(&api, &conf, &data, &running, &notifier, &mut shutdown).await;
+    waiting.abort();
+    let Some(roles) = prepared? else {
+        return Ok(0);
+    };
+
+    let core = Lifecycle::new(
+        Config {
+            controller: None,
+            roles,
+            running: running.clone(),
+            limits,
+        },
+        crate::steps::registry(),
+        Some(conf.snapshot()),
+    )
+    .map_err(|error| DaemonError::Lifecycle {
+        agent_conf: data.agent_conf_path(),
+        error,
+    })?;
+    let (inputs_tx, inputs) = mpsc::unbounded_channel();
+    let (status_tx, status_rx) = watch::channel(Reported {
+        phase: Phase::Bootstrapping,
+        message: String::new(),
+    });
+    let status_task = tokio::spawn(report_status(
+        Arc::clone(&api),
+        conf.tag.clone(),
+        running.clone(),
+        status_rx,
+    ));
+    let watch_task = tokio::spawn(follow_desired_version(
+        Arc::clone(&api),
+        conf.tag.clone(),
+        running.number,
+        inputs_tx.clone(),
+    ));
+    let mut driver = MachineDriver {
+        core,
+        api,
+        data: data.clone(),
+        conf: conf.clone(),
+        started: Instant::now(),
+        inputs_tx,
+        inputs,
+        status: status_tx,
+        notifier,
+        tasks: tokio::task::JoinSet::new(),
+        tools_url: ToolsUrl::default(),
+    };
+    let exit = driver.run(&mut shutdown).await;
+    driver.tasks.shutdown().await;
+    watch_task.abort();
+    status_task.abort();
+    match exit {
+        Exit::Shutdown => {
+            tracing::info!(target: "lockstep::agent", "machine agent stopped");
+            Ok(0)
+        }
+        Exit::Fatal(reason) => {
+            tracing::error!(target: "lockstep::agent", %reason, "machine agent cannot go on");
+            Ok(restart::EXIT_FATAL)
+        }
+        Exit::RestartInto(binary) => {
+            restart::restart_into(restart, &data, &conf.tag, &binary, None)
+        }
+    }
+}
+
+/// What the agent does before its lifecycle starts: reads its jobs (`Agent.GetEntities`),
+/// refusing a controller's machine, and reports the binary it runs (`Upgrader.SetTools`).
+/// Returns its roles, or `None` when shutdown came first.
+async fn prepare(
+    api: &Client,
+    conf: &AgentConf,
+    data: &DataDir,
+    running: &Binary,
+    notifier: &Notifier,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<Roles>, DaemonError> {
+    // Its jobs first: a controller's machine has no machine agent.
+    let jobs = tokio::select! {
+        jobs = retrying(notifier, "read its jobs (Agent.GetEntities)", || get_jobs(api, &conf.tag)) => jobs,
+        _ = shutdown.changed() => return Ok(None),
+    };
+    if jobs.contains(&Job::MANAGE_MODEL) {
+        return Err(DaemonError::MachineAgentOfController {
+            agent_conf: data.agent_conf_path(),
+            tag: conf.tag.clone(),
+        });
+    }
+    // A machine agent is the host-machine role's (a controller's agent is the controller
+    // lockstepd); its jobs tell what else it may do, and are reread at every start.
+    let roles = Roles::of(&[Role::HostMachine]);
+    tracing::info!(target: "lockstep::agent", jobs = ?jobs.iter().map(Job::as_str).collect::<Vec<_>>(), roles = ?roles, "jobs read");
+    tokio::select! {
+        () = retrying(notifier, "report its binary (Upgrader.SetTools)", || set_tools(api, &conf.tag, running)) => {}
+        _ = shutdown.changed() => return Ok(None),
+    }
+    Ok(Some(roles))
+}
+
+/// Runs `attempt` until it succeeds, pausing [`RETRY_PAUSE`] after each failure (each
+/// attempt's calls already retried for [`CALL_DEADLINE`]), each failure logged and shown
+/// in the launcher's status.
+async fn retrying<T, F, Fut>(notifier: &Notifier, what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(error) => {
+                tracing::warn!(target: "lockstep::agent", %error, "cannot {what}; retrying");
+                notifier.status(&format!("cannot {what}: {error}"));
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// The first result of a bulk call's `results` (or `entities`), or its error.
+fn first_result(reply: &Value, key: &str) -> Result<Value, String> {
+    let result = reply
+        .get(key)
+        .and_then(Value::as_array)
+        .and_then(|results| results.first())
+        .cloned()
+        .ok_or_else(|| format!("the reply has no {key}: {reply}"))?;
+    match result.get("error") {
+        Some(error) if !error.is_null() => Err(format!(
+            "{} (code {})",
+            error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            error
+                .get("code")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        )),
+        _ => Ok(result),
+    }
+}
+
+fn entities(tag: &str) -> Value {
+    json!({"entities": [{"tag": tag}]})
+}
+
+/// `Agent.GetEntities`: this machine's jobs, as the controllers compute them from its roles
+/// and the model's capabilities.
+async fn get_jobs(api: &Client, tag: &str) -> Result<Vec<Job>, String> {
+    let reply = api
+        .call("Agent", 3, "GetEntities", entities(tag), CALL_DEADLINE)
+        .await
+        .map_err(|error| error.to_string())?;
+    let entity = first_result(&reply, "entities")?;
+    entity
+        .get("jobs")
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("Agent.GetEntities answered no jobs for {tag}: {entity}"))?
+        .iter()
+        .map(|job| {
+            let name = job.as_str().unwrap_or_default().to_owned();
+            Job::new(name).map_err(|error| format!("Agent.GetEntities: {error}"))
+        })
+        .collect()
+}
+
+/// `Upgrader.SetTools`: the binary this agent runs.
+async fn set_tools(api: &Client, tag: &str, running: &Binary) -> Result<(), String> {
+    let params = json!({"agent-tools": [{"tag": tag, "tools": {"version": running.to_string()}}]});
+    let reply = api
+        .mutate("Upgrader", 1, "SetTools", params, CALL_DEADLINE)
+        .await
+        .map_err(|error| error.to_string())?;
+    first_result(&reply, "results").map(|_| ())
+}
+
+/// `Upgrader.DesiredVersion`: the version the controllers want this agent on.
+async fn desired_version(api: &Client, tag: &str) -> Result<Version, String> {
+    let reply = api
+        .call(
+            "Upgrader",
+            1,
+            "DesiredVersion",
+            entities(tag),
+            CALL_DEADLINE,
+        )
+        .await
+        .map_err(|error| error.to_string())?;
+    let result = first_result(&reply, "results")?;
+    let text = result
+        .get("version")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Version::parse(text).map_err(|error| format!("Upgrader.DesiredVersion: {error}"))
+}
+
+/// `Upgrader.Tools`: the binary of the desired version and the URL the controller serves
+/// it at.
+async fn desired_tools(api: &Client, tag: &str) -> Result<(StagePlan, String), String> {
+    let reply = api
+        .call("Upgrader", 1, "Tools", entities(tag), CALL_DEADLINE)
+        .await
+        .map_err(|error| error.to_string())?;
+    let result = first_result(&reply, "results")?;
+    let tools = result
+        .get("tools")
+        .and_then(Value::as_array)
+        .and_then(|tools| tools.first())
+        .ok_or_else(|| format!("Upgrader.Tools answered no tools: {result}"))?;
+    let text = |key: &str| tools.get(key).and_then(Value::as_str).unwrap_or_default();
+    let binary = Binary::parse(text("version"))
+        .map_err(|error| format!("Upgrader.Tools: version: {error}"))?;
+    let sha256 = Sha256::parse(text("sha256"))
+        .map_err(|error| format!("Upgrader.Tools: sha256: {error}"))?;
+    let size_bytes = tools
+        .get("size")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| format!("Upgrader.Tools: no size for {binary}"))?;
+    // The path is the controller's; the host is the one this agent reaches it at (the
+    // controller names the address it listens on, which a proxy or a NAT between may hide).
+    let url = text("url");
+    let path = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.find('/').map(|at| &rest[at..]))
+        .filter(|path| path.starts_with("/model/"))
+        .ok_or_else(|| format!("Upgrader.Tools: {url:?} is not a tools endpoint URL"))?;
+    let url = format!("https://{}{path}", api.address());
+    let plan = StagePlan {
+        binary,
+        size_bytes,
+        sha256,
+        source: StageSource::Controller,
+    };
+    Ok((plan, url))
+}
+
+/// The tools endpoint's URL of the binary `Upgrader.Tools` last named, for the download
+/// that follows: the core's plan carries no URL (`StageSource::Controller` means "the
+/// controller's tools endpoint").
+type ToolsUrl = Arc<std::sync::Mutex<Option<(Binary, String)>>>;
+
+/// What the agent last told the controllers about itself.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Reported {
+    phase: Phase,
+    message: String,
+}
+
+/// Sends `Machiner.SetStatus` whenever the reported status changes, and every
+/// [`STATUS_INTERVAL`] regardless.
+async fn report_status(
+    api: Arc<Client>,
+    tag: String,
+    running: Binary,
+    mut status: watch::Receiver<Reported>,
+) {
+    loop {
+        let current = status.borrow_and_update().clone();
+        let (word, info) = status_of(current.phase, &current.message);
+        let params = json!({"entities": [{
+            "tag": tag,
+            "status": word,
+            "info": info,
+            "data": {"phase": current.phase.as_str(), "version": running.to_string()},
+        }]});
+        match api
+            .call("Machiner", 5, "SetStatus", params, STATUS_INTERVAL)
+            .await
+            .map_err(|error| error.to_string())
+            .and_then(|reply| first_result(&reply, "results"))
+        {
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(target: "lockstep::agent", %error, "status not reported");
+            }
+        }
+        let _ = tokio::time::timeout(STATUS_INTERVAL, status.changed()).await;
+    }
+}
+
+/// The status word and message an agent in `phase` reports (a machine agent through
+/// `Machiner.SetStatus`, a controller into the store): `error` in a failure phase, with a
+/// message (Juju's rule: an error says what it is), else `started`; the message at most
+/// `STATUS_INFO_BYTES_MAX` bytes.
+pub(crate) fn status_of(phase: Phase, message: &str) -> (&'static str, String) {
+    let (word, info) = match phase {
+        Phase::StepsFailed | Phase::UpgradeFailed if message.is_empty() => {
+            ("error", format!("{} (no message)", phase.as_str()))
+        }
+        Phase::StepsFailed | Phase::UpgradeFailed => ("error", message.to_owned()),
+        _ => ("started", message.to_owned()),
+    };
+    (
+        word,
+        truncated(
+            info,
+            lockstep_transport::facade::machiner::STATUS_INFO_BYTES_MAX,
+        ),
+    )
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn truncated(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// Follows the desired version through `Upgrader.WatchAPIVersion`: after each event, asks
+/// `Upgrader.DesiredVersion` and tells the core every change (counting from the version
+/// this process runs). A watcher the server forgot (its worker restarted) is made again.
+async fn follow_desired_version(
+    api: Arc<Client>,
+    tag: String,
+    running: Version,
+    inputs: mpsc::UnboundedSender<Input>,
+) {
+    let mut fed = running;
+    loop {
+        let watcher = match api
+            .call(
+                "Upgrader",
+                1,
+                "WatchAPIVersion",
+                entities(&tag),
+                CALL_DEADLINE,
+            )
+            .await
+            .map_err(|error| error.to_string())
+            .and_then(|reply| first_result(&reply, "results"))
+        {
+            Ok(result) => result
+                .get("NotifyWatcherId")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            Err(error) => {
+                tracing::warn!(target: "lockstep::agent", %error, "cannot watch the desired version; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        loop {
+            match api
+                .call_object(
+                    "NotifyWatcher",
+                    1,
+                    &watcher,
+                    "Next",
+                    json!({}),
+                    NEXT_DEADLINE,
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(ClientError::GaveUp(give_up)) => {
+                    tracing::debug!(target: "lockstep::agent", %give_up, "NotifyWatcher.Next gave up; asking again");
+                    continue;
+                }
+                Err(error) => {
+                    tracing::info!(target: "lockstep::agent", %error, "the desired-version watcher ended; making another");
+                    break;
+                }
+            }
+            match desired_version(&api, &tag).await {
+                Ok(version) if version != fed => {
+                    // Not the whole fleet at once: each agent starts after a random part of
+                    // the core's spread.
+                    let delay = lockstep_core::upgrader::agent_upgrade_delay(random());
+                    tracing::info!(target: "lockstep::agent", %version, delay_ms = delay.0, "desired version changed");
+                    tokio::time::sleep(Duration::from_millis(delay.0)).await;
+                    fed = version;
+                    if inputs.send(Input::AgentVersionChanged(version)).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(target: "lockstep::agent", %error, "cannot read the desired version");
+                }
+            }
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+    }
+}
+
+struct MachineDriver {
+    core: Lifecycle,
+    api: Arc<Client>,
+    data: DataDir,
+    conf: AgentConf,
+    started: Instant,
+    inputs_tx: mpsc::UnboundedSender<Input>,
+    inputs: mpsc::UnboundedReceiver<Input>,
+    status: watch::Sender<Reported>,
+    notifier: Arc<Notifier>,
+    tasks: tokio::task::JoinSet<()>,
+    tools_url: ToolsUrl,
+}
+
+impl MachineDriver {
+    /// The core's clock: milliseconds since this process started (monotonic).
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.started.elapsed().as_millis() as u64)
+    }
+
+    fn instant_of(&self, at: Timestamp) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.started + Duration::from_millis(at.as_millis()))
+    }
+
+    async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> Exit {
+        let now = self.now();
+        self.core.handle(now, Input::Start);
+        let mut watchdog = tokio::time::interval(Duration::from_secs(1));
+        watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if let Some(exit) = self.drain() {
+                return exit;
+            }
+            let deadline = self.core.poll_timeout().map(|at| self.instant_of(at));
+            tokio::select! {
+                input = self.inputs.recv() => {
+                    let input = input.expect("the driver holds a sender");
+                    let now = self.now();
+                    self.core.handle(now, input);
+                }
+                () = sleep_until(deadline) => {
+                    let now = self.now();
+                    self.core.handle_timeout(now);
+                }
+                _ = watchdog.tick() => self.notifier.watchdog(),
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        return Exit::Shutdown;
+                    }
+                }
+                Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Err(error) = joined && error.is_panic() {
+                        return Exit::Fatal(format!("a request's task panicked: {error}"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn drain(&mut self) -> Option<Exit> {
+        let mut exit = None;
+        while let Some(output) = self.core.poll_output() {
+            match output {
+                Output::Gate(view) => {
+                    tracing::info!(target: "lockstep::agent", phase = view.phase.as_str(), "phase");
+                    if view.phase == Phase::Ready {
+                        self.notifier.ready();
+                    }
+                    self.status
+                        .send_modify(|reported| reported.phase = view.phase);
+                }
+                Output::Status(report) => self.status_report(&report),
+                Output::Request { id, request } => match request {
+                    Request::RestartInto(binary) => exit = Some(self.switch(binary)),
+                    Request::PersistSnapshot(_)
+                    | Request::LoadModel
+                    | Request::DesiredBinary
+                    | Request::StageBinary(_)
+                    | Request::RunStep { .. } => {
+                        if exit.is_none() {
+                            self.execute(id, request);
+                        }
+                    }
+                    // The record, the lease, the catalogue, the model's agent-version: the
+                    // core asks them of controllers only. Unanswered it would wait forever.
+                    other => {
+                        exit = Some(Exit::Fatal(format!(
+                            "the lifecycle asked a machine agent for {other:?}, which only controllers do"
+                        )));
+                    }
+                },
+                other => unreachable!("an output this driver does not handle: {other:?}"),
+            }
+        }
+        exit
+    }
+
+    fn status_report(&mut self, report: &StatusReport) {
+        if !report.message.is_empty() {
+            tracing::info!(target: "lockstep::agent", phase = report.phase.as_str(), "{}", report.message);
+        }
+        self.notifier
+            .status(&crate::daemon::driver::status_line(report));
+        self.status.send_modify(|reported| {
+            reported.phase = report.phase;
+            reported.message = report.message.clone();
+        });
+    }
+
+    /// `RestartInto`: point `tools/<tag>` at the binary; the caller restarts the process.
+    fn switch(&mut self, binary: Binary) -> Exit {
+        match self.data.switch_to(&self.conf.tag, &binary) {
+            Ok(()) => {
+                tracing::info!(target: "lockstep::agent", %binary, "switched; restarting");
+                self.notifier
+                    .reloading(&format!("restarting into {binary}"));
+                Exit::RestartInto(binary)
+            }
+            Err(error) => Exit::Fatal(format!("cannot switch to {binary}: {error}")),
+        }
+    }
+
+    /// Runs `attempt` on a task until it succeeds (pausing between failures), then feeds
+    /// its input to the core.
+    fn spawn_retrying<F, Fut>(&mut self, what: &'static str, attempt: F)
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Input, String>> + Send,
+    {
+        let inputs = self.inputs_tx.clone();
+        let notifier = Arc::clone(&self.notifier);
+        self.tasks.spawn(async move {
+            let input = retrying(&notifier, what, attempt).await;
+            let _ = inputs.send(input);
+        });
+    }
+
+    fn execute(&mut self, id: RequestId, request: Request) {
+        let running = self.core.config().running.clone();
+        let api = Arc::clone(&self.api);
+        let tag = self.conf.tag.clone();
+        match request {
+            Request::PersistSnapshot(snapshot) => {
+                let data = self.data.clone();
+                self.spawn_retrying("persist agent.conf", move || {
+                    let data = data.clone();
+                    let snapshot = snapshot.clone();
+                    async move {
+                        tokio::task::spawn_blocking(move || {
+                            let mut conf = data
+                                .read_agent_conf()
+                                .map_err(|error| error.to_string())?
+                                .ok_or_else(|| {
+                                    format!(
+                                        "{} vanished while the agent ran",
+                                        data.agent_conf_path().display()
+                                    )
+                                })?;
+                            conf.set_snapshot(snapshot);
+                            data.write_agent_conf(&conf)
+                                .map_err(|error| error.to_string())?;
+                            Ok(Input::Done { id })
+                        })
+                        .await
+                        .map_err(|error| error.to_string())?
+                    }
+                });
+            }
+            Request::LoadModel => {
+                // A machine agent's view of the model: the version its controllers want it
+                // on (controllers first); the policy and the stream are the controllers'.
+                self.spawn_retrying("read the desired version", move || {
+                    let api = Arc::clone(&api);
+                    let tag = tag.clone();
+                    async move {
+                        let version = desired_version(&api, &tag).await?;
+                        Ok(Input::ModelLoaded {
+                            id,
+                            model: ModelView {
+                                agent_version: version,
+                                policy: UpgradePolicy::Off,
+                                stream: None,
+                                controllers: ControllerSet::EMPTY,
+                            },
+                        })
+                    }
+                });
+            }
+            Request::DesiredBinary => {
+                let tools_url = Arc::clone(&self.tools_url);
+                self.spawn_retrying("learn the desired binary", move || {
+                    let tools_url = Arc::clone(&tools_url);
+                    let api = Arc::clone(&api);
+                    let tag = tag.clone();
+                    let running = running.clone();
+                    async move {
+                        let version = desired_version(&api, &tag).await?;
+                        if version == running.number {
+                            // Staying: the core needs no binary, only the version.
+                            return Ok(Input::DesiredBinary {
+                                id,
+                                plan: StagePlan {
+                                    binary: running,
+                                    size_bytes: 0,
+                                    sha256: Sha256([0; 32]),
+                                    source: StageSource::Controller,
+                                },
+                            });
+                        }
+                        let (plan, url) = desired_tools(&api, &tag).await?;
+                        *tools_url.lock().expect("not poisoned") = Some((plan.binary.clone(), url));
+                        Ok(Input::DesiredBinary { id, plan })
+                    }
+                });
+            }
+            Request::StageBinary(plan) => {
+                let data = self.data.clone();
+                let conf = self.conf.clone();
+                let inputs = self.inputs_tx.clone();
+                let url = self
+                    .tools_url
+                    .lock()
+                    .expect("not poisoned")
+                    .clone()
+                    .filter(|(binary, _)| *binary == plan.binary)
+                    .map(|(_, url)| url);
+                self.tasks.spawn(async move {
+                    let result = match url {
+                        Some(url) => stage_from_controller(&data, &conf, &plan, url).await,
+                        None => Err(format!(
+                            "no tools endpoint URL known for {}: Upgrader.Tools did not name it",
+                            plan.binary
+                        )),
+                    };
+                    if let Err(error) = &result {
+                        tracing::warn!(target: "lockstep::agent", binary = %plan.binary, %error, "staging failed");
+                    }
+                    let _ = inputs.send(Input::Staged { id, result });
+                });
+            }
+            Request::RunStep { step, key, .. } => {
+                let registry = crate::steps::registry();
+                let definition = registry.step(step);
+                tracing::info!(target: "lockstep::agent", %key, "{}", definition.description);
+                let inputs = self.inputs_tx.clone();
+                if definition.kind != StepKind::Host {
+                    // The core plans database steps for controllers only.
+                    let reason =
+                        format!("{key} is a database step; a machine agent runs host steps only");
+                    let _ = inputs.send(Input::StepFinished {
+                        id,
+                        outcome: StepOutcome::Failed(reason),
+                    });
+                    return;
+                }
+                let context = HostContext {
+                    data: self.data.clone(),
+                    tag,
+                    running,
+                };
+                self.tasks.spawn(async move {
+                    let outcome = tokio::task::spawn_blocking(move || {
+                        match step_runner::run_host_step(&context, &key) {
+                            Ok(()) => StepOutcome::Applied,
+                            Err(error) => StepOutcome::Failed(error.to_string()),
+                        }
+                    })
+                    .await
+                    .unwrap_or_else(|error| StepOutcome::Failed(format!("panicked: {error}")));
+                    let _ = inputs.send(Input::StepFinished { id, outcome });
+                });
+            }
+            other => unreachable!("drain passes only what execute runs: {other:?}"),
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `StageBinary` from the controller: the tarball from the tools endpoint's URL that
+/// `Upgrader.Tools` gave, over TLS checked against the controller's CA, with this agent's
+/// credentials; size and sha256 verified while it is read, then unpacked into
+/// `tools/<binary>/`.
+async fn stage_from_controller(
+    data: &DataDir,
+    conf: &AgentConf,
+    plan: &StagePlan,
+    url: String,
+) -> Result<(), String> {
+    if let Ok(Some(installed)) = data.read_downloaded_tools(&plan.binary)
+        && installed.sha256 == plan.sha256
+        && data.binary_path(&plan.binary).is_file()
+    {
+        return Ok(());
+    }
+    let (base, file) = url
+        .rsplit_once('/')
+        .ok_or_else(|| format!("Upgrader.Tools gave a URL without a path: {url:?}"))?;
+    let mut config = lockstep_streams::HttpConfig {
+        system_roots: false,
+        // One attempt per call: "busy" is retried below, on the core's backoff, and any
+        // other failure goes back to the core, which retries the staging itself.
+        retry: lockstep_streams::RetryPolicy {
+            attempts_max: 1,
+            ..lockstep_streams::RetryPolicy::default()
+        },
+        basic_auth: Some(lockstep_streams::BasicAuth {
+            user: conf.tag.clone(),
+            password: conf.apipassword.as_str().to_owned(),
+        }),
+        ..lockstep_streams::HttpConfig::default()
+    };
+    config
+        .trust_pem(conf.cacert.as_bytes())
+        .map_err(|error| format!("agent.conf's cacert: {error}"))?;
+    let source = lockstep_streams::HttpSource::new(&format!("{base}/"), config)
+        .map_err(|error| error.to_string())?;
+    let entry = lockstep_core::policy::CatalogueEntry {
+        binary: plan.binary.clone(),
+        stream: lockstep_core::policy::Stream::Released,
+        size_bytes: plan.size_bytes,
+        sha256: plan.sha256,
+        path: file.to_owned(),
+    };
+    let cache = data.tools_cache_dir();
+    std::fs::create_dir_all(&cache)
+        .map_err(|error| format!("cannot create {}: {error}", cache.display()))?;
+    let tarball: PathBuf = data.cached_tarball_path(&plan.binary);
+    // A controller serving its bound of agent downloads answers 503 ("busy"): wait as the
+    // core's backoff says, with jitter, and ask again, for as long as BUSY_WAIT_MAX.
+    let waiting_since = Instant::now();
+    let mut busy = 0u32;
+    loop {
+        let attempt_started = Instant::now();
+        tracing::info!(target: "lockstep::agent", binary = %plan.binary, %url, "download attempt");
+        match source.download(&entry, &tarball, &mut |_| {}).await {
+            Ok(()) => {
+                tracing::info!(
+                    target: "lockstep::agent",
+                    binary = %plan.binary,
+                    elapsed_ms = attempt_started.elapsed().as_millis() as u64,
+                    busy_answers = busy,
+                    "downloaded from the controller"
+                );
+                break;
+            }
+            Err(lockstep_streams::DownloadError::Source(
+                lockstep_streams::SourceError::Status { status, .. },
+            )) if (status == 503 || status == 429) && waiting_since.elapsed() < BUSY_WAIT_MAX => {
+                busy += 1;
+                let wait = lockstep_core::upgrader::busy_download_backoff(
+                    busy,
+                    lockstep_core::upgrader::DOWNLOAD_BUSY_RETRY_AFTER,
+                    random(),
+                );
+                tracing::info!(target: "lockstep::agent", binary = %plan.binary, status, wait_ms = wait.0, "the controller is busy serving other agents; waiting");
+                tokio::time::sleep(Duration::from_millis(wait.0)).await;
+            }
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+    let meta = DownloadedTools {
+        version: plan.binary.clone(),
+        url,
+        sha256: plan.sha256,
+        size_bytes: plan.size_bytes,
+    };
+    let data = data.clone();
+    let binary = plan.binary.clone();
+    tokio::task::spawn_blocking(move || data.install_tarball(&binary, &tarball, &meta))
+        .await
+        .map_err(|error| format!("unpacking panicked: {error}"))?
+        .map(|_| ())
+        .map_err(|error| error.to_string())
+}
