@@ -13,6 +13,8 @@
 //! - [`store`]: which engine holds the shared state (SQLite, or etcd with feature `etcd`),
 //!   from `agent.conf` and the flags; `open`.
 //! - [`metadata`]: the model's agent-binary metadata source (directory or HTTP mirror).
+//! - [`local_provider`]: machine agents started on the controller's host (by `add-machine`
+//!   or by the controller's provisioner).
 //! - [`steps`]: the steps this build carries and the versions it plays (N, N+1).
 //! - [`unpack`]: flat, regular-file-only agent tarballs, packed and unpacked.
 //! - [`paths`], [`logging`], [`process`], [`quote`]: default locations, log formats and
@@ -25,6 +27,7 @@ pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod datadir;
+pub mod local_provider;
 pub mod logging;
 pub mod metadata;
 pub mod paths;

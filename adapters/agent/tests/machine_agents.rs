@@ -458,3 +458,112 @@ async fn a_machine_agent_killed_9_in_the_middle_of_a_slow_download_converges_whe
         Some(next_binary.clone())
     );
 }
+
+/// A controller bootstrapped with `--provisioner local` starts an agent itself for every
+/// machine any client records: two added by python-libjuju's `Model.add_machine()`
+/// (`MachineManager.AddMachines`) and one by `lockstep add-machine`, which only records it
+/// and waits. Each agent runs under the controller's data dir with its own credential
+/// (claimed once: its `agent.conf`'s password is the stored hash's), reports `started` on
+/// N, and follows `upgrade-controller` to N+1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_provisioner_starts_agents_for_machines_any_client_adds_and_they_follow_the_upgrade()
+ {
+    let python = tokio::task::spawn_blocking(common::python::python)
+        .await
+        .unwrap();
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &mirror.source(),
+            "--metadata-key",
+            &mirror.key(),
+            "--provisioner",
+            "local",
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    let conf = controller.data().read_agent_conf().unwrap().unwrap();
+    assert_eq!(
+        conf.provisioner,
+        lockstep_agent::datadir::Provisioner::Local
+    );
+
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop/libjuju_add_machine.py");
+    let juju_data = common::juju_data_beside(&controller.data_dir);
+    let home = controller.data_dir.with_file_name("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg("2")
+            .env("JUJU_DATA", juju_data)
+            .env("HOME", home)
+            .env_remove("XDG_DATA_HOME")
+            .output()
+            .expect("python runs")
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let added: Value = serde_json::from_str(
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .last()
+            .unwrap_or(""),
+    )
+    .unwrap_or_else(|error| panic!("{error}: {}", text(&output)));
+    assert_eq!(added["added"].as_array().map(Vec::len), Some(2), "{added}");
+
+    let add = controller.run(&["add-machine"]);
+    assert!(add.status.success(), "{}", text(&add));
+    assert!(
+        String::from_utf8_lossy(&add.stdout).contains("started by the controller's provisioner"),
+        "{}",
+        text(&add)
+    );
+    wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+
+    // One agent per machine, each started by the controller's worker, and each machine's
+    // stored credential is the hash of the password in its agent's agent.conf.
+    let dirs = controller.data().machine_agent_dirs();
+    assert_eq!(dirs.len(), 3, "{dirs:?}");
+    let log = controller.log();
+    assert_eq!(
+        log.matches("started machine agent").count(),
+        3,
+        "the controller's log:\n{log}"
+    );
+    let store = lockstep_store::SqliteStore::open(
+        controller.data().store_path(),
+        lockstep_store::OpenMode::ReadOnly,
+    )
+    .unwrap();
+    for dir in &dirs {
+        let conf = dir.read_agent_conf().unwrap().unwrap();
+        let mut hash = None;
+        lockstep_store::Store::snapshot(&store, &mut |tx| {
+            hash = tx.agent_password_hash(&conf.tag)?;
+            Ok(())
+        })
+        .unwrap();
+        let hash = hash.unwrap_or_else(|| panic!("{} has no credential", conf.tag));
+        assert!(
+            lockstep_transport::logins::Verifier::default()
+                .verify(conf.apipassword.as_str(), &hash),
+            "{}'s agent.conf does not hold the password of its stored credential",
+            conf.tag
+        );
+        assert!(common::pid_in(&dir.pid_path()).is_some_and(lockstep_agent::process::alive));
+    }
+
+    let upgrade = controller.run(&["upgrade-controller"]);
+    assert!(upgrade.status.success(), "{}", text(&upgrade));
+    controller.wait_running(next(), READY_WITHIN).await;
+    wait_for_agents(&controller, 3, next(), Duration::from_secs(120)).await;
+    // Provisioned once each: the upgrade started no further agent.
+    assert_eq!(controller.data().machine_agent_dirs().len(), 3);
+    assert_eq!(controller.log().matches("started machine agent").count(), 3);
+}

@@ -60,11 +60,10 @@ pub fn provisioning_script(store: &dyn Store, request: &Provisioning) -> Result<
     Ok(script)
 }
 
-/// The script: as root on the machine, it creates `data-dir` and writes `agent.conf` in it,
-/// mode 0600 (under `umask 077`, `chmod` for a file left over), through a temporary file
-/// renamed into place, from a here-document whose delimiter is quoted (nothing in it is
-/// expanded).
-pub fn render(request: &Provisioning, tag: &str, password: &str) -> Result<String, WireError> {
+/// The `agent.conf` of machine `request.machine_id`'s agent, tagged `tag`, holding
+/// `password`: what the provisioning script writes, and what a controller's local
+/// provisioner writes itself ([`crate::daemon::provisioner`]).
+pub fn agent_conf(request: &Provisioning, tag: &str, password: &str) -> AgentConf {
     let snapshot = Snapshot {
         format: Snapshot::FORMAT,
         upgraded_to_version: request.server_version,
@@ -79,6 +78,42 @@ pub fn render(request: &Provisioning, tag: &str, password: &str) -> Result<Strin
     conf.apiaddresses = request.api_addresses.clone();
     conf.cacert = request.ca_pem.clone();
     conf.apipassword = password.to_owned().into();
+    conf
+}
+
+/// Claims machine `id` for a controller's local provisioner: in one transaction, if the
+/// machine exists, is alive, is no controller and its agent has no credential yet, stores
+/// `hash` as that credential. `Ok(false)`: nothing to claim (another controller claimed
+/// it first, someone ran its provisioning script, or the machine is gone or going). Two
+/// controllers racing for the same machine: the store serializes their transactions, so
+/// exactly one sees no credential.
+pub fn claim(store: &dyn Store, id: &str, hash: &str) -> Result<bool, WireError> {
+    let tag = machine_tag(id);
+    let mut claimed = false;
+    mutate(store, &Value::Null, &mut |tx| {
+        claimed = false;
+        let Some(machine) = tx.machine(id)? else {
+            return Ok(Value::Null);
+        };
+        if is_controller(&machine)
+            || machine.life != lockstep_store::Life::Alive
+            || tx.agent_password_hash(&tag)?.is_some()
+        {
+            return Ok(Value::Null);
+        }
+        tx.set_agent_password_hash(&tag, hash)?;
+        claimed = true;
+        Ok(Value::Null)
+    })?;
+    Ok(claimed)
+}
+
+/// The script: as root on the machine, it creates `data-dir` and writes `agent.conf` in it,
+/// mode 0600 (under `umask 077`, `chmod` for a file left over), through a temporary file
+/// renamed into place, from a here-document whose delimiter is quoted (nothing in it is
+/// expanded).
+pub fn render(request: &Provisioning, tag: &str, password: &str) -> Result<String, WireError> {
+    let conf = agent_conf(request, tag, password);
     let mut text = conf
         .to_yaml()
         .map_err(|error| WireError::new("", format!("cannot write agent.conf: {error}")))?;
@@ -111,4 +146,46 @@ pub fn render(request: &Provisioning, tag: &str, password: &str) -> Result<Strin
         controller = request.identity.controller_uuid,
         data_dir = shell_word(data_dir),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_core::{Role, Roles};
+    use lockstep_store::{Durability, Life, Machine, MemoryStore};
+
+    fn hash_of(store: &dyn Store, id: &str) -> Option<String> {
+        let mut hash = None;
+        store
+            .snapshot(&mut |tx| {
+                hash = tx.agent_password_hash(&machine_tag(id))?;
+                Ok(())
+            })
+            .unwrap();
+        hash
+    }
+
+    /// A machine is claimed once: the first claim stores its hash, a second (another
+    /// controller's, or a provisioning script already run) changes nothing; controllers,
+    /// machines going away and machines that are not there are never claimed.
+    #[test]
+    fn a_machine_is_claimed_once_and_only_an_alive_host_machine() {
+        let store = MemoryStore::new(Durability::Full);
+        let host = Roles::of(&[Role::HostMachine]);
+        store
+            .add_machine(&Machine::with_roles("0", Roles::of(&[Role::Controller])))
+            .unwrap();
+        store.add_machine(&Machine::with_roles("1", host)).unwrap();
+        let mut dying = Machine::with_roles("2", host);
+        dying.life = Life::Dying;
+        store.add_machine(&dying).unwrap();
+
+        assert!(claim(&store, "1", "first").unwrap());
+        assert!(!claim(&store, "1", "second").unwrap());
+        assert_eq!(hash_of(&store, "1").as_deref(), Some("first"));
+        for id in ["0", "2", "3"] {
+            assert!(!claim(&store, id, "any").unwrap(), "machine {id}");
+            assert_eq!(hash_of(&store, id), None, "machine {id}");
+        }
+    }
 }

@@ -124,6 +124,12 @@ enum Command {
         /// at every start, shown by `lockstep status`.
         #[arg(long)]
         allow_metadata_redirects: bool,
+        /// Who starts the agents of machines the controller records: `manual` (Juju's
+        /// manual provider: `lockstep add-machine` provisions the machines it adds on this
+        /// host; machines other clients add wait for a provisioning script) or `local` (the
+        /// controller starts an agent on its host for every machine any client adds).
+        #[arg(long, value_enum, default_value = "manual")]
+        provisioner: lockstep_agent::datadir::Provisioner,
     },
     /// Show the controller's phase, versions, machines, applications and units.
     Status {
@@ -256,6 +262,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             allow_unsigned_metadata,
             metadata_ca,
             allow_metadata_redirects,
+            provisioner,
         } => {
             let options = BootstrapOptions {
                 data_dir: args.data_dir.clone(),
@@ -286,6 +293,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                 allow_unsigned_metadata,
                 metadata_ca,
                 allow_metadata_redirects,
+                provisioner,
             };
             bootstrap_command(&options, timeout).await
         }

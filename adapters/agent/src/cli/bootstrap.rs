@@ -334,6 +334,8 @@ pub struct BootstrapOptions {
     /// `--allow-metadata-redirects`: follow an `https://` metadata source's redirects to other
     /// hosts (recorded in `agent.conf`, shown by `lockstep status`).
     pub allow_metadata_redirects: bool,
+    /// `--provisioner`: who starts the agents of the machines the controller records.
+    pub provisioner: crate::datadir::Provisioner,
 }
 
 /// What `prepare` made.
@@ -601,6 +603,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
     conf.api_listen = address.clone();
     conf.apiaddresses = vec![address.clone()];
     conf.cacert = credentials.ca_pem.clone();
+    conf.provisioner = options.provisioner;
     settings.apply(&mut conf);
     trust.pin(&mut conf, keyring_path, ca_path);
     data.write_agent_conf(&conf)?;
@@ -741,37 +744,7 @@ fn install_local(
     Ok(identity.binary.clone())
 }
 
-/// Starts `lockstepd` detached (its own session, output appended to
-/// `<data>/logs/lockstepd.log`). Returns its pid.
-pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, DataDirError> {
-    use std::os::unix::process::CommandExt;
-    let logs = data.logs_dir();
-    std::fs::create_dir_all(&logs).map_err(DataDirError::io(&logs, "create the directory"))?;
-    let log_path = logs.join("lockstepd.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(DataDirError::io(&log_path, "open"))?;
-    let tag = data
-        .read_agent_conf()?
-        .map_or_else(|| AGENT_TAG.to_owned(), |conf| conf.tag);
-    let exe = data.agent_link(&tag).join("lockstepd");
-    let child = std::process::Command::new(&exe)
-        .arg("--data-dir")
-        .arg(data.root())
-        .args(extra_args)
-        .stdin(std::process::Stdio::null())
-        .stdout(
-            log.try_clone()
-                .map_err(DataDirError::io(&log_path, "duplicate the descriptor of"))?,
-        )
-        .stderr(log)
-        .process_group(0)
-        .spawn()
-        .map_err(DataDirError::io(&exe, "start"))?;
-    Ok(child.id())
-}
+pub use crate::process::spawn_daemon;
 
 /// The last lines of the daemon's log, for failure messages.
 pub fn log_tail(data: &DataDir, lines: usize) -> String {

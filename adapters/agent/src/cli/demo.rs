@@ -1151,6 +1151,7 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
         allow_unsigned_metadata: false,
         metadata_ca: None,
         allow_metadata_redirects: false,
+        provisioner: crate::datadir::Provisioner::Manual,
     };
     let prepared = bootstrap::prepare(&options).await?;
     let pid = bootstrap::spawn_daemon(

@@ -226,6 +226,9 @@ pub async fn enable_ha(
         member.allow_unsigned_metadata = conf.allow_unsigned_metadata;
         member.metadata_ca = metadata_ca;
         member.allow_metadata_redirects = conf.allow_metadata_redirects;
+        // Every controller runs the same provisioner: with `local`, they race for each new
+        // machine and the store's claim lets exactly one start its agent.
+        member.provisioner = conf.provisioner;
         settings.apply(&mut member);
         data.write_agent_conf(&member)?;
         on_line(&format!(

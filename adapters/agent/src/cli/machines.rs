@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::cli::commands::{CLIENT_VERSION, CallError, CommandError, Session, check_results};
-use crate::datadir::{self, DataDir, DataDirError};
+use crate::datadir::{DataDir, DataDirError, Provisioner};
 use crate::logging::say;
 
 /// The facade version of `MachineManager` the CLI speaks.
@@ -26,8 +26,6 @@ pub enum ProvisionError {
         data_dir.display()
     )]
     NoController { data_dir: PathBuf },
-    #[error("the controller in {} runs no binary (tools/{tag} is missing)", data_dir.display())]
-    NoCurrentBinary { data_dir: PathBuf, tag: String },
     /// The reply is not shown: a script in it would hold the agent's password.
     #[error("MachineManager.ProvisioningScript for machine {id} answered no script")]
     NoScript { id: String },
@@ -45,6 +43,14 @@ pub enum ProvisionError {
         #[source]
         error: std::io::Error,
     },
+    #[error(
+        "the controller's provisioner started no agent for machine(s) {} within {waited_s}s \
+         (see its log: lockstepd.log, target lockstep::provisioner)",
+        ids.join(", ")
+    )]
+    NotStarted { ids: Vec<String>, waited_s: u64 },
+    #[error(transparent)]
+    LocalAgent(#[from] crate::local_provider::LocalAgentError),
     #[error(transparent)]
     DataDir(#[from] DataDirError),
     #[error(transparent)]
@@ -92,15 +98,12 @@ pub async fn add_machines(
         .flatten()
         .filter_map(|machine| machine["machine"].as_str().map(str::to_owned))
         .collect();
-    let binary = primary.current_binary(&controller.tag)?.ok_or_else(|| {
-        ProvisionError::NoCurrentBinary {
-            data_dir: primary.root().to_path_buf(),
-            tag: controller.tag.clone(),
+    if controller.provisioner == Provisioner::Local {
+        for id in &ids {
+            say(&format!("created machine {id}"));
         }
-    })?;
-    let binary_dir = primary.binary_dir(&binary);
-    let forced = datadir::read_force_version(&binary_dir)?.is_some();
-    let exe = binary_dir.join("lockstepd");
+        return wait_for_provisioner(session, ids).await;
+    }
     let mut started = Vec::new();
     let controllers = &session.controller.api_endpoints;
     for (index, id) in ids.into_iter().enumerate() {
@@ -126,10 +129,8 @@ pub async fn add_machines(
                 .collect();
             data.write_agent_conf(&conf)?;
         }
-        data.create_layout()?;
-        data.install_local_binary(&binary, &exe, forced)?;
-        data.switch_to(&format!("machine-{id}"), &binary)?;
-        let pid = crate::cli::bootstrap::spawn_daemon(&data, &[])?;
+        let crate::local_provider::StartedAgent { binary, pid } =
+            crate::local_provider::start(primary, &controller.tag, &data, &id)?;
         say(&format!(
             "started machine {id}'s agent: lockstepd (pid {pid}, {binary}) in {}",
             data.root().display()
@@ -137,6 +138,54 @@ pub async fn add_machines(
         started.push(Started { id, data, pid });
     }
     Ok(started)
+}
+
+/// How often `add-machine` asks whether the controller's provisioner started the agents.
+pub const PROVISIONER_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// With the controller's own provisioner (`provisioner: local`): waits until the agent of
+/// every machine in `ids` has reported itself (`Client.FullStatus` shows its agent status,
+/// as `lockstep status` does), saying so for each, until the command's deadline.
+async fn wait_for_provisioner(
+    session: &Session,
+    mut ids: Vec<String>,
+) -> Result<Vec<Started>, ProvisionError> {
+    let started_at = std::time::Instant::now();
+    while !ids.is_empty() {
+        let reply = session
+            .call(
+                "Client",
+                CLIENT_VERSION,
+                "FullStatus",
+                json!({"patterns": []}),
+            )
+            .await?;
+        ids.retain(|id| {
+            let agent = &reply["machines"][id.as_str()]["agent-status"];
+            let status = agent["status"].as_str().unwrap_or("");
+            if matches!(status, "" | "pending" | "allocating") {
+                return true;
+            }
+            say(&format!(
+                "machine {id}'s agent is {status} ({}), started by the controller's provisioner",
+                agent["version"].as_str().unwrap_or("no version yet")
+            ));
+            false
+        });
+        if ids.is_empty() {
+            break;
+        }
+        if session.left() < PROVISIONER_POLL {
+            return Err(ProvisionError::NotStarted {
+                ids,
+                waited_s: started_at.elapsed().as_secs(),
+            });
+        }
+        tokio::time::sleep(PROVISIONER_POLL).await;
+    }
+    // The agents run under whichever controller's data dir provisioned them; none is
+    // this command's child.
+    Ok(Vec::new())
 }
 
 /// `MachineManager.ProvisioningScript` for machine `id`, its agent's data dir `data_dir`.

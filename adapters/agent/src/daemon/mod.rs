@@ -43,6 +43,7 @@ pub mod launcher;
 pub mod machine_agent;
 pub mod memory;
 pub mod notify;
+pub mod provisioner;
 pub mod restart;
 pub mod step_runner;
 pub mod worker;

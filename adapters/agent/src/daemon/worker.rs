@@ -536,8 +536,36 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
         running.clone(),
         handles.status.clone(),
     ));
+    let provisioner = match conf.provisioner {
+        crate::datadir::Provisioner::Manual => None,
+        crate::datadir::Provisioner::Local => Some(tokio::spawn(crate::daemon::provisioner::run(
+            crate::daemon::provisioner::Provisioner {
+                store: Arc::clone(&store),
+                data: data.clone(),
+                tag: conf.tag.clone(),
+                identity: lockstep_transport::state::Identity {
+                    model_uuid: conf.model.clone(),
+                    controller_uuid: conf.controller.clone(),
+                },
+                api_addresses: std::iter::once(conf.api_listen.clone())
+                    .chain(
+                        conf.apiaddresses
+                            .iter()
+                            .filter(|address| **address != conf.api_listen)
+                            .cloned(),
+                    )
+                    .collect(),
+                ca_pem: credentials(&data)?.ca_pem,
+                version: running.number,
+            },
+            handles.status.clone(),
+        ))),
+    };
     let exit = driver.run(shutdown).await;
     heartbeat.abort();
+    if let Some(provisioner) = provisioner {
+        provisioner.abort();
+    }
     // Closes the listener's copy and every client connection; the socket itself stays open
     // through `handover` (and the launcher's copy), so new clients wait in its backlog.
     server.abort();
@@ -560,5 +588,27 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             &binary,
             handover.as_ref(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the launcher hands its worker is never passed on to a daemon the worker starts
+    /// (the local provisioner's machine agents have launchers of their own).
+    #[test]
+    fn a_detached_daemon_gets_none_of_the_launcher_s_environment() {
+        for name in [
+            LAUNCHER_PID,
+            RELAY_SOCKET,
+            LISTEN_FD,
+            crate::daemon::notify::NOTIFY_SOCKET,
+        ] {
+            assert!(
+                crate::process::SUPERVISION_ENVIRONMENT.contains(&name),
+                "{name}"
+            );
+        }
     }
 }

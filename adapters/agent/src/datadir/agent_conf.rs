@@ -37,6 +37,28 @@ impl StoreEngine {
     }
 }
 
+/// Who starts the agents of the machines a controller records, `agent.conf`'s
+/// `provisioner` key (and `lockstep bootstrap --provisioner`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Provisioner {
+    /// Juju's manual provider: a machine recorded by `AddMachines` waits until something
+    /// runs its `MachineManager.ProvisioningScript`; `lockstep add-machine` does that on
+    /// this host for the machines it records.
+    #[default]
+    Manual,
+    /// The local provider's provisioner: the controller itself starts a machine agent on
+    /// its host for every machine recorded without one, whichever client recorded it
+    /// (`lockstep add-machine`, python-libjuju's `Model.add_machine`, a bundle).
+    Local,
+}
+
+impl Provisioner {
+    pub fn is_manual(&self) -> bool {
+        *self == Provisioner::Manual
+    }
+}
+
 /// What `agent.conf` holds: the agent's identity, how to reach the API, and the lifecycle
 /// [`Snapshot`]. Keys are Juju's where Juju has them (`tag`, `controller`, `model`,
 /// `upgradedToVersion`, `apiaddresses`, `cacert`); the rest are lockstep's, kebab-case.
@@ -177,6 +199,9 @@ pub struct AgentConf {
     /// which reaches the store itself. The file is mode [`AGENT_CONF_MODE`].
     #[serde(default, skip_serializing_if = "ApiPassword::is_empty")]
     pub apipassword: ApiPassword,
+    /// A controller's provisioner (`manual` unless bootstrap was given `--provisioner`).
+    #[serde(default, skip_serializing_if = "Provisioner::is_manual")]
+    pub provisioner: Provisioner,
 }
 
 /// A machine agent's API password: its text is the file's and the login's, never a log's
@@ -253,6 +278,7 @@ impl AgentConf {
             allow_unsigned_metadata: false,
             metadata_ca: None,
             allow_metadata_redirects: false,
+            provisioner: Provisioner::Manual,
         };
         conf.set_snapshot(snapshot);
         conf

@@ -63,7 +63,7 @@ pub mod names;
 mod sweep;
 mod users;
 
-pub use agent_conf::{AGENT_CONF_MODE, AgentConf, ApiPassword, StoreEngine};
+pub use agent_conf::{AGENT_CONF_MODE, AgentConf, ApiPassword, Provisioner, StoreEngine};
 pub use downloaded_tools::DownloadedTools;
 pub use error::{DataDirError, Endianness, IdentityProblem};
 pub use identity::{
