@@ -380,6 +380,84 @@ async fn twenty_machine_agents_upgrade_after_their_controller_which_fetches_the_
         busy > 0,
         "{FLEET} agents, {DOWNLOADS_AT_ONCE} downloads at once, and none was told busy"
     );
+    // Counted at the agents, not by the controller's gauge: each agent logged when it
+    // received its first and its last byte (the host's monotonic clock, shared by every
+    // process), and at no moment were more than DOWNLOADS_AT_ONCE agents between the two.
+    // Sound, not lucky: an agent hangs up right after its last byte and the controller
+    // frees a slot only once the agent hung up, so an agent's window lies inside its slot.
+    let windows: Vec<(u64, u64)> = controller
+        .data()
+        .machine_agent_dirs()
+        .iter()
+        .flat_map(|dir| {
+            let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap();
+            download_windows(&log, &dir.root().display().to_string())
+        })
+        .collect();
+    assert_eq!(windows.len(), FLEET, "{windows:?}");
+    let most = most_at_once(&windows);
+    assert!(
+        (1..=DOWNLOADS_AT_ONCE as usize).contains(&most),
+        "{most} agents were receiving the binary at once, with max-agent-downloads \
+         {DOWNLOADS_AT_ONCE}: {windows:?}"
+    );
+}
+
+/// The `monotonic_ns` of a log line, if it has one.
+fn monotonic_ns(line: &str) -> Option<u64> {
+    let rest = line.split("monotonic_ns=").nth(1)?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The windows (first byte, last byte) in which a machine agent received a binary, from
+/// its log; every window must be closed (the download finished), in order.
+fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
+    let mut windows = Vec::new();
+    let mut open = None;
+    for line in log.lines() {
+        let line = &common::strip_ansi(line);
+        if line.contains("download receiving") {
+            assert!(
+                open.is_none(),
+                "{agent}: a download began before the last ended:\n{log}"
+            );
+            open = Some(monotonic_ns(line).expect("monotonic_ns"));
+        } else if line.contains("download received") {
+            let start = open
+                .take()
+                .unwrap_or_else(|| panic!("{agent}: received, never receiving:\n{log}"));
+            windows.push((start, monotonic_ns(line).expect("monotonic_ns")));
+        }
+    }
+    assert!(open.is_none(), "{agent}: a download never ended:\n{log}");
+    windows
+}
+
+/// The most windows open at one moment (one ending as another begins counts once).
+fn most_at_once(windows: &[(u64, u64)]) -> usize {
+    let mut edges: Vec<(u64, i32)> = windows
+        .iter()
+        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
+        .collect();
+    edges.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, edge) in edges {
+        open += edge;
+        most = most.max(open);
+    }
+    most as usize
+}
+
+#[test]
+fn most_at_once_counts_overlapping_windows() {
+    assert_eq!(most_at_once(&[]), 0);
+    assert_eq!(most_at_once(&[(1, 5), (6, 9)]), 1);
+    assert_eq!(most_at_once(&[(1, 5), (5, 9)]), 1);
+    assert_eq!(most_at_once(&[(1, 5), (2, 9), (3, 4)]), 3);
+    assert_eq!(most_at_once(&[(1, 5), (2, 3), (4, 9)]), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

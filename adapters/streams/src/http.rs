@@ -136,6 +136,11 @@ pub struct HttpConfig {
     /// hosts are refused unless [`HttpConfig::redirect_to_other_hosts`], and reqwest drops
     /// `Authorization` on a redirect to another host.
     pub basic_auth: Option<BasicAuth>,
+    /// Keep a connection open for the next request once a response is read. On by
+    /// default; a machine agent downloading from its controller turns it off, so that the
+    /// connection closes as soon as the last byte is read: the controller holds the
+    /// agent's download slot until then.
+    pub keep_idle_connections: bool,
 }
 
 /// HTTP Basic credentials; the password is never printed.
@@ -193,6 +198,7 @@ impl Default for HttpConfig {
             throughput_window: Duration::from_secs(30),
             retry: RetryPolicy::default(),
             basic_auth: None,
+            keep_idle_connections: true,
         }
     }
 }
@@ -331,10 +337,14 @@ impl HttpSource {
         .map_err(|error| invalid(format!("TLS versions: {error}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .connect_timeout(config.connect_timeout)
-            .redirect(redirect_policy(config.redirect_to_other_hosts))
+            .redirect(redirect_policy(config.redirect_to_other_hosts));
+        if !config.keep_idle_connections {
+            client = client.pool_max_idle_per_host(0);
+        }
+        let client = client
             .build()
             .map_err(|error| invalid(format!("cannot build the HTTP client: {error}")))?;
         Ok(HttpSource {

@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use crate::admission::{Admitted, Connections};
 use crate::connection::REQUESTS_IN_FLIGHT_MAX;
+use crate::hold::ConnectionHold;
 use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError, WatcherPosition};
 use crate::wire::{self, Framing, WireError};
 
@@ -458,7 +459,8 @@ impl FrontDoor {
                         .map(|address| address.0);
                     let metrics =
                         request.method() == http::Method::GET && request.uri().path() == "/metrics";
-                    let response = door.http(request, peer, reached).await;
+                    let hold = request.extensions().get::<Arc<ConnectionHold>>().cloned();
+                    let response = door.http(request, peer, reached, hold).await;
                     if metrics && response.status() == http::StatusCode::OK {
                         with_launcher_counts(response, &connections).await
                     } else {
@@ -543,8 +545,10 @@ impl FrontDoor {
     }
 
     /// Relays one plain HTTP request (the tools and charms endpoints, the probes, the
-    /// metrics) to the worker on a stream of its own, and returns the worker's response,
-    /// its body streamed. A `GET` or `HEAD` whose response head did not come (no worker,
+    /// metrics) to the worker, and returns the worker's response, its body streamed. The
+    /// stream to the worker is the client connection's: kept in its `hold` until the client
+    /// hangs up (the worker frees a machine agent's download slot only then), and reused
+    /// for its next `GET` or `HEAD`; any other request gets a stream of its own. A `GET` or `HEAD` whose response head did not come (no worker,
     /// or it went) is sent again to the next worker for up to [`FrontDoor::wait_max`];
     /// any other request is answered `503 Service Unavailable` with `Retry-After`, since
     /// it may have been applied.
@@ -553,6 +557,7 @@ impl FrontDoor {
         request: http::Request<axum::body::Body>,
         peer: SocketAddr,
         reached: Option<SocketAddr>,
+        hold: Option<Arc<ConnectionHold>>,
     ) -> axum::response::Response {
         let idempotent = matches!(*request.method(), http::Method::GET | http::Method::HEAD);
         let deadline = Instant::now() + self.wait_max;
@@ -569,7 +574,10 @@ impl FrontDoor {
             let again = again
                 .body(body.take().unwrap_or_else(axum::body::Body::empty))
                 .expect("a request rebuilt from a valid one");
-            match self.http_once(again, peer, reached).await {
+            match self
+                .http_once(again, peer, reached, idempotent, hold.as_deref())
+                .await
+            {
                 Ok(response) => return response,
                 Err(error) if idempotent && Instant::now() < deadline => {
                     tracing::debug!(target: "lockstep::front", %error, "no worker for an HTTP request yet");
@@ -595,7 +603,35 @@ impl FrontDoor {
         request: http::Request<axum::body::Body>,
         peer: SocketAddr,
         reached: Option<SocketAddr>,
+        reuse: bool,
+        hold: Option<&ConnectionHold>,
     ) -> Result<axum::response::Response, RelayError> {
+        let mut kept = hold.and_then(ConnectionHold::take_relay).filter(|_| reuse);
+        if let Some(sender) = &mut kept
+            && sender.ready().await.is_err()
+        {
+            kept = None;
+        }
+        let mut sender = match kept {
+            Some(sender) => sender,
+            None => self.http_stream(peer, reached).await?,
+        };
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|error| RelayError(format!("HTTP to the worker: {error}")))?;
+        if let Some(hold) = hold {
+            hold.keep_relay(sender);
+        }
+        Ok(response.map(axum::body::Body::new))
+    }
+
+    /// A new stream to the worker for plain HTTP, past its `http` message.
+    async fn http_stream(
+        &self,
+        peer: SocketAddr,
+        reached: Option<SocketAddr>,
+    ) -> Result<hyper::client::conn::http1::SendRequest<axum::body::Body>, RelayError> {
         let mut relay = self.welcomed().await.map_err(|opened| match opened {
             Opened::NoWorker(why) | Opened::Refused(why) => RelayError(why),
         })?;
@@ -616,16 +652,12 @@ impl FrontDoor {
             .io
             .reunite(relay.sink.into_inner())
             .map_err(|error| RelayError(format!("rejoining the stream: {error}")))?;
-        let (mut sender, connection) =
+        let (sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
                 .map_err(|error| RelayError(format!("HTTP to the worker: {error}")))?;
         tokio::spawn(connection);
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|error| RelayError(format!("HTTP to the worker: {error}")))?;
-        Ok(response.map(axum::body::Body::new))
+        Ok(sender)
     }
 
     /// A client's frame: forwarded, held, or answered here. Returns the answers for the

@@ -54,11 +54,13 @@
 //!   `Upgrader.Tools`) and the endpoint that serves agent binaries from a cache, fetching
 //!   each once however many agents ask at once.
 //! - [`api`]: what every connection shares.
+//! - [`hold`]: what an HTTP connection keeps until it ends (a machine agent's download
+//!   slot past the last byte, the launcher's relay stream for it).
 //!
 //! A module uses only modules to its right in this chain (within parentheses, only those
 //! after it), so there is no import circle: (`front`, `relayed`) → `server` →
 //! `connection` → `route` → `facade` → (`charms_endpoint`, `auth` → `api` → `session`) →
-//! (`logins`, `tools_endpoint` → `tools`, `probes`, `served`) → `admission` → `limits` →
+//! (`logins`, `tools_endpoint` → (`tools`, `hold`), `probes`, `served`) → `admission` → `limits` →
 //! (`state` → `charm`, `backend`) → `wire`; `client` uses `tls` and `wire` only; `relay`
 //! uses `wire` only, and only `front` and `relayed` use `relay`.
 //!
@@ -77,6 +79,7 @@ pub mod client;
 pub mod connection;
 pub mod facade;
 pub mod front;
+pub mod hold;
 pub mod limits;
 pub mod logins;
 pub mod probes;

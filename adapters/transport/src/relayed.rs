@@ -169,9 +169,14 @@ async fn http(
         io: stream,
     };
     // The client's address, for the failed-login throttle of HTTP logins.
+    // What the stream keeps until the launcher ends it, which it does when the client's
+    // connection ends (a machine agent's download slot past the last byte).
     let router = api
         .router()
-        .layer(axum::Extension(crate::server::RelayedPeer(open.peer)));
+        .layer(axum::Extension(crate::server::RelayedPeer(open.peer)))
+        .layer(axum::Extension(std::sync::Arc::new(
+            crate::hold::ConnectionHold::default(),
+        )));
     let service = hyper_util::service::TowerToHyperService::new(router);
     hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(io), service)

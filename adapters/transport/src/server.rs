@@ -29,6 +29,7 @@ pub use crate::state::SharedState;
 pub use crate::wire::SERVER_VERSION;
 
 use crate::admission::{Admitted, Connections, Metered};
+use crate::hold::ConnectionHold;
 use crate::{auth, charms_endpoint, connection, probes};
 use lockstep_core::gate::Login;
 
@@ -80,7 +81,9 @@ impl Api {
 /// each admitted by `connections` (a slot, metered input until login, the TLS handshake's
 /// and the login's deadlines; over a cap, an HTTP 503 naming the limit), then HTTP/1.1 with
 /// upgrades, served by `router`, which finds the connection's slot as an
-/// `Extension<Arc<Admitted>>` and the address it reached as an `Extension<ServerAddress>`.
+/// `Extension<Arc<Admitted>>`, what it keeps until it ends as an
+/// `Extension<Arc<ConnectionHold>>`, and the address it reached as an
+/// `Extension<ServerAddress>`.
 /// Serves until dropped, which ends every connection it accepted.
 pub async fn serve_connections(
     listener: TcpListener,
@@ -128,7 +131,10 @@ pub async fn serve_connections(
         };
         admitted.enforce_login_deadline();
         let acceptor = acceptor.clone();
-        let mut router = router.clone().layer(axum::Extension(Arc::clone(&admitted)));
+        let mut router = router
+            .clone()
+            .layer(axum::Extension(Arc::clone(&admitted)))
+            .layer(axum::Extension(Arc::new(ConnectionHold::default())));
         if let Ok(address) = tcp.local_addr() {
             router = router.layer(axum::Extension(ServerAddress(address)));
         }
@@ -367,6 +373,7 @@ async fn tools(
     State(api): State<Arc<Api>>,
     admitted: Option<axum::Extension<Arc<Admitted>>>,
     relayed: Option<axum::Extension<RelayedPeer>>,
+    hold: Option<axum::Extension<Arc<ConnectionHold>>>,
     Path((uuid, binary)): Path<(String, String)>,
     headers: axum::http::HeaderMap,
 ) -> Response {
@@ -386,6 +393,7 @@ async fn tools(
             &uuid,
             &binary,
             login == Login::MachineAgent,
+            hold.map(|axum::Extension(hold)| hold),
         )
         .await
 }

@@ -18,7 +18,9 @@
 //! `max-agent-downloads` (default [`lockstep_core::upgrader::AGENT_DOWNLOADS_MAX_DEFAULT`]):
 //! beyond it an agent is answered 503 with `Retry-After`, code `try again`, and retries with
 //! backoff. A download holds its slot from admission (through an upstream fetch, if one is
-//! needed) until its last byte is handed to the connection, or the client goes away.
+//! needed) until the client closes the connection after the last byte (at most
+//! [`crate::hold::LINGER_MAX`] after it), or goes away before: so the bound holds for the
+//! downloads as the agents see them, not only as the controller writes them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -35,6 +37,7 @@ use lockstep_core::upgrader::{self, DownloadAdmission};
 use serde_json::json;
 
 use crate::backend::Backend;
+use crate::hold::ConnectionHold;
 use crate::state::SharedState;
 use crate::tools;
 
@@ -102,6 +105,7 @@ impl ToolsEndpoint {
         uuid: &str,
         binary: &str,
         machine_agent: bool,
+        hold: Option<Arc<ConnectionHold>>,
     ) -> Response {
         if uuid != self.model_uuid {
             return http_error(
@@ -156,7 +160,7 @@ impl ToolsEndpoint {
             None
         };
         match self.fetches.ensure(backend, cache, &entry).await {
-            Ok(path) => serve_file(&path, slot).await,
+            Ok(path) => serve_file(&path, slot, hold).await,
             Err((status, message)) => http_error(status, "", message),
         }
     }
@@ -394,9 +398,31 @@ async fn fetch_into(
         .map_err(|error| format!("cannot put the fetched file into the tools cache: {error}"))
 }
 
+/// A download's slot while its body is served: when the body is dropped (all of it written,
+/// or the client gone), the slot goes to the connection's hold, which keeps it until the
+/// connection ends ([`ConnectionHold::linger`]); without a hold it is freed then.
+struct LingeringSlot {
+    slot: Option<DownloadSlot>,
+    hold: Option<Arc<ConnectionHold>>,
+}
+
+impl Drop for LingeringSlot {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(hold)) = (self.slot.take(), self.hold.take()) {
+            hold.linger(slot);
+        }
+    }
+}
+
 /// The tarball at `path` as a streamed `application/x-tar-gz` body; `slot` (a machine
-/// agent's download) is held until the body ends or is dropped.
-async fn serve_file(path: &Path, slot: Option<DownloadSlot>) -> Response {
+/// agent's download) is held until the body is dropped unfinished, or, once its last byte
+/// is handed over, by the connection's `hold` until the client closes it (without a hold,
+/// until the last byte).
+async fn serve_file(
+    path: &Path,
+    slot: Option<DownloadSlot>,
+    hold: Option<Arc<ConnectionHold>>,
+) -> Response {
     let file = match tokio::fs::File::open(path).await {
         Ok(file) => file,
         Err(error) => {
@@ -423,7 +449,10 @@ async fn serve_file(path: &Path, slot: Option<DownloadSlot>) -> Response {
             );
         }
     };
-    let chunks = futures_util::stream::unfold((file, slot), |(mut file, slot)| async move {
+    // hyper drops the body once Content-Length bytes are written, without asking it for
+    // its end: the slot is handed to the connection's hold when the body is dropped.
+    let state = (file, LingeringSlot { slot, hold });
+    let chunks = futures_util::stream::unfold(state, |(mut file, slot)| async move {
         use tokio::io::AsyncReadExt;
         let mut buffer = vec![0u8; CHUNK_SIZE_BYTES];
         match file.read(&mut buffer).await {

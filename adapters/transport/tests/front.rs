@@ -424,7 +424,7 @@ async fn http_get(door: &FrontDoor, path: &str) -> (u16, String) {
         .body(axum::body::Body::empty())
         .unwrap();
     let response = door
-        .http(request, "127.0.0.1:40000".parse().unwrap(), None)
+        .http(request, "127.0.0.1:40000".parse().unwrap(), None, None)
         .await;
     let status = response.status().as_u16();
     let body = axum::body::to_bytes(response.into_body(), 1 << 20)
@@ -449,7 +449,7 @@ async fn plain_http_is_relayed_a_get_waits_for_the_next_worker_and_a_post_is_ref
         .body(axum::body::Body::from("not a zip"))
         .unwrap();
     let refused = door
-        .http(post, "127.0.0.1:40000".parse().unwrap(), None)
+        .http(post, "127.0.0.1:40000".parse().unwrap(), None, None)
         .await;
     assert_eq!(refused.status().as_u16(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
@@ -474,7 +474,7 @@ async fn tools_from(door: &FrontDoor, peer: &str, password: &str) -> u16 {
         .header("authorization", format!("Basic {basic}"))
         .body(axum::body::Body::empty())
         .unwrap();
-    door.http(request, peer.parse().unwrap(), None)
+    door.http(request, peer.parse().unwrap(), None, None)
         .await
         .status()
         .as_u16()

@@ -822,6 +822,12 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the same clock in every process of the host.
+fn monotonic_ns() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64
+}
+
 /// `StageBinary` from the controller: the tarball from the tools endpoint's URL that
 /// `Upgrader.Tools` gave, over TLS checked against the controller's CA, with this agent's
 /// credentials; size and sha256 verified while it is read, then unpacked into
@@ -853,6 +859,9 @@ async fn stage_from_controller(
             user: conf.tag.clone(),
             password: conf.apipassword.as_str().to_owned(),
         }),
+        // Hang up once the last byte is read: the controller holds this download's slot
+        // until then.
+        keep_idle_connections: false,
         ..lockstep_streams::HttpConfig::default()
     };
     config
@@ -878,7 +887,20 @@ async fn stage_from_controller(
     loop {
         let attempt_started = Instant::now();
         tracing::info!(target: "lockstep::agent", binary = %plan.binary, %url, "download attempt");
-        match source.download(&entry, &tarball, &mut |_| {}).await {
+        // The window in which this agent receives the binary, on the host's monotonic clock
+        // (one clock for every process, so the agents' windows can be compared): from its
+        // first byte to its last, both logged before the connection is closed.
+        let mut first = true;
+        let mut window = |progress: lockstep_streams::DownloadProgress| {
+            if first && progress.received_bytes > 0 {
+                first = false;
+                tracing::info!(target: "lockstep::agent", monotonic_ns = monotonic_ns(), received_bytes = progress.received_bytes, "download receiving");
+            }
+            if progress.received_bytes == progress.total_bytes {
+                tracing::info!(target: "lockstep::agent", monotonic_ns = monotonic_ns(), received_bytes = progress.received_bytes, "download received");
+            }
+        };
+        match source.download(&entry, &tarball, &mut window).await {
             Ok(()) => {
                 tracing::info!(
                     target: "lockstep::agent",
