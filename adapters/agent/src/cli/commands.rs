@@ -435,18 +435,31 @@ pub fn kill_controller(
     // Read before stopping: the entries to remove from Juju's client store are the ones
     // with this controller's name and uuid.
     let controller = ControllerFile::read(&data).ok();
-    // The machine agents the local provider started, then the controllers.
-    for agent in data.machine_agent_dirs() {
-        if agent.pid_path().exists() {
-            stop_daemon(&agent, timeout)?;
+    // The machine agents the local provider started, then the controllers. One that cannot
+    // be stopped (a pid file that holds no pid, a process that ignores SIGTERM) is named
+    // and the others are stopped all the same; the first failure is the command's.
+    let mut failures = Vec::new();
+    let agents = data.machine_agent_dirs();
+    let members = crate::cli::ha::members(&data)
+        .into_iter()
+        .map(|(_, member)| member);
+    for dir in agents.into_iter().chain(members) {
+        if dir.pid_path().exists()
+            && let Err(error) = stop_daemon(&dir, timeout)
+        {
+            failures.push(error);
         }
     }
-    for (_, member) in crate::cli::ha::members(&data) {
-        if member.pid_path().exists() {
-            stop_daemon(&member, timeout)?;
-        }
+    if let Err(error) = stop_daemon(&data, timeout) {
+        failures.push(error);
     }
-    stop_daemon(&data, timeout)?;
+    let mut failures = failures.into_iter();
+    if let Some(first) = failures.next() {
+        for other in failures {
+            complain(&format!("{other}"));
+        }
+        return Err(first);
+    }
     if let Some(controller) = controller
         && juju_data.remove_controller(&controller.name, &controller.uuid)?
     {
@@ -670,5 +683,38 @@ mod tests {
             "{error:?}"
         );
         assert!(error.to_string().contains("\"12ab\""), "{error}");
+    }
+
+    /// A machine agent whose pid file holds no pid keeps kill-controller from neither
+    /// stopping the controller nor naming the file: the controller (here a stand-in
+    /// process) is stopped, and the command fails with the agent's pid file.
+    #[test]
+    fn kill_controller_stops_the_controller_when_an_agent_s_pid_file_is_garbage() {
+        let root = tempfile::tempdir().unwrap();
+        let data = DataDir::new(root.path());
+        let agent = data.machine_agent_dir("1");
+        std::fs::create_dir_all(agent.root()).unwrap();
+        std::fs::write(agent.agent_conf_path(), "tag: machine-1\n").unwrap();
+        std::fs::write(agent.pid_path(), "not a pid\n").unwrap();
+        let mut controller = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        std::fs::write(data.pid_path(), format!("{}\n", controller.id())).unwrap();
+        let error = kill_controller(
+            root.path(),
+            &JujuData::new(root.path().join("juju")),
+            Duration::from_secs(10),
+        )
+        .unwrap_err();
+        let stopped =
+            controller.try_wait().unwrap().is_some() || !crate::process::alive(controller.id());
+        let _ = controller.kill();
+        let _ = controller.wait();
+        assert!(stopped, "the controller was left running");
+        assert!(
+            matches!(&error, CommandError::NotAPid { path, .. } if *path == agent.pid_path()),
+            "{error:?}"
+        );
     }
 }
