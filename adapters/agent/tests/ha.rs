@@ -113,6 +113,39 @@ async fn three_controllers_upgrade_together_while_a_client_deploys_through_them_
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // Nor can one reach it: an agent's processes connect to controllers' APIs only, never
+    // to an etcd member.
+    let apis: BTreeSet<std::net::SocketAddr> = ha
+        .controllers
+        .iter()
+        .map(|controller| {
+            let conf = controller.data().read_agent_conf().unwrap().unwrap();
+            conf.api_listen.parse().unwrap()
+        })
+        .collect();
+    let etcd_ports: BTreeSet<u16> = ha
+        .etcd
+        .all_endpoints()
+        .iter()
+        .filter_map(|url| url.rsplit(':').next()?.trim_end_matches('/').parse().ok())
+        .collect();
+    assert!(!etcd_ports.is_empty());
+    for dir in &agents {
+        let launcher = common::pid_in(&dir.pid_path()).expect("a launcher pid");
+        let worker = lockstep_agent::cli::demo::worker_pid(launcher).expect("a worker");
+        let peers: Vec<std::net::SocketAddr> = [launcher, worker]
+            .into_iter()
+            .flat_map(common::tcp_peers)
+            .collect();
+        assert!(
+            !peers.is_empty()
+                && peers
+                    .iter()
+                    .all(|peer| apis.contains(peer) && !etcd_ports.contains(&peer.port())),
+            "{} connects to {peers:?}; the controllers' APIs are {apis:?}, etcd's ports {etcd_ports:?}",
+            dir.root().display()
+        );
+    }
     // The coordinator released its lease when its steps were done.
     assert_eq!(ha.coordinator(), None);
 }

@@ -162,11 +162,24 @@ async fn add_machine_starts_agents_that_follow_upgrade_controller_to_the_new_ver
             "the store file holds machine agent {}'s password in plain text",
             conf.tag
         );
-        // Everything through the API: no store of its own, and none of the controller's
-        // files open in its processes.
+        // Everything through the API: no store of its own, none of the controller's files
+        // open in its processes, and no connection but to the controller's API.
         assert!(!dir.store_path().exists(), "{}", dir.root().display());
         let launcher = common::pid_in(&dir.pid_path()).expect("a launcher pid");
         let worker = lockstep_agent::cli::demo::worker_pid(launcher).expect("a worker");
+        let api: std::net::SocketAddr = controller.controller_file().api_endpoints[0]
+            .parse()
+            .unwrap();
+        let peers: Vec<std::net::SocketAddr> = [launcher, worker]
+            .into_iter()
+            .flat_map(common::tcp_peers)
+            .collect();
+        assert!(
+            peers.iter().all(|peer| *peer == api),
+            "machine agent {} connects to {peers:?}; the controller's API is {api}",
+            conf.tag
+        );
+        assert!(peers.contains(&api), "{}: no connection to {api}", conf.tag);
         for pid in [launcher, worker] {
             for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
                 .unwrap()

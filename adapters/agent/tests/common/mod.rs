@@ -724,3 +724,50 @@ pub fn machine_ids(full_status: &Value) -> Vec<String> {
     ids.sort();
     ids
 }
+
+/// The remote addresses of the TCP connections process `pid` holds open (its descriptors'
+/// sockets, looked up in `/proc/net/tcp` and `tcp6`), established or not. Loopback only
+/// is what the tests start, so IPv4 and IPv4-mapped IPv6 are read; other IPv6 peers are
+/// returned as `[::]` with their port.
+pub fn tcp_peers(pid: u32) -> Vec<std::net::SocketAddr> {
+    let inodes: std::collections::BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let text = target.to_string_lossy().into_owned();
+            text.strip_prefix("socket:[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                .map(str::to_owned)
+        })
+        .collect();
+    let mut peers = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+            if fields.len() < 10 || !inodes.contains(fields[9]) || fields[3] == "0A" {
+                continue; // not this process's, or a listening socket
+            }
+            let Some((address, port)) = fields[2].split_once(':') else {
+                continue;
+            };
+            let port = u16::from_str_radix(port, 16).unwrap_or(0);
+            let ip = match address.len() {
+                8 => u32::from_str_radix(address, 16)
+                    .map(|raw| std::net::IpAddr::from(raw.to_le_bytes()))
+                    .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0])),
+                32 if address.starts_with("0000000000000000FFFF0000") => {
+                    u32::from_str_radix(&address[24..], 16)
+                        .map(|raw| std::net::IpAddr::from(raw.to_le_bytes()))
+                        .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]))
+                }
+                _ => std::net::IpAddr::from([0u16; 8]),
+            };
+            peers.push(std::net::SocketAddr::new(ip, port));
+        }
+    }
+    peers
+}
