@@ -32,6 +32,8 @@
 //! - [`upgrader`]: the Upgrader facade's decisions: the version an agent should run
 //!   (controllers first, from the binaries they reported) and whether the model's
 //!   `agent-version` may change (checked by the store inside its write transaction).
+//! - [`rollout`]: staged rollouts of machine agents: canaries first, at most so many at
+//!   once, halted past so many failures; resume and abort.
 //! - [`lifecycle`]: the statig machine that takes an agent through the phases, driven by
 //!   `handle` / `handle_timeout` / `poll_output` / `poll_timeout`.
 //! - [`time`]: [`Timestamp`] and [`Millis`].
@@ -60,6 +62,7 @@ pub mod lifecycle;
 pub mod phase;
 pub mod policy;
 pub mod role;
+pub mod rollout;
 pub mod steps;
 #[cfg(feature = "testkit")]
 pub mod testkit;
