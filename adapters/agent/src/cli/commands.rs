@@ -438,11 +438,17 @@ pub fn kill_controller(
     // The machine agents the local provider started, then the controllers. One that cannot
     // be stopped (a pid file that holds no pid, a process that ignores SIGTERM) is named
     // and the others are stopped all the same; the first failure is the command's.
+    // With the local provisioner, any controller may have started an agent, under its own
+    // data dir.
     let mut failures = Vec::new();
-    let agents = data.machine_agent_dirs();
-    let members = crate::cli::ha::members(&data)
+    let members: Vec<DataDir> = crate::cli::ha::members(&data)
         .into_iter()
-        .map(|(_, member)| member);
+        .map(|(_, member)| member)
+        .collect();
+    let agents: Vec<DataDir> = std::iter::once(&data)
+        .chain(&members)
+        .flat_map(DataDir::machine_agent_dirs)
+        .collect();
     for dir in agents.into_iter().chain(members) {
         if dir.pid_path().exists()
             && let Err(error) = stop_daemon(&dir, timeout)
