@@ -26,18 +26,20 @@
 //! **Architecture Invariant:** no lifecycle decision here, as in the controller's driver;
 //! and no store: this module holds no `Store`.
 
+use std::fmt;
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockstep_core::jobs::Job;
+use lockstep_core::jobs::{Job, JobsError};
 use lockstep_core::lifecycle::{
     Config, ControllerSet, Input, ModelView, Output, Request, RequestId, StagePlan, StageSource,
     StatusReport, StepOutcome,
 };
-use lockstep_core::policy::{Sha256, UpgradePolicy};
-use lockstep_core::steps::StepKind;
-use lockstep_core::{Binary, Lifecycle, Phase, Role, Roles, Timestamp, Version};
+use lockstep_core::policy::{PolicyError, Sha256, UpgradePolicy};
+use lockstep_core::steps::{StepKey, StepKind};
+use lockstep_core::{Binary, Lifecycle, ParseVersionError, Phase, Role, Roles, Timestamp, Version};
 use lockstep_transport::client::{Client, ClientConfig, ClientError};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
@@ -46,7 +48,8 @@ use crate::daemon::error::DaemonError;
 use crate::daemon::notify::Notifier;
 use crate::daemon::restart::{self, RestartMode};
 use crate::daemon::step_runner::{self, HostContext};
-use crate::datadir::{AgentConf, DataDir, DownloadedTools};
+use crate::datadir::{AgentConf, DataDir, DataDirError, DownloadedTools};
+use crate::quote::{QUOTE_LENGTH_MAX, quote};
 
 /// How often the agent reports its status even when nothing changed (its heartbeat): the
 /// interval the controllers' "down" rule counts in.
@@ -81,7 +84,263 @@ pub fn is_machine_agent(conf: &AgentConf) -> bool {
 enum Exit {
     RestartInto(Binary),
     Shutdown,
-    Fatal(String),
+    Fatal(MachineAgentError),
+}
+
+/// Why one of the machine agent's requests, calls or downloads failed, or why it cannot go
+/// on. Each names the API call, file, URL or value that was bad. (Where the core takes a
+/// `String`, a staging failure or a step's, its text is this error's message.)
+#[derive(Debug, thiserror::Error)]
+pub enum MachineAgentError {
+    /// An API call failed: the server refused it, or it gave up (controllers unreachable or
+    /// upgrading past its deadline).
+    #[error("{call}: {error}")]
+    Api {
+        call: ApiCall,
+        #[source]
+        error: Box<ClientError>,
+    },
+    /// A bulk call's reply has no `results` (or `entities`) to take the first of.
+    #[error("{call}: the reply has no {key}: {reply}")]
+    NoResults {
+        call: ApiCall,
+        key: &'static str,
+        /// The reply, shortened.
+        reply: String,
+    },
+    /// The server answered this agent's entity with an error.
+    #[error("{call}: {message} (code {code})")]
+    Refused {
+        call: ApiCall,
+        message: String,
+        code: String,
+    },
+    /// A reply lacks what the call answers.
+    #[error("{call} answered no {what}: {reply}")]
+    Missing {
+        call: ApiCall,
+        /// What is missing (`tools`, `jobs for machine-1`, ...).
+        what: String,
+        /// The part of the reply that lacks it, shortened.
+        reply: String,
+    },
+    /// A reply's field holds a value lockstep refuses.
+    #[error("{call}: {field}: {error}")]
+    Malformed {
+        call: ApiCall,
+        field: &'static str,
+        #[source]
+        error: Box<BadValue>,
+    },
+    /// `Upgrader.Tools` named a URL that is not on a tools endpoint (`https://host/model/...`).
+    #[error("Upgrader.Tools: {} is not a tools endpoint URL", quote(url))]
+    NotToolsUrl { url: String },
+    /// The core asked to stage a binary no `Upgrader.Tools` answer named a URL for.
+    #[error("no tools endpoint URL known for {binary}: Upgrader.Tools did not name it")]
+    NoToolsUrl { binary: Binary },
+    /// The controller's CA in `agent.conf` cannot be trusted for the download.
+    #[error("{}'s cacert: {error}", agent_conf.display())]
+    CaCert {
+        agent_conf: PathBuf,
+        #[source]
+        error: lockstep_streams::SourceError,
+    },
+    /// The tools endpoint cannot be made a download source.
+    #[error("cannot download from the tools endpoint: {error}")]
+    ToolsSource {
+        #[source]
+        error: lockstep_streams::SourceError,
+    },
+    /// The download failed (other than the controller being busy, which is waited out).
+    #[error("cannot download {binary} from the controller: {error}")]
+    Download {
+        binary: Binary,
+        #[source]
+        error: Box<lockstep_streams::DownloadError>,
+    },
+    /// The download cache cannot be created.
+    #[error("cannot create {}: {error}", path.display())]
+    CreateCache {
+        path: PathBuf,
+        #[source]
+        error: io::Error,
+    },
+    /// `agent.conf` cannot be read or written, or the binary cannot be unpacked and installed.
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    /// `agent.conf` was deleted under the running agent.
+    #[error("{} vanished while the agent ran", path.display())]
+    AgentConfVanished { path: PathBuf },
+    /// `tools/<tag>` cannot be pointed at the binary to restart into.
+    #[error("cannot switch to {binary}: {error}")]
+    Switch {
+        binary: Binary,
+        #[source]
+        error: Box<DataDirError>,
+    },
+    /// The core planned a database step, which only controllers run.
+    #[error("{key} is a database step; a machine agent runs host steps only")]
+    DatabaseStep { key: StepKey },
+    /// The core asked for what only controllers answer (the record, the lease, the
+    /// catalogue, the model's agent-version).
+    #[error("the lifecycle asked a machine agent for {request:?}, which only controllers do")]
+    ControllerRequest { request: Box<Request> },
+    /// A task (a request's, the unpacking, a step) panicked.
+    #[error("{what} panicked: {error}")]
+    Panicked {
+        what: &'static str,
+        #[source]
+        error: tokio::task::JoinError,
+    },
+}
+
+/// A value in a reply that lockstep refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum BadValue {
+    #[error(transparent)]
+    Job(#[from] JobsError),
+    #[error(transparent)]
+    Version(#[from] ParseVersionError),
+    #[error(transparent)]
+    Sha256(#[from] PolicyError),
+}
+
+/// An API call of the machine agent: its facade, the facade's version, its method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiCall {
+    pub facade: &'static str,
+    pub version: u32,
+    pub method: &'static str,
+}
+
+impl fmt::Display for ApiCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.facade, self.method)
+    }
+}
+
+const GET_ENTITIES: ApiCall = ApiCall {
+    facade: "Agent",
+    version: 3,
+    method: "GetEntities",
+};
+const SET_TOOLS: ApiCall = ApiCall {
+    facade: "Upgrader",
+    version: 1,
+    method: "SetTools",
+};
+const DESIRED_VERSION: ApiCall = ApiCall {
+    facade: "Upgrader",
+    version: 1,
+    method: "DesiredVersion",
+};
+const TOOLS: ApiCall = ApiCall {
+    facade: "Upgrader",
+    version: 1,
+    method: "Tools",
+};
+const WATCH_API_VERSION: ApiCall = ApiCall {
+    facade: "Upgrader",
+    version: 1,
+    method: "WatchAPIVersion",
+};
+const SET_STATUS: ApiCall = ApiCall {
+    facade: "Machiner",
+    version: 5,
+    method: "SetStatus",
+};
+
+impl ApiCall {
+    /// Makes the call ([`Client::call`]: retried through upgrades and disconnects until
+    /// `deadline`).
+    async fn call(
+        self,
+        api: &Client,
+        params: Value,
+        deadline: Duration,
+    ) -> Result<Value, MachineAgentError> {
+        api.call(self.facade, self.version, self.method, params, deadline)
+            .await
+            .map_err(|error| MachineAgentError::Api {
+                call: self,
+                error: Box::new(error),
+            })
+    }
+
+    /// Makes the call as a mutation ([`Client::mutate`]: one operation id for all its
+    /// retries, so it is applied once).
+    async fn mutate(
+        self,
+        api: &Client,
+        params: Value,
+        deadline: Duration,
+    ) -> Result<Value, MachineAgentError> {
+        api.mutate(self.facade, self.version, self.method, params, deadline)
+            .await
+            .map_err(|error| MachineAgentError::Api {
+                call: self,
+                error: Box::new(error),
+            })
+    }
+
+    /// The first result of its bulk reply's `key` (`results` or `entities`), or its error.
+    fn first_result(self, reply: &Value, key: &'static str) -> Result<Value, MachineAgentError> {
+        let result = reply
+            .get(key)
+            .and_then(Value::as_array)
+            .and_then(|results| results.first())
+            .cloned()
+            .ok_or_else(|| MachineAgentError::NoResults {
+                call: self,
+                key,
+                reply: shortened(reply),
+            })?;
+        match result.get("error") {
+            Some(error) if !error.is_null() => {
+                let text = |key: &str| error.get(key).and_then(Value::as_str).unwrap_or_default();
+                Err(MachineAgentError::Refused {
+                    call: self,
+                    message: text("message").to_owned(),
+                    code: text("code").to_owned(),
+                })
+            }
+            _ => Ok(result),
+        }
+    }
+
+    /// A [`MachineAgentError::Missing`] of this call: `reply` lacks `what`.
+    fn missing(self, what: impl Into<String>, reply: &Value) -> MachineAgentError {
+        MachineAgentError::Missing {
+            call: self,
+            what: what.into(),
+            reply: shortened(reply),
+        }
+    }
+
+    /// A mapper to [`MachineAgentError::Malformed`] of this call's `field`.
+    fn malformed<E: Into<BadValue>>(
+        self,
+        field: &'static str,
+    ) -> impl FnOnce(E) -> MachineAgentError {
+        move |error| MachineAgentError::Malformed {
+            call: self,
+            field,
+            error: Box::new(error.into()),
+        }
+    }
+}
+
+/// A reply (or part of one) as shown in a message: its JSON, cut to [`QUOTE_LENGTH_MAX`]
+/// characters.
+fn shortened(value: &Value) -> String {
+    let text = value.to_string();
+    let length = text.chars().count();
+    if length <= QUOTE_LENGTH_MAX {
+        text
+    } else {
+        let cut: String = text.chars().take(QUOTE_LENGTH_MAX).collect();
+        format!("{cut}... ({length} characters)")
+    }
 }
 
 /// What a machine agent runs with.
@@ -225,7 +484,7 @@ async fn prepare(
 ) -> Result<Option<Roles>, DaemonError> {
     // Its jobs first: a controller's machine has no machine agent.
     let jobs = tokio::select! {
-        jobs = retrying(notifier, "read its jobs (Agent.GetEntities)", || get_jobs(api, &conf.tag)) => jobs,
+        jobs = retrying(notifier, "read its jobs", || get_jobs(api, &conf.tag)) => jobs,
         _ = shutdown.changed() => return Ok(None),
     };
     if jobs.contains(&Job::MANAGE_MODEL) {
@@ -239,7 +498,7 @@ async fn prepare(
     let roles = Roles::of(&[Role::HostMachine]);
     tracing::info!(target: "lockstep::agent", jobs = ?jobs.iter().map(Job::as_str).collect::<Vec<_>>(), roles = ?roles, "jobs read");
     tokio::select! {
-        () = retrying(notifier, "report its binary (Upgrader.SetTools)", || set_tools(api, &conf.tag, running)) => {}
+        () = retrying(notifier, "report its binary", || set_tools(api, &conf.tag, running)) => {}
         _ = shutdown.changed() => return Ok(None),
     }
     Ok(Some(roles))
@@ -251,7 +510,7 @@ async fn prepare(
 async fn retrying<T, F, Fut>(notifier: &Notifier, what: &str, mut attempt: F) -> T
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
+    Fut: std::future::Future<Output = Result<T, MachineAgentError>>,
 {
     loop {
         match attempt().await {
@@ -265,106 +524,64 @@ where
     }
 }
 
-/// The first result of a bulk call's `results` (or `entities`), or its error.
-fn first_result(reply: &Value, key: &str) -> Result<Value, String> {
-    let result = reply
-        .get(key)
-        .and_then(Value::as_array)
-        .and_then(|results| results.first())
-        .cloned()
-        .ok_or_else(|| format!("the reply has no {key}: {reply}"))?;
-    match result.get("error") {
-        Some(error) if !error.is_null() => Err(format!(
-            "{} (code {})",
-            error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or_default(),
-            error
-                .get("code")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        )),
-        _ => Ok(result),
-    }
-}
-
 fn entities(tag: &str) -> Value {
     json!({"entities": [{"tag": tag}]})
 }
 
 /// `Agent.GetEntities`: this machine's jobs, as the controllers compute them from its roles
 /// and the model's capabilities.
-async fn get_jobs(api: &Client, tag: &str) -> Result<Vec<Job>, String> {
-    let reply = api
-        .call("Agent", 3, "GetEntities", entities(tag), CALL_DEADLINE)
-        .await
-        .map_err(|error| error.to_string())?;
-    let entity = first_result(&reply, "entities")?;
+async fn get_jobs(api: &Client, tag: &str) -> Result<Vec<Job>, MachineAgentError> {
+    let reply = GET_ENTITIES.call(api, entities(tag), CALL_DEADLINE).await?;
+    let entity = GET_ENTITIES.first_result(&reply, "entities")?;
     entity
         .get("jobs")
         .and_then(Value::as_array)
-        .ok_or_else(|| format!("Agent.GetEntities answered no jobs for {tag}: {entity}"))?
+        .ok_or_else(|| GET_ENTITIES.missing(format!("jobs for {tag}"), &entity))?
         .iter()
         .map(|job| {
             let name = job.as_str().unwrap_or_default().to_owned();
-            Job::new(name).map_err(|error| format!("Agent.GetEntities: {error}"))
+            Job::new(name).map_err(GET_ENTITIES.malformed("jobs"))
         })
         .collect()
 }
 
 /// `Upgrader.SetTools`: the binary this agent runs.
-async fn set_tools(api: &Client, tag: &str, running: &Binary) -> Result<(), String> {
+async fn set_tools(api: &Client, tag: &str, running: &Binary) -> Result<(), MachineAgentError> {
     let params = json!({"agent-tools": [{"tag": tag, "tools": {"version": running.to_string()}}]});
-    let reply = api
-        .mutate("Upgrader", 1, "SetTools", params, CALL_DEADLINE)
-        .await
-        .map_err(|error| error.to_string())?;
-    first_result(&reply, "results").map(|_| ())
+    let reply = SET_TOOLS.mutate(api, params, CALL_DEADLINE).await?;
+    SET_TOOLS.first_result(&reply, "results").map(|_| ())
 }
 
 /// `Upgrader.DesiredVersion`: the version the controllers want this agent on.
-async fn desired_version(api: &Client, tag: &str) -> Result<Version, String> {
-    let reply = api
-        .call(
-            "Upgrader",
-            1,
-            "DesiredVersion",
-            entities(tag),
-            CALL_DEADLINE,
-        )
-        .await
-        .map_err(|error| error.to_string())?;
-    let result = first_result(&reply, "results")?;
+async fn desired_version(api: &Client, tag: &str) -> Result<Version, MachineAgentError> {
+    let reply = DESIRED_VERSION
+        .call(api, entities(tag), CALL_DEADLINE)
+        .await?;
+    let result = DESIRED_VERSION.first_result(&reply, "results")?;
     let text = result
         .get("version")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    Version::parse(text).map_err(|error| format!("Upgrader.DesiredVersion: {error}"))
+    Version::parse(text).map_err(DESIRED_VERSION.malformed("version"))
 }
 
 /// `Upgrader.Tools`: the binary of the desired version and the URL the controller serves
 /// it at.
-async fn desired_tools(api: &Client, tag: &str) -> Result<(StagePlan, String), String> {
-    let reply = api
-        .call("Upgrader", 1, "Tools", entities(tag), CALL_DEADLINE)
-        .await
-        .map_err(|error| error.to_string())?;
-    let result = first_result(&reply, "results")?;
+async fn desired_tools(api: &Client, tag: &str) -> Result<(StagePlan, String), MachineAgentError> {
+    let reply = TOOLS.call(api, entities(tag), CALL_DEADLINE).await?;
+    let result = TOOLS.first_result(&reply, "results")?;
     let tools = result
         .get("tools")
         .and_then(Value::as_array)
         .and_then(|tools| tools.first())
-        .ok_or_else(|| format!("Upgrader.Tools answered no tools: {result}"))?;
+        .ok_or_else(|| TOOLS.missing("tools", &result))?;
     let text = |key: &str| tools.get(key).and_then(Value::as_str).unwrap_or_default();
-    let binary = Binary::parse(text("version"))
-        .map_err(|error| format!("Upgrader.Tools: version: {error}"))?;
-    let sha256 = Sha256::parse(text("sha256"))
-        .map_err(|error| format!("Upgrader.Tools: sha256: {error}"))?;
+    let binary = Binary::parse(text("version")).map_err(TOOLS.malformed("version"))?;
+    let sha256 = Sha256::parse(text("sha256")).map_err(TOOLS.malformed("sha256"))?;
     let size_bytes = tools
         .get("size")
         .and_then(Value::as_u64)
-        .ok_or_else(|| format!("Upgrader.Tools: no size for {binary}"))?;
+        .ok_or_else(|| TOOLS.missing(format!("size for {binary}"), tools))?;
     // The path is the controller's; the host is the one this agent reaches it at (the
     // controller names the address it listens on, which a proxy or a NAT between may hide).
     let url = text("url");
@@ -372,7 +589,9 @@ async fn desired_tools(api: &Client, tag: &str) -> Result<(StagePlan, String), S
         .split_once("://")
         .and_then(|(_, rest)| rest.find('/').map(|at| &rest[at..]))
         .filter(|path| path.starts_with("/model/"))
-        .ok_or_else(|| format!("Upgrader.Tools: {url:?} is not a tools endpoint URL"))?;
+        .ok_or_else(|| MachineAgentError::NotToolsUrl {
+            url: url.to_owned(),
+        })?;
     let url = format!("https://{}{path}", api.address());
     let plan = StagePlan {
         binary,
@@ -412,11 +631,10 @@ async fn report_status(
             "info": info,
             "data": {"phase": current.phase.as_str(), "version": running.to_string()},
         }]});
-        match api
-            .call("Machiner", 5, "SetStatus", params, STATUS_INTERVAL)
+        match SET_STATUS
+            .call(&api, params, STATUS_INTERVAL)
             .await
-            .map_err(|error| error.to_string())
-            .and_then(|reply| first_result(&reply, "results"))
+            .and_then(|reply| SET_STATUS.first_result(&reply, "results"))
         {
             Ok(_) => {}
             Err(error) => {
@@ -471,17 +689,10 @@ async fn follow_desired_version(
 ) {
     let mut fed = running;
     loop {
-        let watcher = match api
-            .call(
-                "Upgrader",
-                1,
-                "WatchAPIVersion",
-                entities(&tag),
-                CALL_DEADLINE,
-            )
+        let watcher = match WATCH_API_VERSION
+            .call(&api, entities(&tag), CALL_DEADLINE)
             .await
-            .map_err(|error| error.to_string())
-            .and_then(|reply| first_result(&reply, "results"))
+            .and_then(|reply| WATCH_API_VERSION.first_result(&reply, "results"))
         {
             Ok(result) => result
                 .get("NotifyWatcherId")
@@ -590,7 +801,10 @@ impl MachineDriver {
                 }
                 Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Err(error) = joined && error.is_panic() {
-                        return Exit::Fatal(format!("a request's task panicked: {error}"));
+                        return Exit::Fatal(MachineAgentError::Panicked {
+                            what: "a request's task",
+                            error,
+                        });
                     }
                 }
             }
@@ -624,9 +838,9 @@ impl MachineDriver {
                     // The record, the lease, the catalogue, the model's agent-version: the
                     // core asks them of controllers only. Unanswered it would wait forever.
                     other => {
-                        exit = Some(Exit::Fatal(format!(
-                            "the lifecycle asked a machine agent for {other:?}, which only controllers do"
-                        )));
+                        exit = Some(Exit::Fatal(MachineAgentError::ControllerRequest {
+                            request: Box::new(other),
+                        }));
                     }
                 },
                 other => unreachable!("an output this driver does not handle: {other:?}"),
@@ -656,7 +870,10 @@ impl MachineDriver {
                     .reloading(&format!("restarting into {binary}"));
                 Exit::RestartInto(binary)
             }
-            Err(error) => Exit::Fatal(format!("cannot switch to {binary}: {error}")),
+            Err(error) => Exit::Fatal(MachineAgentError::Switch {
+                binary,
+                error: Box::new(error),
+            }),
         }
     }
 
@@ -665,7 +882,7 @@ impl MachineDriver {
     fn spawn_retrying<F, Fut>(&mut self, what: &'static str, attempt: F)
     where
         F: FnMut() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<Input, String>> + Send,
+        Fut: std::future::Future<Output = Result<Input, MachineAgentError>> + Send,
     {
         let inputs = self.inputs_tx.clone();
         let notifier = Arc::clone(&self.notifier);
@@ -687,22 +904,20 @@ impl MachineDriver {
                     let snapshot = snapshot.clone();
                     async move {
                         tokio::task::spawn_blocking(move || {
-                            let mut conf = data
-                                .read_agent_conf()
-                                .map_err(|error| error.to_string())?
-                                .ok_or_else(|| {
-                                    format!(
-                                        "{} vanished while the agent ran",
-                                        data.agent_conf_path().display()
-                                    )
-                                })?;
+                            let mut conf = data.read_agent_conf()?.ok_or_else(|| {
+                                MachineAgentError::AgentConfVanished {
+                                    path: data.agent_conf_path(),
+                                }
+                            })?;
                             conf.set_snapshot(snapshot);
-                            data.write_agent_conf(&conf)
-                                .map_err(|error| error.to_string())?;
+                            data.write_agent_conf(&conf)?;
                             Ok(Input::Done { id })
                         })
                         .await
-                        .map_err(|error| error.to_string())?
+                        .map_err(|error| MachineAgentError::Panicked {
+                            what: "persisting agent.conf",
+                            error,
+                        })?
                     }
                 });
             }
@@ -767,14 +982,15 @@ impl MachineDriver {
                 self.tasks.spawn(async move {
                     let result = match url {
                         Some(url) => stage_from_controller(&data, &conf, &plan, url).await,
-                        None => Err(format!(
-                            "no tools endpoint URL known for {}: Upgrader.Tools did not name it",
-                            plan.binary
-                        )),
+                        None => Err(MachineAgentError::NoToolsUrl {
+                            binary: plan.binary.clone(),
+                        }),
                     };
                     if let Err(error) = &result {
                         tracing::warn!(target: "lockstep::agent", binary = %plan.binary, %error, "staging failed");
                     }
+                    // The core takes the reason as text.
+                    let result = result.map_err(|error| error.to_string());
                     let _ = inputs.send(Input::Staged { id, result });
                 });
             }
@@ -785,11 +1001,10 @@ impl MachineDriver {
                 let inputs = self.inputs_tx.clone();
                 if definition.kind != StepKind::Host {
                     // The core plans database steps for controllers only.
-                    let reason =
-                        format!("{key} is a database step; a machine agent runs host steps only");
+                    let reason = MachineAgentError::DatabaseStep { key };
                     let _ = inputs.send(Input::StepFinished {
                         id,
-                        outcome: StepOutcome::Failed(reason),
+                        outcome: StepOutcome::Failed(reason.to_string()),
                     });
                     return;
                 }
@@ -806,7 +1021,13 @@ impl MachineDriver {
                         }
                     })
                     .await
-                    .unwrap_or_else(|error| StepOutcome::Failed(format!("panicked: {error}")));
+                    .unwrap_or_else(|error| {
+                        let reason = MachineAgentError::Panicked {
+                            what: "the step",
+                            error,
+                        };
+                        StepOutcome::Failed(reason.to_string())
+                    });
                     let _ = inputs.send(Input::StepFinished { id, outcome });
                 });
             }
@@ -837,7 +1058,7 @@ async fn stage_from_controller(
     conf: &AgentConf,
     plan: &StagePlan,
     url: String,
-) -> Result<(), String> {
+) -> Result<(), MachineAgentError> {
     if let Ok(Some(installed)) = data.read_downloaded_tools(&plan.binary)
         && installed.sha256 == plan.sha256
         && data.binary_path(&plan.binary).is_file()
@@ -846,7 +1067,7 @@ async fn stage_from_controller(
     }
     let (base, file) = url
         .rsplit_once('/')
-        .ok_or_else(|| format!("Upgrader.Tools gave a URL without a path: {url:?}"))?;
+        .ok_or_else(|| MachineAgentError::NotToolsUrl { url: url.clone() })?;
     let mut config = lockstep_streams::HttpConfig {
         system_roots: false,
         // One attempt per call: "busy" is retried below, on the core's backoff, and any
@@ -866,9 +1087,12 @@ async fn stage_from_controller(
     };
     config
         .trust_pem(conf.cacert.as_bytes())
-        .map_err(|error| format!("agent.conf's cacert: {error}"))?;
+        .map_err(|error| MachineAgentError::CaCert {
+            agent_conf: data.agent_conf_path(),
+            error,
+        })?;
     let source = lockstep_streams::HttpSource::new(&format!("{base}/"), config)
-        .map_err(|error| error.to_string())?;
+        .map_err(|error| MachineAgentError::ToolsSource { error })?;
     let entry = lockstep_core::policy::CatalogueEntry {
         binary: plan.binary.clone(),
         stream: lockstep_core::policy::Stream::Released,
@@ -877,8 +1101,10 @@ async fn stage_from_controller(
         path: file.to_owned(),
     };
     let cache = data.tools_cache_dir();
-    std::fs::create_dir_all(&cache)
-        .map_err(|error| format!("cannot create {}: {error}", cache.display()))?;
+    std::fs::create_dir_all(&cache).map_err(|error| MachineAgentError::CreateCache {
+        path: cache.clone(),
+        error,
+    })?;
     let tarball: PathBuf = data.cached_tarball_path(&plan.binary);
     // A controller serving its bound of agent downloads answers 503 ("busy"): wait as the
     // core's backoff says, with jitter, and ask again, for as long as BUSY_WAIT_MAX.
@@ -923,7 +1149,12 @@ async fn stage_from_controller(
                 tracing::info!(target: "lockstep::agent", binary = %plan.binary, status, wait_ms = wait.0, "the controller is busy serving other agents; waiting");
                 tokio::time::sleep(Duration::from_millis(wait.0)).await;
             }
-            Err(error) => return Err(error.to_string()),
+            Err(error) => {
+                return Err(MachineAgentError::Download {
+                    binary: plan.binary.clone(),
+                    error: Box::new(error),
+                });
+            }
         }
     }
     let meta = DownloadedTools {
@@ -936,7 +1167,45 @@ async fn stage_from_controller(
     let binary = plan.binary.clone();
     tokio::task::spawn_blocking(move || data.install_tarball(&binary, &tarball, &meta))
         .await
-        .map_err(|error| format!("unpacking panicked: {error}"))?
-        .map(|_| ())
-        .map_err(|error| error.to_string())
+        .map_err(|error| MachineAgentError::Panicked {
+            what: "unpacking",
+            error,
+        })??;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_call_and_show_the_reply_shortened() {
+        let reply = json!({"results": [], "padding": "x".repeat(500)});
+        let error = TOOLS.first_result(&reply, "entities").unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.starts_with("Upgrader.Tools: the reply has no entities: {"),
+            "{message}"
+        );
+        assert!(message.ends_with(" characters)"), "{message}");
+        assert!(message.len() < 200, "{message}");
+
+        let reply = json!({"results": [{"error": {"message": "permission denied", "code": "unauthorized"}}]});
+        let error = SET_STATUS.first_result(&reply, "results").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "Machiner.SetStatus: permission denied (code unauthorized)"
+        );
+
+        let error = Sha256::parse("nope")
+            .map_err(TOOLS.malformed("sha256"))
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("Upgrader.Tools: sha256: invalid sha256 \"nope\""),
+            "{error}"
+        );
+        assert!(std::error::Error::source(&error).is_some());
+    }
 }
