@@ -462,7 +462,11 @@ mod tests {
         assert!(aborted.halted.is_some());
         assert_eq!(desired(&aborted, "01", Some(v("3.6.2"))), Some(v("3.6.2")));
         for id in ["02", "03", "04"] {
-            assert_eq!(desired(&aborted, id, Some(v("3.6.1"))), Some(v("3.6.1")), "{id}");
+            assert_eq!(
+                desired(&aborted, id, Some(v("3.6.1"))),
+                Some(v("3.6.1")),
+                "{id}"
+            );
         }
         // And it stays so: halted admits nothing.
         assert_eq!(advance(&policy, &aborted, &agents, Timestamp(1)), aborted);
