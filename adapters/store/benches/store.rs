@@ -1,5 +1,6 @@
 //! Durable step-checkpoint commits per second (SQLite WAL + `synchronous=FULL`, and the
-//! in-memory engine with full durability), and watch replay throughput (`changes_since`
+//! in-memory engine with full durability, on a fresh store and on one already holding
+//! 10,000 applications and their events), and watch replay throughput (`changes_since`
 //! paging through 100k events). Plain `std::time`; medians over several rounds.
 //!
 //! Run: `cargo bench -p lockstep-store --bench store`. Disk-bound figures swing 2-5× while
@@ -21,6 +22,9 @@ use lockstep_store::{
 const ROUNDS: usize = 7;
 const SQLITE_COMMITS: usize = 400;
 const MEMORY_COMMITS: usize = 2_000;
+/// Applications (and as many events) in the in-memory store before its second commit run:
+/// a commit's cost must not grow with the state.
+const LARGE_STATE: usize = 10_000;
 const EVENTS: usize = 100_000;
 const PAGE: usize = 1000;
 
@@ -31,6 +35,7 @@ struct Size {
     rounds: usize,
     sqlite_commits: usize,
     memory_commits: usize,
+    large_state: usize,
     events: usize,
 }
 
@@ -42,6 +47,7 @@ impl Size {
             rounds: if quick { 1 } else { ROUNDS },
             sqlite_commits: SQLITE_COMMITS / divisor,
             memory_commits: MEMORY_COMMITS / divisor,
+            large_state: LARGE_STATE / divisor,
             events: EVENTS / divisor,
         }
     }
@@ -123,22 +129,32 @@ fn main() {
     let sqlite = SqliteStore::open(dir.path().join("bench.db"), OpenMode::ReadWrite).expect("open");
     let mut sqlite_rates = Vec::new();
     let mut memory_rates = Vec::new();
+    let mut large_rates = Vec::new();
     for round in 0..rounds {
         sqlite_rates.push(step_commits(&sqlite, round, size.sqlite_commits));
-        // A fresh store each round: a full-durability commit copies the whole state.
+        // A fresh store each round, and one already holding `large_state` applications:
+        // the two rates should match (a commit's cost does not grow with the state).
         let memory = MemoryStore::new(Durability::Full);
         memory_rates.push(step_commits(&memory, round, size.memory_commits));
+        let large = MemoryStore::new(Durability::Full);
+        fill(&large, size.large_state);
+        large_rates.push(step_commits(&large, round, size.memory_commits));
     }
     println!(
         "step checkpoints, durable commits/s (median of {rounds} rounds): sqlite WAL+FULL {:.0} \
-         ({} per round), memory Full {:.0} ({} per round, fresh store)",
+         ({} per round), memory Full {:.0} ({} per round, fresh store), memory Full {:.0} \
+         ({} per round, store holding {} applications)",
         median(sqlite_rates.clone()),
         size.sqlite_commits,
         median(memory_rates.clone()),
         size.memory_commits,
+        median(large_rates.clone()),
+        size.memory_commits,
+        size.large_state,
     );
     println!("  sqlite rounds: {sqlite_rates:.0?}");
     println!("  memory rounds: {memory_rates:.0?}");
+    println!("  memory {} rounds: {large_rates:.0?}", size.large_state);
 
     let replay_dir = tempfile::tempdir().expect("a temp dir");
     let sqlite =

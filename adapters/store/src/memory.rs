@@ -12,9 +12,16 @@
 //! does). "In between" is counted in commits, not revisions: a commit that logs no event
 //! (an operation, an agent's credential or status) leaves the revision alone but still
 //! conflicts. Every handle cloned from one store shares it, like controllers sharing a database.
+//!
+//! Copies are cheap: the state's maps and logs are persistent collections (`imbl`'s B-tree
+//! [`OrdMap`], ordered like a `BTreeMap`, and RRB-tree [`Vector`]) that share their nodes
+//! between copies, so taking a transaction's private copy, or a durable one, costs O(1) and a
+//! write copies only the O(log n) nodes on its path. A commit's cost does not grow with the
+//! state.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use imbl::{OrdMap, Vector};
 
 use lockstep_core::lifecycle::{ControllerId, LeaseToken, Revision, UpgradeInfo};
 use lockstep_core::steps::StepKey;
@@ -41,24 +48,26 @@ pub enum Durability {
     Deferred,
 }
 
+/// Everything the store holds. Cloning it is O(1): see the module's doc.
 #[derive(Clone, Debug)]
 struct State {
     revision: u64,
     compacted: u64,
     model: Option<Model>,
-    machines: BTreeMap<String, Machine>,
-    documents: BTreeMap<(EntityKind, String), serde_json::Value>,
-    checkpoints: BTreeMap<StepKey, Checkpoint>,
-    operations: BTreeMap<String, serde_json::Value>,
+    machines: OrdMap<String, Machine>,
+    documents: OrdMap<(EntityKind, String), serde_json::Value>,
+    checkpoints: OrdMap<StepKey, Checkpoint>,
+    operations: OrdMap<String, serde_json::Value>,
     /// Agents' credentials (argon2 PHC strings) by tag: no events.
-    agent_passwords: BTreeMap<String, String>,
+    agent_passwords: OrdMap<String, String>,
     /// Agents' last reports by tag: no events.
-    agent_statuses: BTreeMap<String, AgentStatus>,
+    agent_statuses: OrdMap<String, AgentStatus>,
     /// Commits so far: what optimistic transactions compare (see the module's doc).
     commits: u64,
     record: Option<(UpgradeInfo, Revision)>,
-    archived: Vec<UpgradeInfo>,
-    events: Vec<Event>,
+    archived: Vector<UpgradeInfo>,
+    /// The log, in revision order (each event logged with the next revision).
+    events: Vector<Event>,
     lease: Option<Lease>,
     next_token: u64,
 }
@@ -69,16 +78,16 @@ impl Default for State {
             revision: 0,
             compacted: 0,
             model: None,
-            machines: BTreeMap::new(),
-            documents: BTreeMap::new(),
-            checkpoints: BTreeMap::new(),
-            operations: BTreeMap::new(),
-            agent_passwords: BTreeMap::new(),
-            agent_statuses: BTreeMap::new(),
+            machines: OrdMap::new(),
+            documents: OrdMap::new(),
+            checkpoints: OrdMap::new(),
+            operations: OrdMap::new(),
+            agent_passwords: OrdMap::new(),
+            agent_statuses: OrdMap::new(),
             commits: 0,
             record: None,
-            archived: Vec::new(),
-            events: Vec::new(),
+            archived: Vector::new(),
+            events: Vector::new(),
             lease: None,
             next_token: 1,
         }
@@ -136,7 +145,8 @@ impl MemoryStore {
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
         // A panic while holding the lock leaves the state as it was before the panicking
-        // commit (commits swap whole states), so a poisoned lock is still consistent.
+        // commit (a commit replaces the whole state at once, with one assignment of a state
+        // built beforehand), so a poisoned lock is still consistent.
         self.shared
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -281,10 +291,15 @@ impl Store for MemoryStore {
                 current: Revision(state.revision),
             });
         }
-        let start = state
+        let start = events_through(&state.events, after);
+        let events = state
             .events
-            .partition_point(|event| event.revision <= after);
-        let events = state.events[start..].iter().take(limit).cloned().collect();
+            .focus()
+            .narrow(start..)
+            .into_iter()
+            .take(limit)
+            .cloned()
+            .collect();
         Ok(Changes::Events {
             events,
             current: Revision(state.revision),
@@ -296,7 +311,10 @@ impl Store for MemoryStore {
         let state = &mut shared.visible;
         let through = through.0.min(state.revision);
         if through > state.compacted {
-            state.events.retain(|event| event.revision.0 > through);
+            // The events are in revision order: dropping those through `through` drops a
+            // prefix, O(log n).
+            let dropped = events_through(&state.events, Revision(through));
+            state.events = state.events.skip(dropped);
             state.compacted = through;
             // A transaction begun before must not put the dropped events back.
             state.commits += 1;
@@ -307,6 +325,21 @@ impl Store for MemoryStore {
 
     fn wait_for_change(&self, after: Revision, timeout: std::time::Duration) -> bool {
         self.notifier.wait_above(after, timeout)
+    }
+}
+
+/// How many of `events` (in revision order) have a revision at most `through`: where the
+/// events after `through` start.
+fn events_through(events: &Vector<Event>, through: Revision) -> usize {
+    // A comparator that never answers `Equal` finds the partition point (`Err`).
+    match events.binary_search_by(|event| {
+        if event.revision <= through {
+            std::cmp::Ordering::Less
+        } else {
+            std::cmp::Ordering::Greater
+        }
+    }) {
+        Ok(index) | Err(index) => index,
     }
 }
 
@@ -328,7 +361,7 @@ impl MemoryTx<'_> {
         self.state.revision += 1;
         self.logged += 1;
         let revision = Revision(self.state.revision);
-        self.state.events.push(Event {
+        self.state.events.push_back(Event {
             revision,
             kind,
             id: id.to_owned(),
@@ -409,11 +442,12 @@ impl Tx for MemoryTx<'_> {
         kind: EntityKind,
     ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
         crate::sqlite::document_table(kind)?;
+        // The documents of one kind are adjacent, from `(kind, "")` on.
         Ok(self
             .state
             .documents
-            .iter()
-            .filter(|((document_kind, _), _)| *document_kind == kind)
+            .range((kind, String::new())..)
+            .take_while(|((document_kind, _), _)| *document_kind == kind)
             .map(|((_, id), document)| (id.clone(), document.clone()))
             .collect())
     }
@@ -519,7 +553,7 @@ impl Tx for MemoryTx<'_> {
 
     fn archive_record(&mut self, record: &UpgradeInfo) -> Result<Revision, StoreError> {
         self.state.record = None;
-        self.state.archived.push(*record);
+        self.state.archived.push_back(*record);
         Ok(self.log(
             EntityKind::UpgradeInfo,
             crate::sqlite::RECORD_CURRENT,
@@ -681,6 +715,77 @@ mod tests {
             .collect();
         assert_eq!(tags, ["machine-0", "machine-1"]);
         assert_eq!(store.revision().unwrap(), Revision(0));
+    }
+
+    /// `documents(kind)` reads one kind's range of the map: only that kind, sorted by id,
+    /// whatever the other kinds hold around it.
+    #[test]
+    fn documents_of_one_kind_come_alone_and_sorted_by_id() {
+        let store = store(Durability::Full);
+        let kinds = [
+            EntityKind::Application,
+            EntityKind::Unit,
+            EntityKind::Relation,
+            EntityKind::Settings,
+            EntityKind::Charm,
+        ];
+        store
+            .transaction(None, &mut |tx| {
+                for index in [7, 0, 30, 12, 5, 100] {
+                    for kind in kinds {
+                        let id = format!("{kind:?}-{index}");
+                        tx.put_document(kind, &id, &serde_json::json!({ "index": index }))?;
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        for kind in kinds {
+            let ids: Vec<String> = store
+                .read(|tx| tx.documents(kind))
+                .unwrap()
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
+            let mut expected: Vec<String> = [7, 0, 30, 12, 5, 100]
+                .iter()
+                .map(|index| format!("{kind:?}-{index}"))
+                .collect();
+            expected.sort();
+            assert_eq!(ids, expected, "{kind:?}");
+        }
+    }
+
+    /// A log longer than one node of the persistent vector: paging and compaction cut it in
+    /// the middle of nodes, and a durable copy taken before the compaction keeps its events.
+    #[test]
+    fn a_long_log_pages_and_compacts_at_any_revision() {
+        let store = store(Durability::Deferred);
+        for index in 0..300 {
+            store
+                .transaction(None, &mut |tx| add(tx, &format!("app-{index}")))
+                .unwrap();
+        }
+        store.sync();
+        let revisions = |after: u64, limit: usize| -> Vec<u64> {
+            match store.changes_since(Revision(after), limit).unwrap() {
+                Changes::Events { events, .. } => events.iter().map(|e| e.revision.0).collect(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(revisions(0, 1000), (1..=300).collect::<Vec<_>>());
+        assert_eq!(revisions(63, 70), (64..=133).collect::<Vec<_>>());
+        store.compact(Revision(130)).unwrap();
+        assert_eq!(revisions(130, 1000), (131..=300).collect::<Vec<_>>());
+        assert_eq!(revisions(200, 50), (201..=250).collect::<Vec<_>>());
+        assert_eq!(revisions(300, 50), Vec::<u64>::new());
+        assert!(matches!(
+            store.changes_since(Revision(129), 10).unwrap(),
+            Changes::ResyncNeeded { .. }
+        ));
+        // The compaction was not synced: the crash brings back the durable log, whole.
+        store.crash();
+        assert_eq!(revisions(0, 1000), (1..=300).collect::<Vec<_>>());
     }
 
     #[test]
