@@ -188,4 +188,39 @@ mod tests {
             assert_eq!(hash_of(&store, id), None, "machine {id}");
         }
     }
+
+    /// Controllers racing for the same machine through one SQLite file, each on a
+    /// connection of its own (as two controllers' provisioners would): exactly one claim
+    /// wins, and the stored credential is the winner's.
+    #[test]
+    fn of_controllers_racing_for_a_machine_exactly_one_claims_it() {
+        use lockstep_store::{OpenMode, SqliteStore};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let store = SqliteStore::open(&path, OpenMode::ReadWrite).unwrap();
+        store
+            .add_machine(&Machine::with_roles("1", Roles::of(&[Role::HostMachine])))
+            .unwrap();
+        let racers: Vec<_> = (0..4)
+            .map(|racer| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let store = SqliteStore::open(&path, OpenMode::ReadWrite).unwrap();
+                    let hash = format!("hash-of-racer-{racer}");
+                    (claim(&store, "1", &hash).unwrap(), hash)
+                })
+            })
+            .collect();
+        let outcomes: Vec<(bool, String)> = racers
+            .into_iter()
+            .map(|racer| racer.join().unwrap())
+            .collect();
+        let winners: Vec<&String> = outcomes
+            .iter()
+            .filter(|(won, _)| *won)
+            .map(|(_, hash)| hash)
+            .collect();
+        assert_eq!(winners.len(), 1, "{outcomes:?}");
+        assert_eq!(hash_of(&store, "1").as_ref(), Some(winners[0]));
+    }
 }
