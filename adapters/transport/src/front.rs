@@ -548,10 +548,10 @@ impl FrontDoor {
     /// metrics) to the worker, and returns the worker's response, its body streamed. The
     /// stream to the worker is the client connection's: kept in its `hold` until the client
     /// hangs up (the worker frees a machine agent's download slot only then), and reused
-    /// for its next `GET` or `HEAD`; any other request gets a stream of its own. A `GET` or `HEAD` whose response head did not come (no worker,
-    /// or it went) is sent again to the next worker for up to [`FrontDoor::wait_max`];
-    /// any other request is answered `503 Service Unavailable` with `Retry-After`, since
-    /// it may have been applied.
+    /// for its next `GET` or `HEAD`; any other request gets a stream of its own. A `GET` or
+    /// `HEAD` whose response head did not come (no worker, or it went) is sent again to the
+    /// next worker for up to [`FrontDoor::wait_max`]; any other request is answered
+    /// `503 Service Unavailable` with `Retry-After`, since it may have been applied.
     pub async fn http(
         &self,
         request: http::Request<axum::body::Body>,

@@ -1,9 +1,10 @@
 //! The API server: the axum router (the JSON-RPC websocket on `/model/<uuid>/api`, `/api`
 //! and `/`; the probes; the tools endpoint) and the TLS accept loop.
 //!
-//! Users and machine agents log in ([`ApiConfig::users`], [`ApiConfig::agents`]); the
-//! core's gate decides about every call and every agent login ([`crate::route`]), and each
-//! login may call its own facades only ([`crate::served`]).
+//! Users (`ApiConfig::users`) and machine agents (their hashed credentials, read from the
+//! shared state through `SharedState`) log in; the core's gate decides about every call and
+//! every agent login ([`crate::route`]), and each login may call its own facades only
+//! ([`crate::served`]).
 //!
 //! The names embedders use are re-exported here: [`Api`], [`ApiConfig`], [`Backend`],
 //! [`SharedState`], [`hash_password`].

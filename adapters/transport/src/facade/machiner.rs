@@ -19,7 +19,7 @@ use crate::wire::WireError;
 pub const AGENT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long after an agent's last status a machine shows its agent `down`
-/// ([`AGENT_DOWN_INFO`]): three status intervals, so one lost or late report does not.
+/// ([`AGENT_DOWN`]): three status intervals, so one lost or late report does not.
 pub const AGENT_DOWN_AFTER: Duration = Duration::from_secs(3 * AGENT_STATUS_INTERVAL.as_secs());
 
 /// The status and message of an agent that has not reported within [`AGENT_DOWN_AFTER`]
