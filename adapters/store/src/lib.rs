@@ -151,10 +151,14 @@ use lockstep_core::lifecycle::{
     ControllerId, LeaseToken, RecordView, RecordWrite, Revision, StepOutcome, UpgradeInfo,
     UpgradeStatus,
 };
+use lockstep_core::rollout::Rollout;
 use lockstep_core::steps::StepKey;
 pub use lockstep_core::upgrader::{AgentVersionChange, AgentVersionCheck, AgentVersionRefusal};
 
 use crate::error::encode;
+
+/// The id of the settings document that holds the rollout record ([`Tx::rollout`]).
+pub const ROLLOUT_SETTINGS: &str = "rollout";
 
 /// Why a transaction body stopped without committing.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -316,6 +320,20 @@ impl dyn Tx + '_ {
 
     pub fn put_relation(&mut self, relation: &Relation) -> Result<Revision, StoreError> {
         self.put_document(EntityKind::Relation, &relation.key, &encode(relation))
+    }
+
+    /// The staged rollout of machine agents (`lockstep_core::rollout`), if one was
+    /// recorded: one record, of the newest target, kept as the settings document
+    /// [`ROLLOUT_SETTINGS`] (no schema change; no client watches it, but its event moves
+    /// the revision, which wakes agents' `NotifyWatcher`s to read their desired version).
+    pub fn rollout(&mut self) -> Result<Option<Rollout>, StoreError> {
+        self.typed(EntityKind::Settings, ROLLOUT_SETTINGS)
+    }
+
+    /// Writes the rollout record (replacing the one of an older target). The coordinator
+    /// writes it in a transaction fenced on its lease.
+    pub fn put_rollout(&mut self, rollout: &Rollout) -> Result<Revision, StoreError> {
+        self.put_document(EntityKind::Settings, ROLLOUT_SETTINGS, &encode(rollout))
     }
 
     fn typed<T: serde::de::DeserializeOwned>(

@@ -1103,6 +1103,51 @@ pub(crate) fn settings_and_charm_documents_round_trip<H: Harness>() {
     );
 }
 
+/// The rollout record round-trips through a restart, its write moves the revision (which
+/// wakes agents' desired-version watchers), and a write fenced on a lease that expired
+/// commits nothing, so a coordinator that lost its lease cannot overwrite its successor's.
+pub(crate) fn the_rollout_record_is_kept_and_fenced<H: Harness>() {
+    use lockstep_core::rollout::Rollout;
+    let mut h = H::new();
+    let mut record = Rollout::new(Version::parse("2.9.44").unwrap());
+    record.admitted.insert("1".to_owned(), Timestamp(5));
+    record.canaries.insert("1".to_owned());
+    let before = h.store().revision().unwrap();
+    let token = h
+        .store()
+        .acquire_lease(ControllerId(0), TTL)
+        .unwrap()
+        .unwrap();
+    let outcome = h
+        .store()
+        .transaction(Some(token), &mut |tx| {
+            tx.put_rollout(&record)?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        matches!(outcome, crate::TxOutcome::Committed(_)),
+        "{outcome:?}"
+    );
+    assert!(h.store().revision().unwrap() > before);
+    h.restart();
+    let read = h.store().read(|tx| tx.rollout()).unwrap();
+    assert_eq!(read.as_ref(), Some(&record));
+    // The lease expires; the old coordinator's write is fenced and writes nothing.
+    h.clock().advance(TTL);
+    let mut later = record.clone();
+    later.admitted.insert("2".to_owned(), Timestamp(9));
+    let outcome = h
+        .store()
+        .transaction(Some(token), &mut |tx| {
+            tx.put_rollout(&later)?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(outcome, crate::TxOutcome::Fenced);
+    assert_eq!(h.store().read(|tx| tx.rollout()).unwrap(), Some(record));
+}
+
 // ---------------------------------------------------------------------------------------
 // Machine agents: their credentials and their reported status, written without events.
 // ---------------------------------------------------------------------------------------
@@ -1996,6 +2041,10 @@ macro_rules! suite {
             #[test]
             fn settings_and_charm_documents_round_trip() {
                 super::settings_and_charm_documents_round_trip::<$harness>();
+            }
+            #[test]
+            fn the_rollout_record_is_kept_and_fenced() {
+                super::the_rollout_record_is_kept_and_fenced::<$harness>();
             }
             #[test]
             fn machines_from_older_clients_are_stored_with_roles() {
