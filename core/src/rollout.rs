@@ -158,7 +158,7 @@ pub fn advance(
 ) -> Rollout {
     let mut next = rollout.clone();
     let mut ordered: Vec<&AgentView> = agents.iter().collect();
-    ordered.sort_by(|a, b| a.id.cmp(&b.id));
+    ordered.sort_by(|a, b| machine_order(&a.id, &b.id));
 
     // Failures among the admitted.
     for agent in &ordered {
@@ -196,11 +196,12 @@ pub fn advance(
         return next;
     }
 
-    // Who may be admitted: up, not admitted, not on the target already, not held.
+    // Who may be admitted: up and not reporting a failure, not admitted, not on the target
+    // already, not held.
     let candidates: Vec<&AgentView> = ordered
         .iter()
         .copied()
-        .filter(|agent| agent.health != Health::Down)
+        .filter(|agent| matches!(agent.health, Health::Ready | Health::Busy))
         .filter(|agent| !next.admitted.contains_key(&agent.id))
         .filter(|agent| !next.held.contains_key(&agent.id))
         .filter(|agent| agent.running != Some(next.target))
@@ -253,10 +254,15 @@ pub fn advance(
 
 /// The version agent `id`, which reported running `running`, is told while `rollout` goes
 /// on (`None`: it never reported, and is told the target only once admitted): the target
-/// once admitted, the version an abort held it on, else the version it runs.
+/// once admitted, the version an abort held it on, else the version it runs. An agent
+/// recorded failed is told the version it runs: one that fell back from a bad binary stays
+/// where it is, not sent to the same binary again, until [`resume`].
 pub fn desired(rollout: &Rollout, id: &str, running: Option<Version>) -> Option<Version> {
     if let Some(version) = rollout.held.get(id) {
         return Some(*version);
+    }
+    if rollout.failed.contains_key(id) && running.is_some() {
+        return running;
     }
     if rollout.admitted.contains_key(id) || running == Some(rollout.target) {
         return Some(rollout.target);
@@ -297,6 +303,162 @@ pub fn abort(rollout: &Rollout, agents: &[AgentView]) -> Rollout {
         });
     }
     next
+}
+
+/// Juju's machine-id order: `2` before `10`, `1/lxd/0` after `1` (numbers compare as
+/// numbers, segment by segment; anything else as text).
+pub fn machine_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let mut left = a.split('/');
+    let mut right = b.split('/');
+    loop {
+        match (left.next(), right.next()) {
+            (None, None) => return std::cmp::Ordering::Equal,
+            (None, Some(_)) => return std::cmp::Ordering::Less,
+            (Some(_), None) => return std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => {
+                let order = match (x.parse::<u64>(), y.parse::<u64>()) {
+                    (Ok(x), Ok(y)) => x.cmp(&y),
+                    _ => x.cmp(y),
+                };
+                if order != std::cmp::Ordering::Equal {
+                    return order;
+                }
+            }
+        }
+    }
+}
+
+/// The record of a rollout of `target`, after `previous` (the record of an older target,
+/// if any). A new target does not lift a halt: the operator who published a fixed binary
+/// says `upgrade-model --resume` once satisfied, so the new record starts halted, with the
+/// previous failures (whose agents are told the version they run meanwhile). What an abort
+/// held is not carried: a new target is the operator's new word for every agent.
+pub fn retarget(previous: Option<&Rollout>, target: Version) -> Rollout {
+    let mut next = Rollout::new(target);
+    if let Some(previous) = previous.filter(|previous| previous.halted.is_some()) {
+        next.halted = previous.halted.clone();
+        next.failed = previous.failed.clone();
+    }
+    next
+}
+
+/// What `Upgrader.DesiredVersion` tells agent `id` (not a controller), which reported
+/// running `running`, once Juju's controllers-first rule
+/// ([`crate::upgrader::desired_version`]) answered `controllers_first`: that rule says
+/// where an agent may go, the rollout who goes when.
+///
+/// - Where the rule keeps the agent on what it runs, so does this.
+/// - With a record of that target, [`desired`] (an agent that never reported is told the
+///   rule's answer: nothing holds it anywhere).
+/// - With no record of it yet: the rule's answer under the default policy (Juju's
+///   behaviour, with no coordinator pass to wait for), unless a halted record stands (a
+///   halt is not lifted by a new target, [`retarget`]); else the version it runs, until the
+///   coordinator admits it.
+pub fn told(
+    policy: &RolloutPolicy,
+    record: Option<&Rollout>,
+    id: &str,
+    running: Option<Version>,
+    controllers_first: Version,
+) -> Version {
+    if running == Some(controllers_first) {
+        return controllers_first;
+    }
+    match record {
+        Some(record) if record.target == controllers_first => {
+            desired(record, id, running).unwrap_or(controllers_first)
+        }
+        _ if policy.is_default() && record.is_none_or(|record| record.halted.is_none()) => {
+            controllers_first
+        }
+        _ => running.unwrap_or(controllers_first),
+    }
+}
+
+/// A `rollout-*` model config value that is not one: names the key and the value.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RolloutConfigError {
+    /// The key (`rollout-canaries`).
+    pub key: &'static str,
+    /// The value as given.
+    pub value: String,
+    /// What the key takes.
+    pub expected: &'static str,
+}
+
+impl std::fmt::Display for RolloutConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "model config key {:?}: {:?} is not {}",
+            self.key, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for RolloutConfigError {}
+
+/// The most canaries a policy may name.
+pub const CANARIES_MAX: u32 = 1_000;
+/// The longest canary deadline, in seconds (a week).
+pub const CANARY_DEADLINE_MAX_SECONDS: u64 = 7 * 24 * 3600;
+
+/// The rollout keys and what each takes.
+const KEYS: [(&str, &str); 4] = [
+    (CANARIES_KEY, "a whole number from 0 to 1000"),
+    (
+        CANARY_DEADLINE_KEY,
+        "a whole number of seconds from 1 to 604800",
+    ),
+    (MAX_AT_ONCE_KEY, "a whole number (0: no bound)"),
+    (FAILURES_TOLERATED_KEY, "a whole number"),
+];
+
+/// Checks one model config value (its text: a number's digits, or a string's content) if
+/// `key` is one of the rollout keys; other keys are not this module's.
+pub fn check_setting(key: &str, text: &str) -> Result<(), RolloutConfigError> {
+    let Some(&(key, expected)) = KEYS.iter().find(|(name, _)| *name == key) else {
+        return Ok(());
+    };
+    let error = || RolloutConfigError {
+        key,
+        value: text.to_owned(),
+        expected,
+    };
+    let number: u64 = text.trim().parse().map_err(|_| error())?;
+    let fits = match key {
+        CANARIES_KEY => number <= u64::from(CANARIES_MAX),
+        CANARY_DEADLINE_KEY => (1..=CANARY_DEADLINE_MAX_SECONDS).contains(&number),
+        _ => number < u64::from(u32::MAX),
+    };
+    if fits { Ok(()) } else { Err(error()) }
+}
+
+impl RolloutPolicy {
+    /// Juju's behaviour: no canaries, no bound, never halted.
+    pub fn is_default(&self) -> bool {
+        self.canaries == 0 && self.max_at_once == 0 && self.failures_tolerated == u32::MAX
+    }
+
+    /// The policy the model's config sets; `get` answers a key's value as text (`None`:
+    /// not set, its default). Each value is checked as [`check_setting`] checks it.
+    pub fn from_settings(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<RolloutPolicy, RolloutConfigError> {
+        let mut policy = RolloutPolicy::default();
+        for (key, _) in KEYS {
+            let Some(text) = get(key) else { continue };
+            check_setting(key, &text)?;
+            let number: u64 = text.trim().parse().expect("checked");
+            match key {
+                CANARIES_KEY => policy.canaries = number as u32,
+                CANARY_DEADLINE_KEY => policy.canary_deadline = Millis(number * 1000),
+                MAX_AT_ONCE_KEY => policy.max_at_once = number as u32,
+                _ => policy.failures_tolerated = number as u32,
+            }
+        }
+        Ok(policy)
+    }
 }
 
 #[cfg(test)]
@@ -470,6 +632,113 @@ mod tests {
         }
         // And it stays so: halted admits nothing.
         assert_eq!(advance(&policy, &aborted, &agents, Timestamp(1)), aborted);
+    }
+
+    #[test]
+    fn machine_ids_go_in_jujus_order() {
+        let mut ids = vec!["10", "2", "1/lxd/0", "1", "1/lxd/10", "1/lxd/2"];
+        ids.sort_by(|a, b| machine_order(a, b));
+        assert_eq!(ids, ["1", "1/lxd/0", "1/lxd/2", "1/lxd/10", "2", "10"]);
+    }
+
+    #[test]
+    fn a_failed_agent_is_told_what_it_runs_and_is_not_admitted_again() {
+        let policy = RolloutPolicy {
+            failures_tolerated: 5,
+            ..RolloutPolicy::default()
+        };
+        let mut agents = fleet(2, "3.6.1");
+        let rollout = advance(&policy, &Rollout::new(v("3.6.2")), &agents, Timestamp(0));
+        agents[0].health = Health::Failed("bad".into());
+        let failed = advance(&policy, &rollout, &agents, Timestamp(1));
+        assert_eq!(desired(&failed, "01", Some(v("3.6.1"))), Some(v("3.6.1")));
+        assert_eq!(desired(&failed, "02", Some(v("3.6.1"))), Some(v("3.6.2")));
+        // An agent already reporting a failure is not a candidate.
+        let fresh = advance(&policy, &Rollout::new(v("3.6.3")), &agents, Timestamp(2));
+        assert_eq!(fresh.admitted.keys().collect::<Vec<_>>(), ["02"]);
+    }
+
+    #[test]
+    fn a_new_target_keeps_a_halt_until_resumed_but_not_what_an_abort_held() {
+        let policy = RolloutPolicy {
+            canaries: 1,
+            ..RolloutPolicy::default()
+        };
+        let mut agents = fleet(3, "3.6.1");
+        let rollout = advance(&policy, &Rollout::new(v("3.6.2")), &agents, Timestamp(0));
+        agents[0].health = Health::Failed("bad".into());
+        let halted = advance(&policy, &rollout, &agents, Timestamp(1));
+        let mut aborted = abort(&halted, &agents);
+        aborted.held.insert("03".into(), v("3.6.1"));
+        let next = retarget(Some(&aborted), v("3.6.3"));
+        assert!(next.halted.is_some() && next.held.is_empty() && next.admitted.is_empty());
+        assert_eq!(next.failed.keys().collect::<Vec<_>>(), ["01"]);
+        agents[0].health = Health::Ready;
+        assert_eq!(advance(&policy, &next, &agents, Timestamp(2)), next);
+        let resumed = advance(&policy, &resume(&next), &agents, Timestamp(3));
+        assert_eq!(resumed.admitted.keys().collect::<Vec<_>>(), ["01"]);
+        assert!(retarget(Some(&resumed), v("3.6.4")).halted.is_none());
+        assert_eq!(retarget(None, v("3.6.4")), Rollout::new(v("3.6.4")));
+    }
+
+    #[test]
+    fn an_agent_is_told_the_rules_answer_as_the_rollout_allows() {
+        let staged = RolloutPolicy {
+            canaries: 1,
+            ..RolloutPolicy::default()
+        };
+        let juju = RolloutPolicy::default();
+        let (old, new) = (v("3.6.1"), v("3.6.2"));
+        // Controllers not done: the rule keeps it where it is, whatever the rollout.
+        assert_eq!(told(&staged, None, "1", Some(old), old), old);
+        // No record yet: Juju's answer under the default policy; else wait for admission.
+        assert_eq!(told(&juju, None, "1", Some(old), new), new);
+        assert_eq!(told(&staged, None, "1", Some(old), new), old);
+        // A record of the target decides.
+        let mut record = Rollout::new(new);
+        assert_eq!(told(&juju, Some(&record), "1", Some(old), new), old);
+        record.admitted.insert("1".into(), Timestamp(0));
+        assert_eq!(told(&staged, Some(&record), "1", Some(old), new), new);
+        // A halted record of an older target holds even the default policy back.
+        let mut older = Rollout::new(old);
+        assert_eq!(told(&juju, Some(&older), "1", Some(old), new), new);
+        older.halted = Some(Halt {
+            failed: BTreeMap::new(),
+        });
+        assert_eq!(told(&juju, Some(&older), "1", Some(old), new), old);
+        // Never reported: nothing holds it.
+        assert_eq!(told(&staged, None, "1", None, new), new);
+    }
+
+    #[test]
+    fn the_policy_is_read_from_model_config_and_bad_values_are_named() {
+        let config = BTreeMap::from([
+            (CANARIES_KEY, "2"),
+            (MAX_AT_ONCE_KEY, " 5 "),
+            (CANARY_DEADLINE_KEY, "30"),
+        ]);
+        let policy =
+            RolloutPolicy::from_settings(|key| config.get(key).map(|text| text.to_string()))
+                .unwrap();
+        assert_eq!(
+            policy,
+            RolloutPolicy {
+                canaries: 2,
+                canary_deadline: Millis(30_000),
+                max_at_once: 5,
+                failures_tolerated: u32::MAX,
+            }
+        );
+        assert!(!policy.is_default());
+        assert!(RolloutPolicy::from_settings(|_| None).unwrap().is_default());
+        let error = check_setting(CANARIES_KEY, "two").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "model config key \"rollout-canaries\": \"two\" is not a whole number from 0 to 1000"
+        );
+        assert!(check_setting(CANARY_DEADLINE_KEY, "0").is_err());
+        assert!(check_setting(FAILURES_TOLERATED_KEY, "-1").is_err());
+        assert!(check_setting("logging-config", "anything").is_ok());
     }
 
     fn health() -> impl Strategy<Value = Health> {
