@@ -17,7 +17,7 @@
 mod support;
 
 use lockstep_core::Phase;
-use lockstep_core::lifecycle::{ModelView, Timer, UpgradeStatus};
+use lockstep_core::lifecycle::{Limits, ModelView, Timer, UpgradeStatus};
 use lockstep_core::policy::UpgradePolicy;
 use lockstep_core::testkit::{Action, World, WorldSpec};
 use proptest::prelude::*;
@@ -486,5 +486,89 @@ fn held_trial_takes_the_operators_retry() {
         process.phase(),
         Phase::StepsFailed,
         "the operator's retry is taken"
+    );
+}
+
+/// A machine agent (no controller) on trial of a binary whose host steps fail is held in
+/// StepsFailed; at its trial deadline it falls back to the binary it ran before, as a
+/// controller does once the record allows it (a machine agent runs no database step, so
+/// nothing stands in the way), rather than staying held until an operator acts.
+#[test]
+fn a_machine_agent_held_on_trial_falls_back_at_its_deadline() {
+    use lockstep_core::Timestamp;
+    use lockstep_core::lifecycle::{
+        ControllerSet, Input, Lifecycle, Output, Request, StepOutcome, Trial,
+    };
+
+    let mut snapshot = snapshot(V42);
+    snapshot.previous = Some(binary(V42));
+    snapshot.trial = Some(Trial {
+        binary: binary(V43),
+        boots: 0,
+        past_database_steps: false,
+        switches: 1,
+    });
+    let mut process = Lifecycle::new(host_machine(V43), registry(), Some(snapshot)).expect("valid");
+    let mut now = Timestamp::ZERO;
+    let mut restarted_into = None;
+    process.handle(now, Input::Start);
+    let deadline = Limits::default().trial_ready_timeout;
+    let mut requests = Vec::new();
+    for _ in 0..10_000 {
+        while let Some(output) = process.poll_output() {
+            if let Output::Request { id, request } = output {
+                requests.push((id, request));
+            }
+        }
+        let answered = !requests.is_empty();
+        for (id, request) in std::mem::take(&mut requests) {
+            match request {
+                Request::PersistSnapshot(_) => process.handle(now, Input::Done { id }),
+                Request::LoadModel => process.handle(
+                    now,
+                    Input::ModelLoaded {
+                        id,
+                        model: ModelView {
+                            agent_version: V43,
+                            policy: UpgradePolicy::Off,
+                            stream: None,
+                            controllers: ControllerSet::first(1),
+                        },
+                    },
+                ),
+                Request::RunStep { .. } => process.handle(
+                    now,
+                    Input::StepFinished {
+                        id,
+                        outcome: StepOutcome::Failed("host step failed".to_owned()),
+                    },
+                ),
+                Request::RestartInto(binary) => restarted_into = Some(binary),
+                _ => {}
+            }
+        }
+        if restarted_into.is_some() {
+            break;
+        }
+        if answered {
+            continue;
+        }
+        match process.poll_timeout() {
+            Some(at) => {
+                now = at.max(now);
+                process.handle_timeout(now);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(
+        restarted_into,
+        Some(binary(V42)),
+        "phase {:?}",
+        process.phase()
+    );
+    assert!(
+        now.0 >= deadline.0,
+        "fell back at {now:?}, before the trial deadline {deadline:?}"
     );
 }

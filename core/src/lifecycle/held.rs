@@ -103,9 +103,11 @@ impl Machine {
         }
     }
 
-    /// A held trial controller gives up at its deadline, like any other trial (agents other
-    /// than controllers stay held: their fall back leaves `agent-version` as it is, so they
-    /// would only try again).
+    /// A held agent on trial gives up at its deadline, like any other trial: a controller
+    /// once the record says no database step of the new version ran, an agent that is no
+    /// controller at once (it runs no database step). An agent other than a controller that
+    /// falls back is not sent to the same binary again when its controllers run a staged
+    /// rollout: it is recorded failed, and told the version it runs (`spec/rollout.md`).
     pub(super) fn trial_over_while_held(&mut self, io: &mut Io, held: &mut Held) -> Outcome<State> {
         if held.intent.is_none() {
             held.intent = Some(HeldIntent::FallBack(FallBackCause::TimedOut));
@@ -161,7 +163,11 @@ impl Machine {
         if !self.is_controller() {
             // No record to consult: the snapshot decides.
             held.intent = None;
-            return self.abort_held(io, held);
+            let cause = match intent {
+                HeldIntent::OperatorAbort => FallBackCause::Operator,
+                HeldIntent::FallBack(cause) => cause,
+            };
+            return self.give_up_held(io, held, cause);
         }
         let fall_back_possible = self.fall_back_locally_safe()
             && self
@@ -237,13 +243,16 @@ impl Machine {
         }
     }
 
-    /// Abort while held, for an agent with no record to consult: fall back to the previous
-    /// binary when the snapshot says it is safe, else stay held.
-    fn abort_held(&mut self, io: &mut Io, held: &mut Held) -> Outcome<State> {
-        held.reason = format!(
-            "upgrade to {} aborted by the operator",
-            self.config.running.number
-        );
+    /// An operator's abort or the trial's end while held, for an agent with no record to
+    /// consult: fall back to the previous binary when the snapshot says it is safe, else
+    /// stay held.
+    fn give_up_held(
+        &mut self,
+        io: &mut Io,
+        held: &mut Held,
+        cause: FallBackCause,
+    ) -> Outcome<State> {
+        held.reason = self.fall_back_reason(cause);
         let rollback_safe =
             self.snapshot.trial.as_ref().is_some_and(|trial| {
                 !trial.past_database_steps && trial.binary == self.config.running

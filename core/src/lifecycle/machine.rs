@@ -452,9 +452,7 @@ impl Machine {
                 held.intent = Some(HeldIntent::OperatorAbort);
                 self.advance_held(io, held)
             }
-            Event::Timer(Timer::TrialReady) if self.is_controller() => {
-                self.trial_over_while_held(io, held)
-            }
+            Event::Timer(Timer::TrialReady) => self.trial_over_while_held(io, held),
             Event::Input(Input::RecordWritten { id, write })
                 if self.completes(*id, Pending::RecordWrite) =>
             {
