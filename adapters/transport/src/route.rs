@@ -127,6 +127,8 @@ pub(crate) async fn call(
         ("AllWatcher", "Stop") => all_watcher::stop(session, &request.id),
         ("Upgrade", "WatchProgress") => upgrade::watch_progress(api, params).await,
         ("Upgrade", "Status") => upgrade::status(api, view),
+        ("Upgrade", "ResumeRollout") => upgrade::resume_rollout(api, session, params).await,
+        ("Upgrade", "AbortRollout") => upgrade::abort_rollout(api, session, params).await,
         _ => Err(not_implemented(facade, request.version, method)),
     }
 }

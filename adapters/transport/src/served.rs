@@ -69,7 +69,11 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
     ),
     ("NotifyWatcher", &[1], &["Next", "Stop"]),
     ("Pinger", &[1], &["Ping"]),
-    ("Upgrade", &[1], &["Status", "WatchProgress"]),
+    (
+        "Upgrade",
+        &[1],
+        &["Status", "WatchProgress", "ResumeRollout", "AbortRollout"],
+    ),
     (
         "Upgrader",
         &[1],

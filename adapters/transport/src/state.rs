@@ -65,6 +65,13 @@ pub trait SharedState: Send + Sync + 'static {
     async fn model_set(&self, params: &Value) -> Result<Value, WireError>;
     /// `ModelConfig.ModelUnset {"keys": [key]}` of stored keys only → `{}`.
     async fn model_unset(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Upgrade.ResumeRollout {}` (`lockstep upgrade-model --resume`): lifts the halt of
+    /// the staged rollout of machine agents (`spec/rollout.md`) → the rollout as
+    /// `model.lockstep.rollout` shows it; refused when it is not halted.
+    async fn resume_rollout(&self, params: &Value) -> Result<Value, WireError>;
+    /// `Upgrade.AbortRollout {}` (`lockstep upgrade-model --abort`): holds every machine
+    /// agent that has not switched on the version it runs, and halts → the rollout.
+    async fn abort_rollout(&self, params: &Value) -> Result<Value, WireError>;
     /// Records a charm uploaded to the charms endpoint; its URL
     /// (`local:<series>/<name>-<revision>`, or `local:<name>-<revision>` without a
     /// series). The same archive uploaded again is the same charm (its URL, nothing
@@ -233,6 +240,9 @@ pub struct Status {
     pub capabilities: Vec<String>,
     /// Machine statuses by machine id.
     pub machines: Map<String, Value>,
+    /// The staged rollout of machine agents (under `model.lockstep.rollout`), if one is
+    /// recorded for the model's agent-version.
+    pub rollout: Option<Value>,
     /// Application statuses (with their units) by application name.
     pub applications: Map<String, Value>,
     pub relations: Vec<Value>,

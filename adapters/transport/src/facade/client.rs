@@ -63,6 +63,7 @@ pub fn full_status_reply(
                 "target-version": view.progress.target.map(|version| version.to_string()),
                 "upgrade-available": lifecycle.upgrade_available,
                 "capabilities": status.capabilities,
+                "rollout": status.rollout,
             },
         },
         "machines": status.machines,

@@ -90,7 +90,17 @@ pub fn check_writer(access: ModelAccess, key: &str) -> Result<(), WireError> {
     Ok(())
 }
 
-/// A stored key's name and value within bounds.
+/// A model config value as the core's checks read it: a string's content, a number's
+/// digits, anything else as JSON.
+pub fn setting_text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A stored key's name and value within bounds (and, for `max-agent-downloads` and the
+/// `rollout-*` keys, a value the core accepts).
 pub fn check_stored(key: &str, value: &Value) -> Result<(), WireError> {
     if key.is_empty() || key.len() > KEY_SIZE_BYTES_MAX {
         return Err(WireError::new(
@@ -111,6 +121,9 @@ pub fn check_stored(key: &str, value: &Value) -> Result<(), WireError> {
                 ),
             ));
         }
+    }
+    if let Err(error) = lockstep_core::rollout::check_setting(key, &setting_text(value)) {
+        return Err(WireError::new("bad request", error.to_string()));
     }
     let size_bytes = value.to_string().len();
     if size_bytes > VALUE_SIZE_BYTES_MAX {

@@ -1,5 +1,7 @@
 //! `Upgrade`: `Status` and `WatchProgress`, lockstep's own facade, on the gate's allow-list
-//! in every phase so a client can follow an upgrade and wait for Ready.
+//! in every phase so a client can follow an upgrade and wait for Ready; and the operator's
+//! verbs on the staged rollout of machine agents, `ResumeRollout` and `AbortRollout`
+//! (writes: served in Ready only, to a user with admin access to the model).
 
 use std::time::Duration;
 
@@ -8,6 +10,8 @@ use lockstep_core::gate::GateView;
 use serde_json::{Value, json};
 
 use crate::api::Api;
+use crate::auth::ModelAccess;
+use crate::session::Session;
 use crate::wire::WireError;
 
 /// Longest a `Upgrade.WatchProgress` call waits for a change before it answers with the
@@ -75,4 +79,45 @@ pub async fn watch_progress(api: &Api, params: &Value) -> Result<Value, WireErro
             () = tokio::time::sleep_until(deadline) => return Ok(progress_of(&view)),
         }
     }
+}
+
+/// The operator's verbs are a model admin's, as `agent-version` is: refused to agents and
+/// to users with less, naming the access needed and held.
+fn operator(session: &Session, method: &str) -> Result<(), WireError> {
+    if session.login() != lockstep_core::gate::Login::User {
+        return Err(WireError::permission_denied());
+    }
+    let access = session.model_access();
+    if access < ModelAccess::Admin {
+        return Err(WireError {
+            message: format!(
+                "permission denied: Upgrade.{method} needs admin access to the model, the user \
+                 has {}",
+                access.as_str()
+            ),
+            code: "unauthorized access".to_owned(),
+            info: None,
+        });
+    }
+    Ok(())
+}
+
+/// `Upgrade.ResumeRollout {}`: `lockstep upgrade-model --resume`.
+pub async fn resume_rollout(
+    api: &Api,
+    session: &Session,
+    params: &Value,
+) -> Result<Value, WireError> {
+    operator(session, "ResumeRollout")?;
+    api.state.resume_rollout(params).await
+}
+
+/// `Upgrade.AbortRollout {}`: `lockstep upgrade-model --abort`.
+pub async fn abort_rollout(
+    api: &Api,
+    session: &Session,
+    params: &Value,
+) -> Result<Value, WireError> {
+    operator(session, "AbortRollout")?;
+    api.state.abort_rollout(params).await
 }

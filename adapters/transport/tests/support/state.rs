@@ -276,6 +276,7 @@ impl SharedState for FakeState {
             model_name: inner.model.name.clone(),
             capabilities: Vec::new(),
             machines,
+            rollout: None,
             applications,
             relations: inner
                 .relations
@@ -523,6 +524,14 @@ impl SharedState for FakeState {
             inner.model_delta();
             Ok(json!({}))
         })
+    }
+
+    async fn resume_rollout(&self, _params: &Value) -> Result<Value, WireError> {
+        Err(bad("the fake state keeps no rollout".into()))
+    }
+
+    async fn abort_rollout(&self, _params: &Value) -> Result<Value, WireError> {
+        Err(bad("the fake state keeps no rollout".into()))
     }
 
     async fn model_unset(&self, params: &Value) -> Result<Value, WireError> {
