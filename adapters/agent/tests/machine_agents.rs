@@ -16,7 +16,7 @@ use crate::common::{self, Controller, Mirror, Published, next, own, text};
 const READY_WITHIN: Duration = Duration::from_secs(120);
 
 /// The machines of a status that run units (not controllers): `(id, entry)`.
-fn host_machines(status: &Value) -> Vec<(String, Value)> {
+pub(crate) fn host_machines(status: &Value) -> Vec<(String, Value)> {
     status["machines"]
         .as_object()
         .into_iter()
@@ -31,7 +31,7 @@ fn host_machines(status: &Value) -> Vec<(String, Value)> {
 }
 
 /// Each machine agent's log, for a failure's message.
-fn agent_logs(controller: &Controller) -> String {
+pub(crate) fn agent_logs(controller: &Controller) -> String {
     controller
         .data()
         .machine_agent_dirs()
@@ -52,7 +52,7 @@ fn agent_logs(controller: &Controller) -> String {
 
 /// Waits until `count` host machines report their agent `started` on `version`, and returns
 /// that status (`lockstep status --format json`, as an operator reads it).
-async fn wait_for_agents(
+pub(crate) async fn wait_for_agents(
     controller: &Controller,
     count: usize,
     version: Version,
@@ -427,7 +427,7 @@ fn monotonic_ns(line: &str) -> Option<u64> {
 
 /// The windows (first byte, last byte) in which a machine agent received a binary, from
 /// its log; every window must be closed (the download finished), in order.
-fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
+pub(crate) fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
     let mut windows = Vec::new();
     let mut open = None;
     for line in log.lines() {
@@ -450,7 +450,7 @@ fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
 }
 
 /// The most windows open at one moment (one ending as another begins counts once).
-fn most_at_once(windows: &[(u64, u64)]) -> usize {
+pub(crate) fn most_at_once(windows: &[(u64, u64)]) -> usize {
     let mut edges: Vec<(u64, i32)> = windows
         .iter()
         .flat_map(|&(start, end)| [(start, 1), (end, -1)])

@@ -36,6 +36,7 @@ mod juju_data;
 mod launcher;
 mod machine_agents;
 mod mirrors;
+mod rollouts;
 mod signed_metadata;
 mod tools_endpoint;
 mod unpack_real_tools;

@@ -22,6 +22,9 @@
 //!   `Agent.GetEntities` and `Machiner.SetStatus`.
 //! - [`provisioning`]: `MachineManager.ProvisioningScript`: an agent's fresh password (the
 //!   store keeps its hash) and the script that writes its `agent.conf`.
+//! - [`rollout`]: the staged rollout of machine agents: the coordinator's pass (the core's
+//!   `rollout::advance`, fenced on the coordinator lease), `upgrade-model --resume` and
+//!   `--abort`, and the record as status shows it.
 //! - [`deltas`]: the AllWatcher's deltas, from the store's event log.
 
 pub mod applications;
@@ -31,6 +34,7 @@ pub mod machine_agents;
 pub mod machines;
 pub mod model_config;
 pub mod provisioning;
+pub mod rollout;
 pub mod status;
 pub mod upgrader;
 
@@ -293,6 +297,14 @@ impl SharedState for StoreState {
 
     async fn model_unset(&self, params: &Value) -> Result<Value, WireError> {
         self.mutation(params, model_config::model_unset).await
+    }
+
+    async fn resume_rollout(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, rollout::resume).await
+    }
+
+    async fn abort_rollout(&self, params: &Value) -> Result<Value, WireError> {
+        self.mutation(params, rollout::abort).await
     }
 
     async fn add_charm(&self, charm: &Charm, series: Option<&str>) -> Result<String, WireError> {

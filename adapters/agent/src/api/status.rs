@@ -191,8 +191,19 @@ pub fn full_status(store: &dyn Store, table: &JobTable) -> Result<Status, WireEr
                    "status": detailed_status(RELATION_STATUS.0, RELATION_STATUS.1, relation["since"].as_str(), "")})
         })
         .collect();
+    // The record of the model's target, or a halted one (a halt holds across targets).
+    let rollout = state
+        .rollout
+        .as_ref()
+        .filter(|record| record.target == model.agent_version || record.halted.is_some())
+        .map(|record| {
+            let agents =
+                super::rollout::agent_views(&state.machines, &state.agent_statuses, state.now);
+            super::rollout::status(record, &agents)
+        });
     Ok(Status {
         model_name: model.name,
+        rollout,
         capabilities: model
             .capabilities
             .iter()
@@ -311,6 +322,8 @@ pub struct State {
     pub relations: Vec<Value>,
     /// Each agent's last status report, by tag.
     pub agent_statuses: Vec<(String, AgentStatus)>,
+    /// The staged rollout's record, if one was written.
+    pub rollout: Option<lockstep_core::rollout::Rollout>,
 }
 
 /// Reads the whole state in one snapshot.
@@ -339,6 +352,7 @@ pub fn read_state(store: &dyn Store) -> Result<State, WireError> {
                 .map(|(_, document)| document)
                 .collect();
             let agent_statuses = tx.agent_statuses()?;
+            let rollout = tx.rollout()?;
             state = Some(State {
                 revision,
                 now,
@@ -349,6 +363,7 @@ pub fn read_state(store: &dyn Store) -> Result<State, WireError> {
                 units,
                 relations,
                 agent_statuses,
+                rollout,
             });
             Ok(())
         })

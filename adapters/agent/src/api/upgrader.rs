@@ -1,6 +1,7 @@
 //! The Upgrader facade's share of the state: each agent's desired version (Juju's
 //! controllers-first rule) and the binary it runs, and `SetTools`, which records it.
 
+use lockstep_core::rollout::{self, Rollout, RolloutPolicy};
 use lockstep_core::upgrader::{self, AskingAgent};
 use lockstep_core::{Binary, Version};
 use lockstep_store::{Machine, Model, Store};
@@ -12,17 +13,21 @@ use serde_json::{Value, json};
 
 use super::calls::{list, mutate, store_error};
 use super::machines::{is_controller, roles};
+use super::model_config::settings;
 
 /// The agent-version `machine`'s agent should run: the core's controllers-first rule
 /// ([`upgrader::desired_version`]) over what the store holds: the model's agent-version,
-/// each controller machine's reported binary, and `server_version`, this API server's own.
+/// each controller machine's reported binary, and `server_version`, this API server's own;
+/// then, for an agent that is no controller, the staged rollout's word on when it goes
+/// ([`rollout::told`], with the model's `rollout-*` policy and the rollout record).
 pub fn desired_version(
     model: &Model,
     machines: &[Machine],
     machine: &Machine,
     server_version: Version,
+    staged: (&RolloutPolicy, Option<&Rollout>),
 ) -> Version {
-    upgrader::desired_version(
+    let controllers_first = upgrader::desired_version(
         model.agent_version,
         AskingAgent {
             roles: roles(machine),
@@ -33,6 +38,17 @@ pub fn desired_version(
             .filter(|other| is_controller(other))
             .map(|controller| controller.agent_binary.as_ref()),
         server_version,
+    );
+    if is_controller(machine) {
+        return controllers_first;
+    }
+    let (policy, record) = staged;
+    rollout::told(
+        policy,
+        record,
+        &machine.id,
+        machine.agent_binary.as_ref().map(|binary| binary.number),
+        controllers_first,
     )
 }
 
@@ -61,11 +77,13 @@ pub fn agent_views(
     let mut read = None;
     store
         .snapshot(&mut |tx| {
-            read = Some((tx.model()?, tx.machines()?));
+            read = Some((tx.model()?, tx.machines()?, settings(tx)?, tx.rollout()?));
             Ok(())
         })
         .map_err(store_error)?;
-    let (model, machines) = read.expect("the snapshot body ran");
+    let (model, machines, settings, record) = read.expect("the snapshot body ran");
+    // Checked when set; a value stored before the check existed reads as Juju's behaviour.
+    let policy = super::rollout::policy(&settings).unwrap_or_default();
     let model =
         model.ok_or_else(|| WireError::new("not found", "the controller has no model yet"))?;
     let entities = tags
@@ -73,7 +91,13 @@ pub fn agent_views(
         .map(|tag| {
             let machine = owned_machine(&machines, owner, tag)?;
             Ok(AgentView {
-                desired: desired_version(&model, &machines, &machine, server_version),
+                desired: desired_version(
+                    &model,
+                    &machines,
+                    &machine,
+                    server_version,
+                    (&policy, record.as_ref()),
+                ),
                 running: machine.agent_binary.clone(),
             })
         })

@@ -162,6 +162,25 @@ enum Command {
     },
     /// Give up the upgrade in progress.
     AbortUpgrade,
+    /// Upgrade the model's agents (the controllers first, then the machine agents as the
+    /// model's rollout-* config stages them), or resume or abort a staged rollout.
+    UpgradeModel {
+        #[arg(long, value_parser = Version::parse, conflicts_with_all = ["resume", "abort"])]
+        agent_version: Option<Version>,
+        #[arg(long, conflicts_with_all = ["resume", "abort"])]
+        dry_run: bool,
+        /// Lift a halted rollout: the failed machine agents go again, then the rest.
+        #[arg(long, conflicts_with = "abort")]
+        resume: bool,
+        /// Hold every machine agent that has not switched on the version it runs, and halt.
+        #[arg(long)]
+        abort: bool,
+    },
+    /// Show the model's config, or set keys: `model-config rollout-canaries=1`.
+    ModelConfig {
+        /// KEY=VALUE settings; none: show the config.
+        settings: Vec<String>,
+    },
     /// Run more controllers beside this one on this machine, sharing its etcd store
     /// (bootstrap with --store etcd); waits until they are ready.
     EnableHa {
@@ -236,6 +255,8 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             | Command::Watch { .. }
             | Command::UpgradeController { .. }
             | Command::AbortUpgrade
+            | Command::UpgradeModel { .. }
+            | Command::ModelConfig { .. }
     );
     if let (Some(name), false) = (&args.controller, talks_to_a_controller) {
         return Err(CliError::ControllerFlag { name: name.clone() });
@@ -320,6 +341,15 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             Ok(())
         }
         Command::AbortUpgrade => Ok(commands::abort_upgrade(&session()?).await?),
+        Command::UpgradeModel {
+            agent_version,
+            dry_run,
+            resume,
+            abort,
+        } => Ok(commands::upgrade_model(&session()?, agent_version, resume, abort, dry_run).await?),
+        Command::ModelConfig { settings } => {
+            Ok(commands::model_config(&session()?, &settings).await?)
+        }
         Command::EnableHa { count } => {
             let primary = lockstep_agent::datadir::DataDir::new(&args.data_dir);
             let added = lockstep_agent::cli::ha::enable_ha(&primary, count, timeout, say).await?;

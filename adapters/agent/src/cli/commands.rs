@@ -11,7 +11,7 @@ use lockstep_core::client::RetryPolicy;
 use lockstep_streams::signature::{KEY_FILE_BYTES_MAX, KeyError};
 use lockstep_streams::{GenerateError, SigningKey};
 use lockstep_transport::client::{Client, ClientError};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::cli::bootstrap::{
     ControllerFile, ControllerFileError, Progress, WaitError, wait_until_ready,
@@ -102,6 +102,8 @@ pub enum CommandError {
     Write(#[from] lockstep_fs::AtomicWriteError),
     #[error("Client.FindTools: {message}")]
     FindTools { message: String },
+    #[error("model-config {}: expected KEY=VALUE", quote(argument))]
+    NotASetting { argument: String },
 }
 
 /// API facade versions the CLI speaks.
@@ -337,6 +339,82 @@ pub async fn abort_upgrade(session: &Session) -> Result<(), CommandError> {
             progress.describe()
         )),
     }
+    Ok(())
+}
+
+/// `upgrade-model --resume` and `--abort`: the operator's verbs on the staged rollout of
+/// machine agents (`spec/rollout.md`); without either, the model's agent-version is set as
+/// `upgrade-controller` sets it (one model: the controllers go first, then the machine
+/// agents as the model's `rollout-*` config stages them).
+pub async fn upgrade_model(
+    session: &Session,
+    version: Option<Version>,
+    resume: bool,
+    abort: bool,
+    dry_run: bool,
+) -> Result<(), CommandError> {
+    let method = match (resume, abort) {
+        (true, _) => "ResumeRollout",
+        (_, true) => "AbortRollout",
+        _ => return upgrade_controller(session, version, dry_run, false).await,
+    };
+    session.wait_ready().await?;
+    let rollout = session.mutate("Upgrade", 1, method, json!({})).await?;
+    let failed = rollout["failed"].as_object().map_or(0, Map::len);
+    let held = rollout["held"].as_object().map_or(0, Map::len);
+    say(&format!(
+        "rollout of {}: {} ({} of {} machine agents admitted, {} on the target, {} failed, {} held)",
+        rollout["target"].as_str().unwrap_or("?"),
+        rollout["state"].as_str().unwrap_or("?"),
+        rollout["admitted"],
+        rollout["agents"],
+        rollout["on-target"],
+        failed,
+        held,
+    ));
+    Ok(())
+}
+
+/// `model-config`: with no argument, the model's config, one `key: value` per line
+/// (`ModelConfig.ModelGet`); with `KEY=VALUE` arguments, sets them together
+/// (`ModelConfig.ModelSet`; values as text, as `juju model-config` sends them).
+pub async fn model_config(session: &Session, settings: &[String]) -> Result<(), CommandError> {
+    if settings.is_empty() {
+        let reply = session
+            .call("ModelConfig", MODEL_CONFIG_VERSION, "ModelGet", json!({}))
+            .await?;
+        let empty = Map::new();
+        let config = reply["config"].as_object().unwrap_or(&empty);
+        let mut keys: Vec<&String> = config.keys().collect();
+        keys.sort();
+        for key in keys {
+            let value = &config[key]["value"];
+            let text = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            say(&format!("{key}: {text}"));
+        }
+        return Ok(());
+    }
+    let mut config = Map::new();
+    for argument in settings {
+        let Some((key, value)) = argument.split_once('=').filter(|(key, _)| !key.is_empty()) else {
+            return Err(CommandError::NotASetting {
+                argument: argument.clone(),
+            });
+        };
+        config.insert(key.to_owned(), Value::String(value.to_owned()));
+    }
+    session.wait_ready().await?;
+    session
+        .mutate(
+            "ModelConfig",
+            MODEL_CONFIG_VERSION,
+            "ModelSet",
+            json!({"config": config}),
+        )
+        .await?;
     Ok(())
 }
 

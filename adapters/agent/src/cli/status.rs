@@ -195,6 +195,10 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
         ]],
     );
 
+    if let Some(rollout) = lockstep.get("rollout").and_then(Value::as_object) {
+        rollout_tables(&mut out, rollout);
+    }
+
     let applications = entries(reply.get("applications"));
     let machines = entries(reply.get("machines"));
     if applications.is_empty() && machines.is_empty() {
@@ -379,6 +383,75 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
 
 /// What a missing or empty field shows.
 const DASH: &str = "-";
+
+/// The staged rollout of machine agents (`model.lockstep.rollout`): its state, and when
+/// agents failed, each with its reason; what an abort holds; and how to go on.
+fn rollout_tables(out: &mut String, rollout: &Map<String, Value>) {
+    let count = |key: &str| rollout.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let canaries = rollout
+        .get("canaries")
+        .and_then(Value::as_array)
+        .map(|ids| {
+            ids.iter()
+                .filter_map(Value::as_str)
+                .map(clean)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .filter(|ids| !ids.is_empty())
+        .unwrap_or_else(|| DASH.to_owned());
+    let passed = match rollout.get("canaries-passed") {
+        Some(Value::Bool(true)) => "passed",
+        _ if canaries == DASH => DASH,
+        _ => "not yet",
+    };
+    out.push('\n');
+    table(
+        out,
+        &[
+            "Rollout",
+            "State",
+            "Agents",
+            "Admitted",
+            "On-target",
+            "Canaries",
+            "Canaries-passed",
+        ],
+        vec![vec![
+            cell(rollout.get("target")),
+            cell(rollout.get("state")),
+            count("agents").to_string(),
+            count("admitted").to_string(),
+            count("on-target").to_string(),
+            canaries,
+            passed.to_owned(),
+        ]],
+    );
+    let failed = entries(rollout.get("failed"));
+    if !failed.is_empty() {
+        out.push('\n');
+        let rows = failed
+            .iter()
+            .map(|(machine, reason)| vec![clean(machine), cell(Some(reason))])
+            .collect();
+        table(out, &["Failed-machine", "Reason"], rows);
+    }
+    let held = entries(rollout.get("held"));
+    if !held.is_empty() {
+        out.push('\n');
+        let rows = held
+            .iter()
+            .map(|(machine, version)| vec![clean(machine), cell(Some(version))])
+            .collect();
+        table(out, &["Held-machine", "Held-on"], rows);
+    }
+    if rollout.get("state").and_then(Value::as_str) == Some("halted") {
+        out.push_str(
+            "\nThe rollout is halted: no machine agent is upgraded until `lockstep upgrade-model \
+             --resume`.\n",
+        );
+    }
+}
 
 fn object(status: &Value) -> Result<&Map<String, Value>, StatusError> {
     status.as_object().ok_or_else(|| {

@@ -13,6 +13,19 @@ use std::time::Duration;
 /// new binary that has run its database steps fail before Ready.
 pub const FAIL_HOST_STEPS: &str = "LOCKSTEPD_FAILPOINT_HOST_STEPS";
 
+/// When this variable holds a version (`2.9.45`), every host step of a *machine agent*
+/// (never a controller's) running that version fails: the rollout tests' bad binary, which
+/// its controllers run fine and the canary cannot.
+pub const FAIL_MACHINE_HOST_STEPS: &str = "LOCKSTEPD_FAILPOINT_MACHINE_HOST_STEPS";
+
+/// Whether [`FAIL_MACHINE_HOST_STEPS`] names `running`.
+pub fn machine_host_steps_fail(running: lockstep_core::Version) -> bool {
+    std::env::var(FAIL_MACHINE_HOST_STEPS)
+        .ok()
+        .and_then(|text| lockstep_core::Version::parse(text.trim()).ok())
+        == Some(running)
+}
+
 /// When this variable holds a number of milliseconds, the `record-agent-binaries` database
 /// step pauses that long inside its transaction, before its changes and checkpoint commit,
 /// so that a test can kill or cut off the coordinator while a database step is under way.

@@ -1008,6 +1008,18 @@ impl MachineDriver {
                     });
                     return;
                 }
+                #[cfg(feature = "failpoints")]
+                if crate::daemon::failpoints::machine_host_steps_fail(running.number) {
+                    let reason = step_runner::HostStepError::Failpoint {
+                        key,
+                        variable: crate::daemon::failpoints::FAIL_MACHINE_HOST_STEPS,
+                    };
+                    let _ = inputs.send(Input::StepFinished {
+                        id,
+                        outcome: StepOutcome::Failed(reason.to_string()),
+                    });
+                    return;
+                }
                 let context = HostContext {
                     data: self.data.clone(),
                     tag,

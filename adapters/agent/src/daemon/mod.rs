@@ -9,6 +9,9 @@
 //! - [`machine_agent`]: the worker of a machine agent (`agent.conf` with an `apipassword`
 //!   and no `api-listen`): the same lifecycle in the host-machine role, its requests
 //!   answered through the controllers' API; it never opens the store.
+//! - [`rollout`]: the rollout coordinator every controller runs while Ready: the staged
+//!   rollout of machine agents advanced by the core, written fenced on the coordinator
+//!   lease by whichever controller holds it.
 //! - [`memory`]: glibc's mmap threshold fixed at start, so that large transient buffers
 //!   (argon2's) go back to the system.
 //! - [`driver`]: one task owns the lifecycle core and executes its requests with the
@@ -45,5 +48,6 @@ pub mod memory;
 pub mod notify;
 pub mod provisioner;
 pub mod restart;
+pub mod rollout;
 pub mod step_runner;
 pub mod worker;

@@ -561,8 +561,15 @@ pub async fn run(options: WorkerOptions, notifier: Notifier) -> Result<i32, Daem
             handles.status.clone(),
         ))),
     };
+    let coordinator = tokio::spawn(crate::daemon::rollout::run(
+        Arc::clone(&store),
+        ControllerId(conf.controller_id),
+        options.limits.lease_ttl(),
+        handles.status.clone(),
+    ));
     let exit = driver.run(shutdown).await;
     heartbeat.abort();
+    coordinator.abort();
     if let Some(provisioner) = provisioner {
         provisioner.abort();
     }

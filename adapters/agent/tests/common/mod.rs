@@ -302,6 +302,12 @@ impl Controller {
         lockstep(&self.data_dir, args, &[])
     }
 
+    /// [`Controller::run`] with `env` set for the command (and for any process it starts:
+    /// `add-machine`'s machine agents).
+    pub fn run_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        lockstep(&self.data_dir, args, env)
+    }
+
     pub fn launcher_pid(&self) -> Option<u32> {
         pid_in(&self.data().pid_path())
     }

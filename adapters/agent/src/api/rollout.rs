@@ -1,0 +1,429 @@
+//! The staged rollout of machine agents (`spec/rollout.md`) over the store: what each
+//! agent last reported as the core's [`AgentView`]s, the model's `rollout-*` keys as its
+//! [`RolloutPolicy`], the coordinator's pass ([`coordinate`]: the core's
+//! [`rollout::advance`] in a transaction fenced on the coordinator lease), the operator's
+//! `upgrade-model --resume` and `--abort`, and the record as `lockstep status` shows it.
+//! Every decision is the core's; this module reads and writes.
+
+use lockstep_core::lifecycle::ControllerId;
+use lockstep_core::rollout::{self, AgentView, Health, Rollout, RolloutConfigError, RolloutPolicy};
+use lockstep_core::{Millis, Timestamp, Version};
+use lockstep_store::{
+    Abort, AgentStatus, Life, Machine, Store, StoreError, Tx, TxOutcome, machine_tag,
+};
+use lockstep_transport::facade::machiner::AGENT_DOWN_AFTER;
+use lockstep_transport::facade::model_config::setting_text;
+use lockstep_transport::wire::WireError;
+use serde_json::{Map, Value, json};
+
+use super::calls::{failed, mutate};
+use super::machines::is_controller;
+use super::model_config::settings;
+
+/// The model's rollout policy from its stored config keys.
+pub fn policy(settings: &Map<String, Value>) -> Result<RolloutPolicy, RolloutConfigError> {
+    RolloutPolicy::from_settings(|key| settings.get(key).map(setting_text))
+}
+
+/// An agent's health from its last report at the store's clock `now`: down once the report
+/// is older than [`AGENT_DOWN_AFTER`] (or it never reported), failed when it reports
+/// `error` (with its message), Ready in phase `ready`, else busy.
+pub fn health(report: Option<&AgentStatus>, now: Timestamp) -> Health {
+    let Some(report) = report else {
+        return Health::Down;
+    };
+    if now.0.saturating_sub(report.updated.0) > AGENT_DOWN_AFTER.as_millis() as u64 {
+        Health::Down
+    } else if report.status == "error" {
+        Health::Failed(report.info.clone())
+    } else if report.phase == "ready" {
+        Health::Ready
+    } else {
+        Health::Busy
+    }
+}
+
+/// The rollout's view of every alive machine agent that is no controller: the version it
+/// reports running (its last status, else its `SetTools`) and its health.
+pub fn agent_views(
+    machines: &[Machine],
+    statuses: &[(String, AgentStatus)],
+    now: Timestamp,
+) -> Vec<AgentView> {
+    let reports: std::collections::HashMap<&str, &AgentStatus> = statuses
+        .iter()
+        .map(|(tag, status)| (tag.as_str(), status))
+        .collect();
+    machines
+        .iter()
+        .filter(|machine| machine.life == Life::Alive && !is_controller(machine))
+        .map(|machine| {
+            let report = reports.get(machine_tag(&machine.id).as_str()).copied();
+            AgentView {
+                id: machine.id.clone(),
+                running: report
+                    .and_then(|report| report.version.as_ref())
+                    .or(machine.agent_binary.as_ref())
+                    .map(|binary| binary.number),
+                health: health(report, now),
+            }
+        })
+        .collect()
+}
+
+/// True once every controller machine reported running `target` or later: the
+/// controllers-first rule lets agents go.
+fn controllers_run(machines: &[Machine], target: Version) -> bool {
+    machines
+        .iter()
+        .filter(|machine| is_controller(machine))
+        .all(|machine| {
+            machine
+                .agent_binary
+                .as_ref()
+                .is_some_and(|binary| binary.number >= target)
+        })
+}
+
+/// What a coordinator pass did.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Pass {
+    /// Nothing to write: no rollout under way, or the record says what it would write.
+    Idle,
+    /// Another controller holds the coordinator lease (or this one lost it meanwhile).
+    NotCoordinator,
+    /// The model's `rollout-*` keys do not make a policy (set before they were checked).
+    BadPolicy(RolloutConfigError),
+    /// The record written.
+    Written(Box<Rollout>),
+}
+
+/// The record the coordinator would write now, read in `tx`: `Ok(None)` when there is
+/// nothing to write.
+fn next_record(tx: &mut dyn Tx) -> Result<Result<Option<Rollout>, RolloutConfigError>, StoreError> {
+    let Some(model) = tx.model()? else {
+        return Ok(Ok(None));
+    };
+    let policy = match policy(&settings(tx)?) {
+        Ok(policy) => policy,
+        Err(error) => return Ok(Err(error)),
+    };
+    let target = model.agent_version;
+    let machines = tx.machines()?;
+    if !controllers_run(&machines, target) {
+        return Ok(Ok(None));
+    }
+    let views = agent_views(&machines, &tx.agent_statuses()?, tx.now());
+    let record = tx.rollout()?;
+    let current = record.as_ref().filter(|record| record.target == target);
+    if current.is_none() && views.iter().all(|agent| agent.running == Some(target)) {
+        // A fleet already on the target needs no rollout. Any other needs its record, the
+        // default policy's too: it admits every agent at once (Juju's behaviour), and it
+        // records the agents that fail, so that one that fell back from a bad binary is
+        // told to stay where it is rather than sent to the same binary again.
+        return Ok(Ok(None));
+    }
+    let base = match current {
+        Some(current) => current.clone(),
+        None => rollout::retarget(record.as_ref(), target),
+    };
+    let next = rollout::advance(&policy, &base, &views, tx.now());
+    Ok(Ok((record.as_ref() != Some(&next)).then_some(next)))
+}
+
+/// One coordinator pass: reads whether the rollout has something to write (a snapshot, no
+/// lease), and if so takes the coordinator lease for `holder` (`ttl`, the lifecycle's) and
+/// writes the core's next record in a transaction fenced on it, read again inside. The
+/// lease is not given back: the controller that coordinates keeps doing so while it
+/// writes, and its own lifecycle extends the same lease when an upgrade begins.
+pub fn coordinate(
+    store: &dyn Store,
+    holder: ControllerId,
+    ttl: Millis,
+) -> Result<Pass, StoreError> {
+    let mut planned = None;
+    store.snapshot(&mut |tx| {
+        planned = Some(next_record(tx)?);
+        Ok(())
+    })?;
+    match planned.expect("the snapshot body ran") {
+        Err(error) => return Ok(Pass::BadPolicy(error)),
+        Ok(None) => return Ok(Pass::Idle),
+        Ok(Some(_)) => {}
+    }
+    let Some(token) = store.acquire_lease(holder, ttl)? else {
+        return Ok(Pass::NotCoordinator);
+    };
+    let mut written = None;
+    let outcome = store.transaction(Some(token), &mut |tx| {
+        written = None;
+        match next_record(tx)? {
+            Ok(Some(next)) => {
+                tx.put_rollout(&next)?;
+                written = Some(next);
+                Ok(())
+            }
+            Ok(None) | Err(_) => Err(Abort::Unchanged),
+        }
+    })?;
+    Ok(match (outcome, written) {
+        (TxOutcome::Committed(_), Some(next)) => Pass::Written(Box::new(next)),
+        (TxOutcome::Fenced, _) => Pass::NotCoordinator,
+        _ => Pass::Idle,
+    })
+}
+
+/// The record of the model's current target that an operator's verb works on, in `tx`:
+/// the stored one when it is of that target, else a new one after it (a halt carried).
+fn current_record(tx: &mut dyn Tx) -> Result<(Rollout, Vec<AgentView>), Abort> {
+    let model = tx.model()?.ok_or_else(|| {
+        failed(WireError::new(
+            "not found",
+            "the controller has no model yet",
+        ))
+    })?;
+    let machines = tx.machines()?;
+    let views = agent_views(&machines, &tx.agent_statuses()?, tx.now());
+    let record = tx.rollout()?;
+    let record = match record {
+        Some(record) if record.target == model.agent_version => record,
+        other => rollout::retarget(other.as_ref(), model.agent_version),
+    };
+    Ok((record, views))
+}
+
+/// `Upgrade.ResumeRollout` (`lockstep upgrade-model --resume`): lifts the halt of the
+/// model's rollout and forgets its failures, so the failed agents go again. Refused, naming
+/// the target, when it is not halted. Answers the record as [`status`] shows it. Honours
+/// `operation-id`.
+pub fn resume(store: &dyn Store, params: &Value) -> Result<Value, WireError> {
+    mutate(store, params, &mut |tx| {
+        let (record, views) = current_record(tx)?;
+        if record.halted.is_none() {
+            return Err(failed(WireError::new(
+                "bad request",
+                format!(
+                    "the rollout of {} is not halted: nothing to resume",
+                    record.target
+                ),
+            )));
+        }
+        let next = rollout::resume(&record);
+        tx.put_rollout(&next)?;
+        Ok(status(&next, &views))
+    })
+}
+
+/// `Upgrade.AbortRollout` (`lockstep upgrade-model --abort`): every machine agent that has
+/// not switched to the model's agent-version is held on the version it runs (a per-agent
+/// target; the model's agent-version stays), and the rollout halts. Answers the record as
+/// [`status`] shows it. Honours `operation-id`.
+pub fn abort(store: &dyn Store, params: &Value) -> Result<Value, WireError> {
+    mutate(store, params, &mut |tx| {
+        let (record, views) = current_record(tx)?;
+        let next = rollout::abort(&record, &views);
+        tx.put_rollout(&next)?;
+        Ok(status(&next, &views))
+    })
+}
+
+/// The rollout as `Client.FullStatus` shows it under `model.lockstep.rollout`: its target,
+/// its state (`rolling-out`, `halted`, `done`), how many agents are admitted, on the
+/// target, and in all, the canaries, the failed agents with their reasons (and, halted,
+/// why it halted) and the agents an abort holds.
+pub fn status(record: &Rollout, agents: &[AgentView]) -> Value {
+    let on_target = agents
+        .iter()
+        .filter(|agent| agent.running == Some(record.target) && agent.health == Health::Ready)
+        .count();
+    let state = if record.halted.is_some() {
+        "halted"
+    } else if on_target == agents.len() {
+        "done"
+    } else {
+        "rolling-out"
+    };
+    json!({
+        "target": record.target.to_string(),
+        "state": state,
+        "agents": agents.len(),
+        "admitted": record.admitted.len(),
+        "on-target": on_target,
+        "canaries": record.canaries,
+        "canaries-passed": record.canaries_passed,
+        "failed": record.failed,
+        "halted-on": record.halted.as_ref().map(|halt| &halt.failed),
+        "held": record.held.iter().map(|(id, version)| (id.clone(), Value::String(version.to_string()))).collect::<Map<String, Value>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_core::jobs::Capabilities;
+    use lockstep_core::lifecycle::ControllerSet;
+    use lockstep_core::policy::UpgradePolicy;
+    use lockstep_core::{Binary, Role, Roles};
+    use lockstep_store::{Durability, MemoryStore, Model};
+
+    fn v(text: &str) -> Version {
+        Version::parse(text).unwrap()
+    }
+
+    fn binary(version: &str) -> Binary {
+        Binary::parse(&format!("{version}-ubuntu-amd64")).unwrap()
+    }
+
+    fn report(version: &str, status: &str, phase: &str, at: u64) -> AgentStatus {
+        AgentStatus {
+            status: status.to_owned(),
+            info: if status == "error" {
+                "host step failed".to_owned()
+            } else {
+                String::new()
+            },
+            phase: phase.to_owned(),
+            version: Some(binary(version)),
+            updated: Timestamp(at),
+        }
+    }
+
+    #[test]
+    fn health_is_read_from_the_last_report() {
+        let now = Timestamp(100_000);
+        assert_eq!(health(None, now), Health::Down);
+        assert_eq!(
+            health(Some(&report("3.6.1", "started", "ready", 99_000)), now),
+            Health::Ready
+        );
+        assert_eq!(
+            health(Some(&report("3.6.1", "started", "upgrading", 99_000)), now),
+            Health::Busy
+        );
+        assert_eq!(
+            health(Some(&report("3.6.1", "error", "steps-failed", 99_000)), now),
+            Health::Failed("host step failed".into())
+        );
+        let old = now.0 - AGENT_DOWN_AFTER.as_millis() as u64 - 1;
+        assert_eq!(
+            health(Some(&report("3.6.1", "started", "ready", old)), now),
+            Health::Down
+        );
+    }
+
+    /// A model on 3.6.2 whose controller runs it, two agents on 3.6.1 reporting Ready, and
+    /// the stored config `config`.
+    fn store_with(config: Value) -> MemoryStore {
+        let store = MemoryStore::new(Durability::Full);
+        let model = Model {
+            uuid: "deadbeef-0000-4000-8000-000000000001".to_owned(),
+            name: "controller".to_owned(),
+            agent_version: v("3.6.2"),
+            agent_stream: None,
+            agent_metadata_url: None,
+            policy: UpgradePolicy::Off,
+            controllers: ControllerSet::first(1),
+            capabilities: Capabilities::new(),
+            capabilities_discovered: None,
+            upgrade_available: None,
+        };
+        store
+            .transaction(None, &mut |tx| {
+                tx.put_model(&model)?;
+                let mut controller = Machine::with_roles("0", Roles::of(&[Role::Controller]));
+                controller.agent_binary = Some(binary("3.6.2"));
+                tx.put_machine(&controller)?;
+                for id in ["1", "2"] {
+                    let mut machine = Machine::with_roles(id, Roles::of(&[Role::HostMachine]));
+                    machine.agent_binary = Some(binary("3.6.1"));
+                    tx.put_machine(&machine)?;
+                    let now = tx.now().0;
+                    tx.put_agent_status(
+                        &machine_tag(id),
+                        &report("3.6.1", "started", "ready", now),
+                    )?;
+                }
+                tx.put_document(lockstep_store::EntityKind::Settings, "model", &config)?;
+                Ok(())
+            })
+            .unwrap();
+        store
+    }
+
+    #[test]
+    fn the_default_policy_admits_everyone_and_a_staged_one_the_canary_alone() {
+        let juju = store_with(json!({}));
+        let Pass::Written(record) = coordinate(&juju, ControllerId(0), Millis(15_000)).unwrap()
+        else {
+            panic!("a record written");
+        };
+        assert_eq!(record.admitted.keys().collect::<Vec<_>>(), ["1", "2"]);
+        assert_eq!(
+            coordinate(&juju, ControllerId(0), Millis(15_000)).unwrap(),
+            Pass::Idle
+        );
+
+        let staged = store_with(json!({"rollout-canaries": 1, "rollout-max-at-once": "1"}));
+        let Pass::Written(record) = coordinate(&staged, ControllerId(0), Millis(15_000)).unwrap()
+        else {
+            panic!("a record written");
+        };
+        assert_eq!(record.admitted.keys().collect::<Vec<_>>(), ["1"]);
+        assert_eq!(
+            coordinate(&staged, ControllerId(0), Millis(15_000)).unwrap(),
+            Pass::Idle
+        );
+        // Another controller is not the coordinator while the lease lives.
+        let read = staged.read(|tx| tx.rollout()).unwrap().unwrap();
+        assert_eq!(read, *record);
+    }
+
+    #[test]
+    fn a_fleet_on_the_target_needs_no_record_and_takes_no_lease() {
+        let store = store_with(json!({"rollout-canaries": 1}));
+        store
+            .transaction(None, &mut |tx| {
+                for mut machine in tx.machines()? {
+                    machine.agent_binary = Some(binary("3.6.2"));
+                    tx.put_machine(&machine)?;
+                    let now = tx.now().0;
+                    tx.put_agent_status(
+                        &machine_tag(&machine.id),
+                        &report("3.6.2", "started", "ready", now),
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            coordinate(&store, ControllerId(0), Millis(15_000)).unwrap(),
+            Pass::Idle
+        );
+        assert!(
+            store.lease().unwrap().is_none(),
+            "no lease taken for nothing"
+        );
+    }
+
+    #[test]
+    fn a_bad_policy_is_named_and_nothing_is_written() {
+        let store = store_with(json!({"rollout-canaries": "many"}));
+        let Pass::BadPolicy(error) = coordinate(&store, ControllerId(0), Millis(15_000)).unwrap()
+        else {
+            panic!("a bad policy");
+        };
+        assert!(error.to_string().contains("\"many\""), "{error}");
+    }
+
+    #[test]
+    fn abort_holds_the_agents_and_resume_refuses_what_is_not_halted() {
+        let store = store_with(json!({"rollout-canaries": 1}));
+        let error = resume(&store, &json!({})).unwrap_err();
+        assert!(error.message.contains("3.6.2 is not halted"), "{error:?}");
+        let answer = abort(&store, &json!({})).unwrap();
+        assert_eq!(answer["state"], "halted");
+        assert_eq!(answer["held"], json!({"1": "3.6.1", "2": "3.6.1"}));
+        let answer = resume(&store, &json!({})).unwrap();
+        assert_eq!(answer["state"], "rolling-out", "{answer}");
+    }
+}

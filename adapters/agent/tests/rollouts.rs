@@ -1,0 +1,236 @@
+//! Staged rollouts of machine agents (issue 21, `spec/rollout.md`) with real processes: a
+//! controller started as the README says, machine agents started by `lockstep add-machine`,
+//! the policy set with `lockstep model-config`, and the operator's `lockstep upgrade-model
+//! --resume`.
+
+use std::time::{Duration, Instant};
+
+use lockstep_agent::daemon::failpoints::FAIL_MACHINE_HOST_STEPS;
+use lockstep_agent::datadir::host_binary;
+use serde_json::Value;
+
+use crate::common::{Controller, LOCKSTEPD, Mirror, Published, later_patch, next, own, text};
+use crate::machine_agents::{agent_logs, download_windows, most_at_once, wait_for_agents};
+
+/// How long a controller may take to reach Ready (through an upgrade included).
+const READY_WITHIN: Duration = Duration::from_secs(120);
+
+/// The machine agents' trial: a new binary not Ready within it is given up, and the agent
+/// falls back to the binary it ran before.
+const TRIAL_SECONDS: &str = "30";
+
+/// `lockstep status --format json`, as an operator reads it.
+fn status_json(controller: &Controller) -> Value {
+    let output = controller.run(&["status", "--format", "json"]);
+    assert!(output.status.success(), "{}", text(&output));
+    serde_json::from_slice(&output.stdout).expect("status --format json is JSON")
+}
+
+/// Polls `lockstep status` until `done` says so, for at most `within`; returns that status.
+async fn wait_for_status(
+    controller: &Controller,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let status = status_json(controller);
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not {what} within {within:?}:\n{status:#}\nagents:\n{}",
+            agent_logs(controller)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn rollout(status: &Value) -> &Value {
+    &status["model"]["lockstep"]["rollout"]
+}
+
+/// The version machine `id`'s agent reports in `status`, if it reports `started`.
+fn started_on(status: &Value, id: &str) -> Option<String> {
+    let agent = &status["machines"][id]["agent-status"];
+    (agent["status"] == "started").then(|| agent["version"].as_str().unwrap_or("").to_owned())
+}
+
+/// A canary given a binary that fails its host steps halts the rollout with no other agent
+/// switched; the canary falls back to the binary it ran; a fixed binary published and the
+/// controller upgraded to it do not lift the halt; `upgrade-model --resume` does, and the
+/// fleet finishes on the fixed binary with at most `rollout-max-at-once` (1) agents
+/// receiving a binary at any moment, counted from the agents' own logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_canary_halts_the_rollout_and_resume_after_a_fixed_binary_finishes_it() {
+    let (bad, fixed) = (next(), later_patch(2));
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &mirror.source(),
+            "--metadata-key",
+            &mirror.key(),
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    let set = controller.run(&[
+        "model-config",
+        "rollout-canaries=1",
+        "rollout-max-at-once=1",
+        "rollout-failures-tolerated=0",
+    ]);
+    assert!(set.status.success(), "{}", text(&set));
+    // A bad value is refused, naming it.
+    let refused = controller.run(&["model-config", "rollout-canaries=some"]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("\"some\""), "{}", text(&refused));
+
+    // Three machine agents, whose host steps fail on the bad version only (a failpoint of
+    // the machine agent, never of the controller, which runs that version fine).
+    let bad_text = bad.to_string();
+    let add = controller.run_with_env(
+        &["add-machine", "-n", "3"],
+        &[
+            (FAIL_MACHINE_HOST_STEPS, bad_text.as_str()),
+            ("LOCKSTEPD_TRIAL_READY_TIMEOUT_SEC", TRIAL_SECONDS),
+        ],
+    );
+    assert!(add.status.success(), "{}", text(&add));
+    wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+
+    let upgrade = controller.run(&["upgrade-controller", "--agent-version", &bad_text]);
+    assert!(upgrade.status.success(), "{}", text(&upgrade));
+    controller.wait_running(bad, READY_WITHIN).await;
+
+    // The canary, machine 1, fails its host steps: the rollout halts, naming it and why.
+    let halted = wait_for_status(&controller, "halted", Duration::from_secs(180), |status| {
+        rollout(status)["state"] == "halted"
+    })
+    .await;
+    let record = rollout(&halted);
+    assert_eq!(record["target"], bad_text, "{record:#}");
+    assert_eq!(record["canaries"], serde_json::json!(["1"]), "{record:#}");
+    let failed = record["failed"].as_object().expect("failed agents");
+    assert_eq!(failed.keys().collect::<Vec<_>>(), ["1"], "{record:#}");
+    assert!(
+        failed["1"]
+            .as_str()
+            .unwrap()
+            .contains(FAIL_MACHINE_HOST_STEPS),
+        "{record:#}"
+    );
+    let tabular = controller.run(&["status"]);
+    let shown = String::from_utf8_lossy(&tabular.stdout).into_owned();
+    for expected in [
+        "halted",
+        "Failed-machine",
+        FAIL_MACHINE_HOST_STEPS,
+        "--resume",
+    ] {
+        assert!(shown.contains(expected), "{expected:?} not in:\n{shown}");
+    }
+
+    // Its trial over, the canary falls back to the binary it ran, and stays there: a failed
+    // agent is told the version it runs.
+    let own_text = own().to_string();
+    wait_for_status(
+        &controller,
+        "machine 1 back on its first binary",
+        Duration::from_secs(120),
+        |status| started_on(status, "1").as_deref() == Some(own_text.as_str()),
+    )
+    .await;
+    // No other agent switched, nor fetched the bad binary.
+    for dir in controller.data().machine_agent_dirs() {
+        let conf = dir.read_agent_conf().unwrap().unwrap();
+        if conf.tag == "machine-1" {
+            continue;
+        }
+        assert!(
+            dir.read_downloaded_tools(&host_binary(bad))
+                .unwrap()
+                .is_none(),
+            "{} downloaded {bad} while the rollout was halted",
+            conf.tag
+        );
+    }
+
+    // A fixed binary is published and the controller upgraded to it: the halt holds.
+    lockstep_agent::cli::demo::publish(mirror.path(), fixed, std::path::Path::new(LOCKSTEPD), true)
+        .expect("publish the fixed binary");
+    lockstep_agent::cli::demo::generate(mirror.path(), mirror.key.as_ref())
+        .expect("regenerate the mirror's metadata");
+    let fixed_text = fixed.to_string();
+    // The controller reads its mirror again within its catalogue's freshness (30 s).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let upgrade = controller.run(&["upgrade-controller", "--agent-version", &fixed_text]);
+        if upgrade.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && text(&upgrade).contains("no agent binaries"),
+            "{}",
+            text(&upgrade)
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    controller.wait_running(fixed, READY_WITHIN).await;
+    let still = wait_for_status(
+        &controller,
+        "the rollout of the fixed version recorded, halted",
+        Duration::from_secs(60),
+        |status| rollout(status)["target"] == fixed_text.as_str(),
+    )
+    .await;
+    assert_eq!(rollout(&still)["state"], "halted", "{still:#}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = status_json(&controller);
+    for id in ["1", "2", "3"] {
+        assert_eq!(
+            started_on(&status, id).as_deref(),
+            Some(own_text.as_str()),
+            "machine {id} moved while the rollout was halted:\n{status:#}"
+        );
+    }
+
+    // The operator resumes: the fleet finishes on the fixed binary.
+    let resume = controller.run(&["upgrade-model", "--resume"]);
+    assert!(resume.status.success(), "{}", text(&resume));
+    assert!(text(&resume).contains("rolling-out"), "{}", text(&resume));
+    wait_for_agents(&controller, 3, fixed, Duration::from_secs(300)).await;
+    let done = wait_for_status(
+        &controller,
+        "the rollout done",
+        Duration::from_secs(60),
+        |status| rollout(status)["state"] == "done",
+    )
+    .await;
+    assert_eq!(rollout(&done)["failed"], serde_json::json!({}), "{done:#}");
+    // Resuming what is not halted is refused, naming the version.
+    let again = controller.run(&["upgrade-model", "--resume"]);
+    assert!(!again.status.success(), "{}", text(&again));
+    assert!(
+        text(&again).contains(&format!("{fixed_text} is not halted")),
+        "{}",
+        text(&again)
+    );
+
+    // max-at-once 1, counted at the agents: no two agents were ever receiving a binary at
+    // the same moment (the canary's bad download included).
+    let windows: Vec<(u64, u64)> = controller
+        .data()
+        .machine_agent_dirs()
+        .iter()
+        .flat_map(|dir| {
+            let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap();
+            download_windows(&log, &dir.root().display().to_string())
+        })
+        .collect();
+    assert_eq!(windows.len(), 4, "1 bad download and 3 fixed: {windows:?}");
+    assert_eq!(most_at_once(&windows), 1, "{windows:?}");
+}
