@@ -137,9 +137,9 @@ pub struct HttpConfig {
     /// `Authorization` on a redirect to another host.
     pub basic_auth: Option<BasicAuth>,
     /// Keep a connection open for the next request once a response is read. On by
-    /// default; a machine agent downloading from its controller turns it off, so that the
-    /// connection closes as soon as the last byte is read: the controller holds the
-    /// agent's download slot until then.
+    /// default; off, hyper closes the connection as the last byte arrives, before the
+    /// caller has seen it. (A machine agent keeps it on and drops its source once it has
+    /// logged its download: a controller holds the agent's download slot until it hangs up.)
     pub keep_idle_connections: bool,
 }
 

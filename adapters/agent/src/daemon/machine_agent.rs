@@ -1092,9 +1092,11 @@ async fn stage_from_controller(
             user: conf.tag.clone(),
             password: conf.apipassword.as_str().to_owned(),
         }),
-        // Hang up once the last byte is read: the controller holds this download's slot
-        // until then.
-        keep_idle_connections: false,
+        // The connection stays open (idle in `source`'s pool) after the last byte until
+        // `source` is dropped, right after the download is logged and verified: the
+        // controller holds this download's slot until the agent hangs up, so the agent's
+        // logged window (first byte to last) lies inside its slot. Hung up by hyper as the
+        // last byte arrives instead, a next agent could start before this one logged it.
         ..lockstep_streams::HttpConfig::default()
     };
     config
@@ -1169,6 +1171,8 @@ async fn stage_from_controller(
             }
         }
     }
+    // Hang up: the controller frees this download's slot.
+    drop(source);
     let meta = DownloadedTools {
         version: plan.binary.clone(),
         url,
