@@ -10,7 +10,9 @@ use lockstep_agent::datadir::DataDir;
 use lockstep_core::Version;
 use serde_json::Value;
 
-use crate::common::{self, Controller, Mirror, Published, next, own, text};
+use crate::common::{
+    self, Controller, Mirror, Published, download_windows, most_at_once, next, own, text,
+};
 
 /// How long a controller may take to reach Ready (through an upgrade included).
 const READY_WITHIN: Duration = Duration::from_secs(120);
@@ -414,54 +416,6 @@ async fn twenty_machine_agents_upgrade_after_their_controller_which_fetches_the_
         "{most} agents were receiving the binary at once, with max-agent-downloads \
          {DOWNLOADS_AT_ONCE}: {windows:?}"
     );
-}
-
-/// The `monotonic_ns` of a log line, if it has one.
-fn monotonic_ns(line: &str) -> Option<u64> {
-    let rest = line.split("monotonic_ns=").nth(1)?;
-    rest.split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// The windows (first byte, last byte) in which a machine agent received a binary, from
-/// its log; every window must be closed (the download finished), in order.
-pub(crate) fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
-    let mut windows = Vec::new();
-    let mut open = None;
-    for line in log.lines() {
-        let line = &common::strip_ansi(line);
-        if line.contains("download receiving") {
-            assert!(
-                open.is_none(),
-                "{agent}: a download began before the last ended:\n{log}"
-            );
-            open = Some(monotonic_ns(line).expect("monotonic_ns"));
-        } else if line.contains("download received") {
-            let start = open
-                .take()
-                .unwrap_or_else(|| panic!("{agent}: received, never receiving:\n{log}"));
-            windows.push((start, monotonic_ns(line).expect("monotonic_ns")));
-        }
-    }
-    assert!(open.is_none(), "{agent}: a download never ended:\n{log}");
-    windows
-}
-
-/// The most windows open at one moment (one ending as another begins counts once).
-pub(crate) fn most_at_once(windows: &[(u64, u64)]) -> usize {
-    let mut edges: Vec<(u64, i32)> = windows
-        .iter()
-        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
-        .collect();
-    edges.sort();
-    let (mut open, mut most) = (0i32, 0i32);
-    for (_, edge) in edges {
-        open += edge;
-        most = most.max(open);
-    }
-    most as usize
 }
 
 #[test]

@@ -10,7 +10,8 @@ use lockstep_agent::datadir::host_binary;
 use serde_json::Value;
 
 use crate::common::{Controller, LOCKSTEPD, Mirror, Published, later_patch, next, own, text};
-use crate::machine_agents::{agent_logs, download_windows, most_at_once, wait_for_agents};
+use crate::common::{download_windows, most_at_once};
+use crate::machine_agents::{agent_logs, wait_for_agents};
 
 /// How long a controller may take to reach Ready (through an upgrade included).
 const READY_WITHIN: Duration = Duration::from_secs(120);

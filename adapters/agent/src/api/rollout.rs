@@ -5,7 +5,7 @@
 //! `upgrade-model --resume` and `--abort`, and the record as `lockstep status` shows it.
 //! Every decision is the core's; this module reads and writes.
 
-use lockstep_core::lifecycle::ControllerId;
+use lockstep_core::lifecycle::{ControllerId, LeaseToken};
 use lockstep_core::rollout::{self, AgentView, Health, Rollout, RolloutConfigError, RolloutPolicy};
 use lockstep_core::{Millis, Timestamp, Version};
 use lockstep_store::{
@@ -98,11 +98,21 @@ pub enum Pass {
     Written(Box<Rollout>),
 }
 
-/// The record the coordinator would write now, read in `tx`: `Ok(None)` when there is
-/// nothing to write.
-fn next_record(tx: &mut dyn Tx) -> Result<Result<Option<Rollout>, RolloutConfigError>, StoreError> {
+/// What the coordinator would do now.
+enum Plan {
+    /// No rollout is under way: no model, the controllers not yet on the target, or every
+    /// agent on it.
+    Nothing,
+    /// The record says what the core would write.
+    Unchanged,
+    /// The record to write.
+    Write(Rollout),
+}
+
+/// What the coordinator would write now, read in `tx`.
+fn next_record(tx: &mut dyn Tx) -> Result<Result<Plan, RolloutConfigError>, StoreError> {
     let Some(model) = tx.model()? else {
-        return Ok(Ok(None));
+        return Ok(Ok(Plan::Nothing));
     };
     let policy = match policy(&settings(tx)?) {
         Ok(policy) => policy,
@@ -111,35 +121,43 @@ fn next_record(tx: &mut dyn Tx) -> Result<Result<Option<Rollout>, RolloutConfigE
     let target = model.agent_version;
     let machines = tx.machines()?;
     if !controllers_run(&machines, target) {
-        return Ok(Ok(None));
+        return Ok(Ok(Plan::Nothing));
     }
     let views = agent_views(&machines, &tx.agent_statuses()?, tx.now());
     let record = tx.rollout()?;
     let current = record.as_ref().filter(|record| record.target == target);
-    if current.is_none() && views.iter().all(|agent| agent.running == Some(target)) {
-        // A fleet already on the target needs no rollout. Any other needs its record, the
+    if views.iter().all(|agent| agent.running == Some(target)) {
+        // A fleet on the target needs no (more) rollout. Any other needs its record, the
         // default policy's too: it admits every agent at once (Juju's behaviour), and it
         // records the agents that fail, so that one that fell back from a bad binary is
         // told to stay where it is rather than sent to the same binary again.
-        return Ok(Ok(None));
+        return Ok(Ok(Plan::Nothing));
     }
     let base = match current {
         Some(current) => current.clone(),
         None => rollout::retarget(record.as_ref(), target),
     };
     let next = rollout::advance(&policy, &base, &views, tx.now());
-    Ok(Ok((record.as_ref() != Some(&next)).then_some(next)))
+    Ok(Ok(if record.as_ref() == Some(&next) {
+        Plan::Unchanged
+    } else {
+        Plan::Write(next)
+    }))
 }
 
 /// One coordinator pass: reads whether the rollout has something to write (a snapshot, no
 /// lease), and if so takes the coordinator lease for `holder` (`ttl`, the lifecycle's) and
 /// writes the core's next record in a transaction fenced on it, read again inside. The
-/// lease is not given back: the controller that coordinates keeps doing so while it
-/// writes, and its own lifecycle extends the same lease when an upgrade begins.
+/// lease taken for a write lapses `ttl` after the last one (its own lifecycle extends the
+/// same lease if an upgrade begins meanwhile), or is given back (`held`, the token this
+/// coordinator took) by the first pass that finds no rollout under way, so that no lease
+/// outlives the rollout. Called only while this controller is Ready, when its lifecycle
+/// holds no lease.
 pub fn coordinate(
     store: &dyn Store,
     holder: ControllerId,
     ttl: Millis,
+    held: &mut Option<LeaseToken>,
 ) -> Result<Pass, StoreError> {
     let mut planned = None;
     store.snapshot(&mut |tx| {
@@ -148,22 +166,29 @@ pub fn coordinate(
     })?;
     match planned.expect("the snapshot body ran") {
         Err(error) => return Ok(Pass::BadPolicy(error)),
-        Ok(None) => return Ok(Pass::Idle),
-        Ok(Some(_)) => {}
+        Ok(Plan::Nothing) => {
+            if let Some(token) = held.take() {
+                store.release_lease(holder, token)?;
+            }
+            return Ok(Pass::Idle);
+        }
+        Ok(Plan::Unchanged) => return Ok(Pass::Idle),
+        Ok(Plan::Write(_)) => {}
     }
     let Some(token) = store.acquire_lease(holder, ttl)? else {
         return Ok(Pass::NotCoordinator);
     };
+    *held = Some(token);
     let mut written = None;
     let outcome = store.transaction(Some(token), &mut |tx| {
         written = None;
         match next_record(tx)? {
-            Ok(Some(next)) => {
+            Ok(Plan::Write(next)) => {
                 tx.put_rollout(&next)?;
                 written = Some(next);
                 Ok(())
             }
-            Ok(None) | Err(_) => Err(Abort::Unchanged),
+            Ok(Plan::Nothing | Plan::Unchanged) | Err(_) => Err(Abort::Unchanged),
         }
     })?;
     Ok(match (outcome, written) {
@@ -352,25 +377,33 @@ mod tests {
 
     #[test]
     fn the_default_policy_admits_everyone_and_a_staged_one_the_canary_alone() {
+        let mut held = None;
         let juju = store_with(json!({}));
-        let Pass::Written(record) = coordinate(&juju, ControllerId(0), Millis(15_000)).unwrap()
+        let Pass::Written(record) =
+            coordinate(&juju, ControllerId(0), Millis(15_000), &mut held).unwrap()
         else {
             panic!("a record written");
         };
         assert_eq!(record.admitted.keys().collect::<Vec<_>>(), ["1", "2"]);
         assert_eq!(
-            coordinate(&juju, ControllerId(0), Millis(15_000)).unwrap(),
+            coordinate(&juju, ControllerId(0), Millis(15_000), &mut held).unwrap(),
             Pass::Idle
         );
+        assert!(
+            juju.lease().unwrap().is_some(),
+            "kept while the rollout goes on"
+        );
 
+        let mut held = None;
         let staged = store_with(json!({"rollout-canaries": 1, "rollout-max-at-once": "1"}));
-        let Pass::Written(record) = coordinate(&staged, ControllerId(0), Millis(15_000)).unwrap()
+        let Pass::Written(record) =
+            coordinate(&staged, ControllerId(0), Millis(15_000), &mut held).unwrap()
         else {
             panic!("a record written");
         };
         assert_eq!(record.admitted.keys().collect::<Vec<_>>(), ["1"]);
         assert_eq!(
-            coordinate(&staged, ControllerId(0), Millis(15_000)).unwrap(),
+            coordinate(&staged, ControllerId(0), Millis(15_000), &mut held).unwrap(),
             Pass::Idle
         );
         // Another controller is not the coordinator while the lease lives.
@@ -378,9 +411,8 @@ mod tests {
         assert_eq!(read, *record);
     }
 
-    #[test]
-    fn a_fleet_on_the_target_needs_no_record_and_takes_no_lease() {
-        let store = store_with(json!({"rollout-canaries": 1}));
+    /// Every agent of `store` reports Ready on 3.6.2.
+    fn all_on_target(store: &MemoryStore) {
         store
             .transaction(None, &mut |tx| {
                 for mut machine in tx.machines()? {
@@ -395,8 +427,15 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    #[test]
+    fn a_fleet_on_the_target_needs_no_record_and_takes_no_lease() {
+        let mut held = None;
+        let store = store_with(json!({"rollout-canaries": 1}));
+        all_on_target(&store);
         assert_eq!(
-            coordinate(&store, ControllerId(0), Millis(15_000)).unwrap(),
+            coordinate(&store, ControllerId(0), Millis(15_000), &mut held).unwrap(),
             Pass::Idle
         );
         assert!(
@@ -406,9 +445,27 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_is_given_back_once_the_fleet_is_on_the_target() {
+        let mut held = None;
+        let store = store_with(json!({}));
+        let pass = coordinate(&store, ControllerId(0), Millis(15_000), &mut held).unwrap();
+        assert!(matches!(pass, Pass::Written(_)), "{pass:?}");
+        assert!(held.is_some() && store.lease().unwrap().is_some());
+        all_on_target(&store);
+        assert_eq!(
+            coordinate(&store, ControllerId(0), Millis(15_000), &mut held).unwrap(),
+            Pass::Idle
+        );
+        assert!(held.is_none());
+        assert!(store.lease().unwrap().is_none(), "{:?}", store.lease());
+    }
+
+    #[test]
     fn a_bad_policy_is_named_and_nothing_is_written() {
+        let mut held = None;
         let store = store_with(json!({"rollout-canaries": "many"}));
-        let Pass::BadPolicy(error) = coordinate(&store, ControllerId(0), Millis(15_000)).unwrap()
+        let Pass::BadPolicy(error) =
+            coordinate(&store, ControllerId(0), Millis(15_000), &mut held).unwrap()
         else {
             panic!("a bad policy");
         };

@@ -30,6 +30,8 @@ pub async fn run(
     mut status: watch::Receiver<AgentStatus>,
 ) {
     let mut last_bad_policy = None;
+    // The lease this coordinator took and keeps while the rollout goes on.
+    let mut held = None;
     loop {
         let ready = status
             .borrow_and_update()
@@ -38,8 +40,16 @@ pub async fn run(
             .is_some_and(|report| report.phase == Phase::Ready);
         if ready {
             let store = Arc::clone(&store);
-            let pass =
-                tokio::task::spawn_blocking(move || coordinate(&*store, holder, lease_ttl)).await;
+            let mut token = held;
+            let pass = tokio::task::spawn_blocking(move || {
+                let pass = coordinate(&*store, holder, lease_ttl, &mut token);
+                (pass, token)
+            })
+            .await
+            .map(|(pass, token)| {
+                held = token;
+                pass
+            });
             match pass {
                 Ok(Ok(Pass::Written(record))) => {
                     tracing::info!(
