@@ -60,12 +60,14 @@ fn started_on(status: &Value, id: &str) -> Option<String> {
 }
 
 /// A canary given a binary that fails its host steps halts the rollout with no other agent
-/// switched; the canary falls back to the binary it ran; a fixed binary published and the
-/// controller upgraded to it do not lift the halt; `upgrade-model --resume` does, and the
+/// switched; the canary falls back to the binary it ran; `upgrade-model --abort` holds every
+/// agent on what it runs, the model's agent-version untouched; a fixed binary published and
+/// the controller upgraded to it do not lift the halt; `upgrade-model --resume` does, and the
 /// fleet finishes on the fixed binary with at most `rollout-max-at-once` (1) agents
 /// receiving a binary at any moment, counted from the agents' own logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_canary_halts_the_rollout_and_resume_after_a_fixed_binary_finishes_it() {
+async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_after_a_fixed_binary_finishes_it()
+ {
     let (bad, fixed) = (next(), later_patch(2));
     let mirror = Mirror::n_and_next(Published::Lockstepd);
     let controller = Controller::bootstrap(
@@ -124,6 +126,24 @@ async fn a_failing_canary_halts_the_rollout_and_resume_after_a_fixed_binary_fini
             .contains(FAIL_MACHINE_HOST_STEPS),
         "{record:#}"
     );
+    // /metrics shows it too: the rollout halted, its failure, the fleet by version/phase.
+    let (code, body) = controller.https_get("/metrics", None).await;
+    let metrics = String::from_utf8_lossy(&body);
+    assert_eq!(code, 200, "{metrics}");
+    for expected in [
+        format!("lockstep_rollout_info{{target=\"{bad_text}\",state=\"halted\"}} 1"),
+        "lockstep_rollout_halted 1".to_owned(),
+        "lockstep_rollout_agents{state=\"failed\"} 1".to_owned(),
+        format!(
+            "lockstep_machine_agents{{version=\"{}\",phase=\"ready\"}} 2",
+            own()
+        ),
+    ] {
+        assert!(
+            metrics.contains(&expected),
+            "{expected:?} not in:\n{metrics}"
+        );
+    }
     let tabular = controller.run(&["status"]);
     let shown = String::from_utf8_lossy(&tabular.stdout).into_owned();
     for expected in [
@@ -160,7 +180,24 @@ async fn a_failing_canary_halts_the_rollout_and_resume_after_a_fixed_binary_fini
         );
     }
 
-    // A fixed binary is published and the controller upgraded to it: the halt holds.
+    // The operator aborts: every agent that has not switched is held on what it runs.
+    let abort = controller.run(&["upgrade-model", "--abort"]);
+    assert!(abort.status.success(), "{}", text(&abort));
+    let aborted = status_json(&controller);
+    let record = rollout(&aborted);
+    assert_eq!(record["state"], "halted", "{record:#}");
+    assert_eq!(
+        record["held"],
+        serde_json::json!({"1": own_text, "2": own_text, "3": own_text}),
+        "{record:#}"
+    );
+    assert_eq!(
+        aborted["model"]["version"], bad_text,
+        "agent-version is never lowered"
+    );
+
+    // A fixed binary is published and the controller upgraded to it: the halt holds (what
+    // the abort held does not: a new agent-version is the operator's new word).
     lockstep_agent::cli::demo::publish(mirror.path(), fixed, std::path::Path::new(LOCKSTEPD), true)
         .expect("publish the fixed binary");
     lockstep_agent::cli::demo::generate(mirror.path(), mirror.key.as_ref())
@@ -189,6 +226,7 @@ async fn a_failing_canary_halts_the_rollout_and_resume_after_a_fixed_binary_fini
     )
     .await;
     assert_eq!(rollout(&still)["state"], "halted", "{still:#}");
+    assert_eq!(rollout(&still)["held"], serde_json::json!({}), "{still:#}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let status = status_json(&controller);
     for id in ["1", "2", "3"] {

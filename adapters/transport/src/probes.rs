@@ -13,6 +13,7 @@ use serde_json::json;
 
 use crate::admission::ConnectionCounts;
 use crate::limits::Refusal;
+use crate::state::Fleet;
 
 /// Counters for `/metrics`. Keys are facade labels ([`crate::served::facade_label`]), so
 /// the label cardinality is bounded.
@@ -92,6 +93,83 @@ pub fn add_connection_counts(text: &str, counts: &ConnectionCounts) -> String {
     merged
 }
 
+/// The machine agents' gauges: what the store says of the fleet (absent when it could not
+/// be read in time) and this controller's agent downloads in flight.
+#[derive(Clone, Copy, Debug)]
+pub struct FleetGauges<'a> {
+    pub fleet: Option<&'a Fleet>,
+    pub downloads_in_flight: u32,
+}
+
+/// Label values are versions, phases and rollout states: no quote, backslash or newline
+/// can reach them, but a label is escaped as Prometheus asks all the same.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn fleet_gauges(text: &mut String, gauges: &FleetGauges<'_>) {
+    text.push_str(
+        "# HELP lockstep_agent_downloads_in_flight Machine agents' binary downloads this controller serves now.\n",
+    );
+    text.push_str("# TYPE lockstep_agent_downloads_in_flight gauge\n");
+    let _ = writeln!(
+        text,
+        "lockstep_agent_downloads_in_flight {}",
+        gauges.downloads_in_flight
+    );
+    let Some(fleet) = gauges.fleet else {
+        return;
+    };
+    text.push_str(
+        "# HELP lockstep_machine_agents Machine agents by the version and phase they last reported (down: silent).\n",
+    );
+    text.push_str("# TYPE lockstep_machine_agents gauge\n");
+    for ((version, phase), count) in &fleet.agents {
+        let _ = writeln!(
+            text,
+            "lockstep_machine_agents{{version=\"{}\",phase=\"{}\"}} {count}",
+            label(version),
+            label(phase)
+        );
+    }
+    let Some(rollout) = &fleet.rollout else {
+        return;
+    };
+    text.push_str(
+        "# HELP lockstep_rollout_info The staged rollout of machine agents: its target and state (1).\n",
+    );
+    text.push_str("# TYPE lockstep_rollout_info gauge\n");
+    let _ = writeln!(
+        text,
+        "lockstep_rollout_info{{target=\"{}\",state=\"{}\"}} 1",
+        label(&rollout.target),
+        label(&rollout.state)
+    );
+    text.push_str(
+        "# HELP lockstep_rollout_agents The rollout's machine agents by where they are in it.\n",
+    );
+    text.push_str("# TYPE lockstep_rollout_agents gauge\n");
+    for (state, count) in [
+        ("all", rollout.agents),
+        ("admitted", rollout.admitted),
+        ("on-target", rollout.on_target),
+        ("failed", rollout.failed),
+        ("held", rollout.held),
+    ] {
+        let _ = writeln!(text, "lockstep_rollout_agents{{state=\"{state}\"}} {count}");
+    }
+    text.push_str("# HELP lockstep_rollout_halted 1 while the rollout is halted.\n");
+    text.push_str("# TYPE lockstep_rollout_halted gauge\n");
+    let _ = writeln!(
+        text,
+        "lockstep_rollout_halted {}",
+        u8::from(rollout.state == "halted")
+    );
+}
+
 /// `GET /metrics`: Prometheus text format, the phase as a labelled gauge, calls and gate
 /// rejections by facade, connections and logins, and refusals by reason.
 pub fn metrics(
@@ -99,6 +177,7 @@ pub fn metrics(
     metrics: &Metrics,
     connections: &ConnectionCounts,
     (checking, queued): (usize, usize),
+    fleet: FleetGauges<'_>,
 ) -> Response {
     let mut text = String::new();
     text.push_str("# HELP lockstep_phase The agent's lifecycle phase (1 for the current one).\n");
@@ -184,6 +263,7 @@ pub fn metrics(
     text.push_str("# HELP lockstep_api_watchers AllWatchers held, all connections.\n");
     text.push_str("# TYPE lockstep_api_watchers gauge\n");
     let _ = writeln!(text, "lockstep_api_watchers {}", connections.watchers);
+    fleet_gauges(&mut text, &fleet);
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -205,7 +285,16 @@ mod tests {
             progress: Progress::default(),
             retry_after: Millis(1000),
         };
-        let response = metrics(view, &Metrics::default(), counts, (1, 2));
+        let response = metrics(
+            view,
+            &Metrics::default(),
+            counts,
+            (1, 2),
+            FleetGauges {
+                fleet: None,
+                downloads_in_flight: 0,
+            },
+        );
         let body = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
@@ -219,6 +308,54 @@ mod tests {
             reply_bytes: base as usize + 3,
             watchers: base as usize + 4,
             refusals: std::array::from_fn(|index| base + 10 + index as u64),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_fleets_gauges_name_each_version_and_phase_and_the_rollout() {
+        let fleet = Fleet {
+            agents: BTreeMap::from([
+                (("2.9.44".to_owned(), "ready".to_owned()), 7),
+                (("2.9.45".to_owned(), "upgrading".to_owned()), 1),
+            ]),
+            rollout: Some(crate::state::RolloutGauges {
+                target: "2.9.45".to_owned(),
+                state: "halted".to_owned(),
+                agents: 8,
+                admitted: 1,
+                on_target: 0,
+                failed: 1,
+                held: 0,
+            }),
+        };
+        let view = GateView {
+            phase: Phase::Ready,
+            progress: Progress::default(),
+            retry_after: Millis(1000),
+        };
+        let response = metrics(
+            view,
+            &Metrics::default(),
+            &counts(0),
+            (0, 0),
+            FleetGauges {
+                fleet: Some(&fleet),
+                downloads_in_flight: 3,
+            },
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        for line in [
+            "lockstep_agent_downloads_in_flight 3\n",
+            "lockstep_machine_agents{version=\"2.9.44\",phase=\"ready\"} 7\n",
+            "lockstep_machine_agents{version=\"2.9.45\",phase=\"upgrading\"} 1\n",
+            "lockstep_rollout_info{target=\"2.9.45\",state=\"halted\"} 1\n",
+            "lockstep_rollout_agents{state=\"failed\"} 1\n",
+            "lockstep_rollout_halted 1\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in:\n{text}");
         }
     }
 

@@ -403,10 +403,32 @@ async fn readyz(State(api): State<Arc<Api>>) -> Response {
     probes::readyz(api.view())
 }
 
+/// How long `/metrics` waits for the fleet's gauges (a store read); past it, or when the
+/// read fails, they are left out of that scrape rather than holding it.
+pub const FLEET_READ_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    let fleet = match tokio::time::timeout(FLEET_READ_MAX, api.state.fleet()).await {
+        Ok(Ok(fleet)) => Some(fleet),
+        Ok(Err(error)) => {
+            tracing::debug!(target: "lockstep::api", error = %error.message, "/metrics without the fleet's gauges");
+            None
+        }
+        Err(_) => None,
+    };
     let view = api.view();
     let counts = api.connections.counts();
     let logins = api.checks.in_progress();
+    let downloads = api.tools.agent_downloads_in_flight();
     let metrics = api.metrics.lock().expect("not poisoned");
-    probes::metrics(view, &metrics, &counts, logins)
+    probes::metrics(
+        view,
+        &metrics,
+        &counts,
+        logins,
+        probes::FleetGauges {
+            fleet: fleet.as_ref(),
+            downloads_in_flight: downloads,
+        },
+    )
 }

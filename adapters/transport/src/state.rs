@@ -179,6 +179,40 @@ pub trait SharedState: Send + Sync + 'static {
         &self,
         reports: &[AgentStatusReport],
     ) -> Result<Vec<Result<(), WireError>>, WireError>;
+
+    // --- The fleet, for /metrics -----------------------------------------------------
+
+    /// The machine agents (no controllers) by the version and phase they last reported
+    /// (`down` for one silent past `AGENT_DOWN_AFTER`), and the staged rollout's counts.
+    async fn fleet(&self) -> Result<Fleet, WireError>;
+}
+
+/// The most distinct versions [`Fleet::agents`] names; more are counted under `other`, so
+/// that `/metrics`' label cardinality stays bounded.
+pub const FLEET_VERSIONS_MAX: usize = 16;
+
+/// What `/metrics` shows of the machine agents (`lockstep_machine_agents`,
+/// `lockstep_rollout_*`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fleet {
+    /// Agents by (version, phase): at most [`FLEET_VERSIONS_MAX`] versions and `other`.
+    pub agents: std::collections::BTreeMap<(String, String), u64>,
+    /// The rollout of the model's agent-version (or a halted one), if one is recorded.
+    pub rollout: Option<RolloutGauges>,
+}
+
+/// A rollout's counts for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RolloutGauges {
+    /// Its target version.
+    pub target: String,
+    /// `rolling-out`, `halted` or `done`.
+    pub state: String,
+    pub agents: u64,
+    pub admitted: u64,
+    pub on_target: u64,
+    pub failed: u64,
+    pub held: u64,
 }
 
 /// What `MachineManager.ProvisioningScript` asks of the state: Juju's params and what only

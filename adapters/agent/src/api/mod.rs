@@ -299,6 +299,11 @@ impl SharedState for StoreState {
         self.mutation(params, model_config::model_unset).await
     }
 
+    async fn fleet(&self) -> Result<lockstep_transport::state::Fleet, WireError> {
+        self.read(|store, _| rollout::fleet(store).map_err(calls::store_error))
+            .await
+    }
+
     async fn resume_rollout(&self, params: &Value) -> Result<Value, WireError> {
         self.mutation(params, rollout::resume).await
     }

@@ -13,6 +13,7 @@ use lockstep_store::{
 };
 use lockstep_transport::facade::machiner::AGENT_DOWN_AFTER;
 use lockstep_transport::facade::model_config::setting_text;
+use lockstep_transport::state::{FLEET_VERSIONS_MAX, Fleet, RolloutGauges};
 use lockstep_transport::wire::WireError;
 use serde_json::{Map, Value, json};
 
@@ -282,6 +283,88 @@ pub fn status(record: &Rollout, agents: &[AgentView]) -> Value {
     })
 }
 
+/// What `/metrics` shows of the fleet: the machine agents by the version and phase they
+/// last reported (`down` once silent; `unknown` before their first report), at most
+/// [`FLEET_VERSIONS_MAX`] versions named (the most populous) and the rest as `other`; and
+/// the rollout's counts, as [`status`] computes them.
+pub fn fleet(store: &dyn Store) -> Result<Fleet, StoreError> {
+    let mut read = None;
+    store.snapshot(&mut |tx| {
+        read = Some((
+            tx.model()?,
+            tx.machines()?,
+            tx.agent_statuses()?,
+            tx.rollout()?,
+            tx.now(),
+        ));
+        Ok(())
+    })?;
+    let (model, machines, statuses, record, now) = read.expect("the snapshot body ran");
+    let agents = agent_views(&machines, &statuses, now);
+    let reports: std::collections::HashMap<&str, &AgentStatus> = statuses
+        .iter()
+        .map(|(tag, status)| (tag.as_str(), status))
+        .collect();
+    let mut by_version: std::collections::BTreeMap<String, u64> = Default::default();
+    for agent in &agents {
+        *by_version
+            .entry(
+                agent
+                    .running
+                    .map_or_else(|| "unknown".to_owned(), |v| v.to_string()),
+            )
+            .or_default() += 1;
+    }
+    let mut named: Vec<(&String, &u64)> = by_version.iter().collect();
+    named.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let named: std::collections::BTreeSet<String> = named
+        .into_iter()
+        .take(FLEET_VERSIONS_MAX)
+        .map(|(version, _)| version.clone())
+        .collect();
+    let mut counts = std::collections::BTreeMap::new();
+    for agent in &agents {
+        let version = agent
+            .running
+            .map_or_else(|| "unknown".to_owned(), |v| v.to_string());
+        let version = if named.contains(&version) {
+            version
+        } else {
+            "other".to_owned()
+        };
+        let phase = match (&agent.health, reports.get(machine_tag(&agent.id).as_str())) {
+            (Health::Down, Some(_)) => "down".to_owned(),
+            (_, Some(report)) if !report.phase.is_empty() => report.phase.clone(),
+            _ => "unknown".to_owned(),
+        };
+        *counts.entry((version, phase)).or_insert(0) += 1;
+    }
+    let rollout = record
+        .filter(|record| {
+            model
+                .as_ref()
+                .is_some_and(|model| record.target == model.agent_version)
+                || record.halted.is_some()
+        })
+        .map(|record| {
+            let shown = status(&record, &agents);
+            let count = |key: &str| shown[key].as_u64().unwrap_or(0);
+            RolloutGauges {
+                target: record.target.to_string(),
+                state: shown["state"].as_str().unwrap_or_default().to_owned(),
+                agents: count("agents"),
+                admitted: count("admitted"),
+                on_target: count("on-target"),
+                failed: record.failed.len() as u64,
+                held: record.held.len() as u64,
+            }
+        });
+    Ok(Fleet {
+        agents: counts,
+        rollout,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,6 +541,24 @@ mod tests {
         );
         assert!(held.is_none());
         assert!(store.lease().unwrap().is_none(), "{:?}", store.lease());
+    }
+
+    #[test]
+    fn the_fleet_counts_agents_by_version_and_phase_and_the_rollout() {
+        let mut held = None;
+        let store = store_with(json!({"rollout-canaries": 1}));
+        coordinate(&store, ControllerId(0), Millis(15_000), &mut held).unwrap();
+        let fleet = fleet(&store).unwrap();
+        assert_eq!(
+            fleet.agents,
+            std::collections::BTreeMap::from([(("3.6.1".to_owned(), "ready".to_owned()), 2)])
+        );
+        let rollout = fleet.rollout.expect("a rollout");
+        assert_eq!(
+            (rollout.target.as_str(), rollout.state.as_str()),
+            ("3.6.2", "rolling-out")
+        );
+        assert_eq!((rollout.agents, rollout.admitted), (2, 1));
     }
 
     #[test]

@@ -526,6 +526,10 @@ impl SharedState for FakeState {
         })
     }
 
+    async fn fleet(&self) -> Result<lockstep_transport::state::Fleet, WireError> {
+        Ok(lockstep_transport::state::Fleet::default())
+    }
+
     async fn resume_rollout(&self, _params: &Value) -> Result<Value, WireError> {
         Err(bad("the fake state keeps no rollout".into()))
     }
