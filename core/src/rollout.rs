@@ -83,6 +83,25 @@ pub enum Health {
     Down,
 }
 
+impl Health {
+    /// An agent's health from its last status report (`Machiner.SetStatus`): its status
+    /// word, message and lockstep phase, and whether it is `silent` (older than the
+    /// controllers' down bound, or never sent): down when silent, failed when it reports
+    /// `error` (its message the reason), Ready in phase `ready`, else busy. The one reading
+    /// of a report, for the controllers' coordinator and the simulator's alike.
+    pub fn of_report(status: &str, info: &str, phase: &str, silent: bool) -> Health {
+        if silent {
+            Health::Down
+        } else if status == "error" {
+            Health::Failed(info.to_owned())
+        } else if phase == crate::Phase::Ready.as_str() {
+            Health::Ready
+        } else {
+            Health::Busy
+        }
+    }
+}
+
 /// Why a rollout halted: the agents that failed and what each said.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Halt {
@@ -632,6 +651,26 @@ mod tests {
         }
         // And it stays so: halted admits nothing.
         assert_eq!(advance(&policy, &aborted, &agents, Timestamp(1)), aborted);
+    }
+
+    #[test]
+    fn a_report_reads_as_down_failed_ready_or_busy() {
+        assert_eq!(
+            Health::of_report("started", "", "ready", true),
+            Health::Down
+        );
+        assert_eq!(
+            Health::of_report("error", "bad", "steps-failed", false),
+            Health::Failed("bad".into())
+        );
+        assert_eq!(
+            Health::of_report("started", "", "ready", false),
+            Health::Ready
+        );
+        assert_eq!(
+            Health::of_report("started", "", "upgrading", false),
+            Health::Busy
+        );
     }
 
     #[test]

@@ -30,17 +30,14 @@ pub fn policy(settings: &Map<String, Value>) -> Result<RolloutPolicy, RolloutCon
 /// is older than [`AGENT_DOWN_AFTER`] (or it never reported), failed when it reports
 /// `error` (with its message), Ready in phase `ready`, else busy.
 pub fn health(report: Option<&AgentStatus>, now: Timestamp) -> Health {
-    let Some(report) = report else {
-        return Health::Down;
-    };
-    if now.0.saturating_sub(report.updated.0) > AGENT_DOWN_AFTER.as_millis() as u64 {
-        Health::Down
-    } else if report.status == "error" {
-        Health::Failed(report.info.clone())
-    } else if report.phase == "ready" {
-        Health::Ready
-    } else {
-        Health::Busy
+    match report {
+        None => Health::Down,
+        Some(report) => Health::of_report(
+            &report.status,
+            &report.info,
+            &report.phase,
+            now.0.saturating_sub(report.updated.0) > AGENT_DOWN_AFTER.as_millis() as u64,
+        ),
     }
 }
 
