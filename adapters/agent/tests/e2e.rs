@@ -92,16 +92,35 @@ async fn a_second_bootstrap_on_the_same_data_dir_is_refused() {
     controller.wait_ready(READY_WITHIN).await;
 }
 
+/// `lockstep demo --timeline FILE` holds its claims and draws the run: the controller's
+/// lane on N, then on N+1 after its restart, each version named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_demo_holds_its_claims() {
+async fn the_demo_holds_its_claims_and_draws_its_timeline() {
+    let scratch = tempfile::tempdir().unwrap();
+    let svg_path = scratch.path().join("demo.svg");
     let output = std::process::Command::new(common::LOCKSTEP)
-        .args(["demo", "--timeout", "180"])
+        .args(["demo", "--timeout", "180", "--timeline"])
+        .arg(&svg_path)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", text(&output));
     assert!(stdout.contains("claims hold"), "{}", text(&output));
     assert!(!stdout.contains("FAIL"), "{}", text(&output));
+    let svg = std::fs::read_to_string(&svg_path).expect("the timeline was drawn");
+    assert!(
+        svg.starts_with("<svg") && svg.ends_with("</svg>\n"),
+        "{svg}"
+    );
+    for expected in [
+        ">controller</text>".to_owned(),
+        ">deployer</text>".to_owned(),
+        format!("controller upgrading on {}", common::own()),
+        format!("controller ready on {}", common::next()),
+        format!("controller restarting on {}", common::own()),
+    ] {
+        assert!(svg.contains(&expected), "{expected:?} not in:\n{svg}");
+    }
 }
 
 /// A `lockstep deploy` started before Ready (as soon as bootstrap wrote `controller.yaml`)

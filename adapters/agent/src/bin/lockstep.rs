@@ -201,6 +201,10 @@ enum Command {
         /// Keep the temporary directory for inspection.
         #[arg(long)]
         keep: bool,
+        /// Also draw the run as an SVG swimlane (phases and versions over time), as
+        /// lockstep-sim --timeline draws a simulated one.
+        #[arg(long, value_name = "FILE")]
+        timeline: Option<PathBuf>,
     },
 }
 
@@ -384,7 +388,9 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
             ));
             Ok(())
         }
-        Command::Demo { keep } => Ok(lockstep_agent::cli::demo::run(keep, timeout).await?),
+        Command::Demo { keep, timeline } => {
+            Ok(lockstep_agent::cli::demo::run(keep, timeout, timeline).await?)
+        }
     }
 }
 

@@ -48,6 +48,11 @@ pub enum DemoError {
     },
     #[error("cannot create a temporary directory: {0}")]
     TempDir(#[source] io::Error),
+    #[error("--timeline: {error}")]
+    Timeline {
+        #[source]
+        error: lockstep_fs::AtomicWriteError,
+    },
     #[error(transparent)]
     Executable(#[from] ExecutableError),
     #[error(transparent)]
@@ -171,6 +176,13 @@ impl Timeline {
 
     pub fn add(&self, party: &'static str, text: impl Into<String>) {
         self.add_at(self.elapsed(), party, text);
+    }
+
+    /// Every event so far, in time order.
+    pub fn events(&self) -> Vec<Event> {
+        let mut events = self.events.lock().expect("not poisoned").clone();
+        events.sort_by_key(|(at, _, _)| *at);
+        events
     }
 
     pub fn render(&self) -> String {
@@ -1093,9 +1105,102 @@ fn check_watcher(watched: &Result<Watched, WatchError>, status: Option<&Value>) 
 
 /// Runs the demo. See the module documentation. SIGINT or SIGTERM stops it, and every
 /// process it started.
-pub async fn run(keep: bool, timeout: Duration) -> Result<(), DemoError> {
+/// The run as `lockstep-sim --timeline` draws a simulated one (`lockstep-timeline`): the
+/// controller's lane, its phase from its log's gate changes and its version from the binary
+/// each worker starts on (a re-exec is `restarting` until the next worker's first phase),
+/// and a lane per client (deployer, watcher, bootstrap) with a tick for each of its events.
+pub fn picture(
+    controller: &[(Duration, ControllerEvent)],
+    events: &[Event],
+    end: Duration,
+) -> lockstep_timeline::Picture {
+    use lockstep_timeline::{Lane, Mark, MarkKind, Picture, Span};
+    let ms = |at: &Duration| at.as_millis() as u64;
+    let mut lane = Lane {
+        name: "controller".to_owned(),
+        pinned: true,
+        spans: Vec::new(),
+    };
+    let mut version: Option<String> = None;
+    for (at, event) in controller {
+        match event {
+            ControllerEvent::WorkerStarting { running, .. } => {
+                version = Some(
+                    running
+                        .split_once('-')
+                        .map_or(running.as_str(), |(number, _)| number)
+                        .to_owned(),
+                );
+            }
+            ControllerEvent::Gate { phase, .. } => {
+                let phase = lockstep_core::Phase::ALL
+                    .into_iter()
+                    .find(|known| known.as_str() == phase);
+                if lane
+                    .spans
+                    .last()
+                    .is_none_or(|span: &Span| span.phase != phase || span.version != version)
+                {
+                    lane.spans.push(Span {
+                        from_ms: ms(at),
+                        phase,
+                        version: version.clone(),
+                    });
+                }
+            }
+            ControllerEvent::ReExecuting { .. } => lane.spans.push(Span {
+                from_ms: ms(at),
+                phase: Some(lockstep_core::Phase::Restarting),
+                version: version.clone(),
+            }),
+            ControllerEvent::LauncherStartedWorker { .. } | ControllerEvent::Step { .. } => {}
+        }
+    }
+    let mut lanes = vec![lane];
+    let mut marks = Vec::new();
+    for (at, party, text) in events {
+        if matches!(*party, "controller" | "mirror" | "operator") {
+            continue;
+        }
+        let index = match lanes.iter().position(|lane| lane.name == *party) {
+            Some(index) => index,
+            None => {
+                lanes.push(Lane {
+                    name: (*party).to_owned(),
+                    pinned: true,
+                    spans: Vec::new(),
+                });
+                lanes.len() - 1
+            }
+        };
+        let kind = if text.contains("retr") || text.contains("upgrade in progress") {
+            MarkKind::Retry
+        } else {
+            MarkKind::Event
+        };
+        marks.push(Mark {
+            at_ms: ms(at),
+            lane: Some(index),
+            kind,
+            text: text.clone(),
+        });
+    }
+    Picture {
+        title: "lockstep demo: bootstrap --auto-upgrade while a deployer and a watcher run"
+            .to_owned(),
+        lanes,
+        marks,
+        end_ms: ms(&end),
+    }
+}
+
+pub async fn run(
+    keep: bool,
+    timeout: Duration,
+    timeline_svg: Option<PathBuf>,
+) -> Result<(), DemoError> {
     tokio::select! {
-        result = run_demo(keep, timeout) => result,
+        result = run_demo(keep, timeout, timeline_svg) => result,
         () = crate::process::wait_for_termination() => {
             // Dropping `run_demo` dropped its daemon guard: the controller is stopped.
             Err(DemoError::Interrupted)
@@ -1103,7 +1208,11 @@ pub async fn run(keep: bool, timeout: Duration) -> Result<(), DemoError> {
     }
 }
 
-async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
+async fn run_demo(
+    keep: bool,
+    timeout: Duration,
+    timeline_svg: Option<PathBuf>,
+) -> Result<(), DemoError> {
     let timeline = Timeline::new();
     let temp = tempfile::Builder::new()
         .prefix("lockstep-demo-")
@@ -1279,6 +1388,13 @@ async fn run_demo(keep: bool, timeout: Duration) -> Result<(), DemoError> {
 
     say("Timeline:");
     say(&timeline.render());
+    if let Some(path) = &timeline_svg {
+        let drawn = picture(&observed.controller, &timeline.events(), timeline.elapsed());
+        let svg = lockstep_timeline::render(&drawn, &lockstep_timeline::Options::default());
+        lockstep_fs::write_file_atomically(path, svg.as_bytes(), 0o644)
+            .map_err(|error| DemoError::Timeline { error })?;
+        say(&format!("timeline drawn in {}", path.display()));
+    }
     say("\nResult:");
     let mut failures = 0;
     for claim in &claims {
