@@ -12,6 +12,7 @@ use std::sync::Arc;
 use lockstep_core::gate::{self, Login};
 use lockstep_core::lifecycle::{Revision, Snapshot, UpgradeInfo, UpgradeStatus};
 use lockstep_core::policy::UpgradePolicy;
+use lockstep_core::rollout::{AgentView, Health, Rollout, RolloutPolicy};
 use lockstep_core::steps::{self, StepKey, StepRegistry};
 use lockstep_core::{Binary, Phase, Roles, Version};
 
@@ -78,6 +79,12 @@ pub enum Observation<'a> {
     OperationApplied { operation: &'a str },
     /// A watcher delivered a change to its caller.
     WatcherDelivered { client: usize, revision: Revision },
+    /// The store's log holds a new rollout record; `agents` is what every machine agent
+    /// had reported to the store when it was written.
+    RolloutWritten {
+        record: &'a Rollout,
+        agents: &'a [AgentView],
+    },
 }
 
 /// A host at the end of a live run.
@@ -136,6 +143,8 @@ pub trait Checker: std::fmt::Debug {
 pub struct Setup {
     pub registry: Arc<StepRegistry>,
     pub policy: UpgradePolicy,
+    /// The model's rollout policy.
+    pub rollout: RolloutPolicy,
     /// What every agent ran at the start.
     pub from: Version,
     pub hosts: Vec<(Roles, bool)>,
@@ -156,6 +165,7 @@ pub fn all(setup: &Setup) -> Vec<Box<dyn Checker>> {
         Box::new(RecordChecker::default()),
         Box::new(OperationChecker::default()),
         Box::new(WatcherChecker::default()),
+        Box::new(RolloutChecker::new(setup)),
     ]
 }
 
@@ -629,6 +639,8 @@ pub struct ControllersFirstChecker {
     hosts: Vec<(Roles, bool)>,
     /// The newest version each host has reported running so far.
     highest_reported: Vec<Option<Version>>,
+    /// The controllers' hosts.
+    controllers: Vec<usize>,
 }
 
 impl ControllersFirstChecker {
@@ -636,6 +648,9 @@ impl ControllersFirstChecker {
         ControllersFirstChecker {
             hosts: setup.hosts.clone(),
             highest_reported: vec![None; setup.hosts.len()],
+            controllers: (0..setup.hosts.len())
+                .filter(|&host| setup.hosts[host].1)
+                .collect(),
         }
     }
 }
@@ -658,15 +673,12 @@ impl Checker for ControllersFirstChecker {
                 if !self.hosts[host].1 && to.number > from.number =>
             {
                 let behind = self
-                    .hosts
+                    .controllers
                     .iter()
-                    .zip(&self.highest_reported)
-                    .enumerate()
-                    .find(|(_, ((_, controller), highest))| {
-                        *controller && highest.is_none_or(|highest| highest < to.number)
-                    });
+                    .map(|&controller| (controller, self.highest_reported[controller]))
+                    .find(|(_, highest)| highest.is_none_or(|highest| highest < to.number));
                 match behind {
-                    Some((controller, (_, highest))) => Err(format!(
+                    Some((controller, highest)) => Err(format!(
                         "machine agent host {host} restarted from {from} into {to} while controller host {controller} had reported running at most {highest:?}"
                     )),
                     None => Ok(()),
@@ -830,6 +842,142 @@ impl Checker for WatcherChecker {
                 ));
             }
         }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------ rollout
+
+/// The staged rollout's bounds, as the records in the store show them (`spec/rollout.md`):
+/// a record that admits agents never leaves more than `max-at-once` admitted agents not
+/// yet healthy on the target (by what the agents had reported when it was written); no
+/// agent but a canary is admitted before every canary was healthy on the target; a halted
+/// rollout admits no one; an admission is never taken back while the target stands; and
+/// there are never more canaries than the policy names.
+#[derive(Debug)]
+pub struct RolloutChecker {
+    policy: RolloutPolicy,
+    previous: Option<Rollout>,
+    /// Every canary was seen healthy on the target (by this checker's own reading).
+    canaries_seen_healthy: bool,
+}
+
+impl RolloutChecker {
+    fn new(setup: &Setup) -> RolloutChecker {
+        RolloutChecker {
+            policy: setup.rollout,
+            previous: None,
+            canaries_seen_healthy: false,
+        }
+    }
+}
+
+/// Healthy on `target`: reported running it, and Ready.
+fn healthy_on(agent: &AgentView, target: Version) -> bool {
+    agent.running == Some(target) && agent.health == Health::Ready
+}
+
+impl Checker for RolloutChecker {
+    fn name(&self) -> &'static str {
+        "rollout"
+    }
+    fn invariant(&self) -> &'static str {
+        "a staged rollout never has more than max-at-once agents in flight after an admission, and admits no one but a canary before the canaries passed"
+    }
+    fn observe(&mut self, observation: &Observation<'_>) -> Result<(), String> {
+        let Observation::RolloutWritten { record, agents } = *observation else {
+            return Ok(());
+        };
+        let previous = self
+            .previous
+            .take()
+            .filter(|previous| previous.target == record.target);
+        if previous.is_none() {
+            self.canaries_seen_healthy = false;
+        }
+        let admitted_before = |id: &str| {
+            previous
+                .as_ref()
+                .is_some_and(|previous| previous.admitted.contains_key(id))
+        };
+        let new: Vec<&String> = record
+            .admitted
+            .keys()
+            .filter(|id| !admitted_before(id))
+            .collect();
+        if record.canaries.len() > self.policy.canaries as usize {
+            return Err(format!(
+                "{} canaries chosen, the policy names {}",
+                record.canaries.len(),
+                self.policy.canaries
+            ));
+        }
+        if let Some(previous) = &previous {
+            if let Some(id) = previous
+                .admitted
+                .keys()
+                .find(|id| !record.admitted.contains_key(*id) && !previous.failed.contains_key(*id))
+            {
+                return Err(format!(
+                    "agent {id}'s admission to {} was taken back",
+                    record.target
+                ));
+            }
+            if previous.halted.is_some() && !new.is_empty() {
+                return Err(format!(
+                    "the halted rollout to {} admitted {} agents (first {})",
+                    record.target,
+                    new.len(),
+                    new[0]
+                ));
+            }
+        }
+        let canaries_healthy = record.canaries.iter().all(|id| {
+            agents
+                .iter()
+                .find(|agent| agent.id == *id)
+                .is_some_and(|agent| healthy_on(agent, record.target))
+        });
+        let canaries_passed_before = self.canaries_seen_healthy;
+        self.canaries_seen_healthy |= canaries_healthy;
+        if !canaries_passed_before
+            && !canaries_healthy
+            && let Some(id) = new.iter().find(|id| !record.canaries.contains(id.as_str()))
+        {
+            return Err(format!(
+                "agent {id} admitted to {} before the canaries {:?} were healthy on it",
+                record.target, record.canaries
+            ));
+        }
+        if !new.is_empty() && self.policy.max_at_once > 0 {
+            // Admitted, not failed, and not healthy on the target (an admitted agent of
+            // which nothing is known counts too).
+            let counts = |agent: &&AgentView| {
+                record.admitted.contains_key(&agent.id) && !record.failed.contains_key(&agent.id)
+            };
+            let seen = agents.iter().filter(counts).count();
+            let unseen = record
+                .admitted
+                .keys()
+                .filter(|id| !record.failed.contains_key(*id))
+                .count()
+                - seen;
+            let in_flight = agents
+                .iter()
+                .filter(counts)
+                .filter(|agent| !healthy_on(agent, record.target))
+                .count()
+                + unseen;
+            if in_flight > self.policy.max_at_once as usize {
+                return Err(format!(
+                    "{in_flight} agents in flight to {} after admitting {} more, max-at-once is {}",
+                    record.target,
+                    new.len(),
+                    self.policy.max_at_once
+                ));
+            }
+        }
+        self.previous = Some(record.clone());
         Ok(())
     }
 }

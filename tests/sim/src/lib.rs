@@ -27,6 +27,13 @@
 //!   - `sim::client`: deployers, watchers and pollers driven by `lockstep_core::client`;
 //!   - `sim::operator`: `upgrade-controller`, abort, and the healing rounds;
 //!   - `sim::outcome`: checkers fed, the first failure, the liveness goal.
+//!   - `sim::links`: a fleet run's link model: controllers' egress shared among the
+//!     downloads they serve, each agent's own link, the upstream fetch, the core's
+//!     download admission and busy backoff;
+//!   - `sim::rollout`: a fleet run's staged rollout: the coordinator's `advance` on the
+//!     store's record under its lease, the agents' health from their status reports.
+//! - [`fleet`]: fleet upgrades (issue 21): 3 controllers and thousands of agents, and the
+//!   ratio of the upgrade time to the bandwidth bound.
 //! - [`checkers`]: one object per invariant, fed every observation.
 //! - [`trace`]: the trace hash, the readable trace, the SVG swimlane.
 //! - [`sweep`]: many seeds, the determinism self-check, shrinking, failure reports.
@@ -37,6 +44,7 @@
 //! wall time is measured only by [`sweep`] for its summary.
 
 pub mod checkers;
+pub mod fleet;
 pub mod model;
 pub mod rng;
 pub mod scenario;
@@ -47,17 +55,5 @@ pub mod trace;
 pub use scenario::{Caps, FaultKind, Overrides, Scenario};
 pub use sim::{Failure, FailureKind, Report, RunOptions, run};
 
-/// `1h02m03.004s`-style virtual time.
-pub fn format_ms(ms: u64) -> String {
-    let hours = ms / 3_600_000;
-    let minutes = ms / 60_000 % 60;
-    let seconds = ms / 1000 % 60;
-    let millis = ms % 1000;
-    if hours > 0 {
-        format!("{hours}h{minutes:02}m{seconds:02}.{millis:03}s")
-    } else if minutes > 0 {
-        format!("{minutes}m{seconds:02}.{millis:03}s")
-    } else {
-        format!("{seconds}.{millis:03}s")
-    }
-}
+/// `1h02m03.004s`-style virtual time (the timeline's format).
+pub use lockstep_timeline::format_ms;

@@ -10,6 +10,7 @@ use std::fmt;
 
 use lockstep_core::Version;
 use lockstep_core::policy::UpgradePolicy;
+use lockstep_core::rollout::RolloutPolicy;
 
 use crate::rng::Rng;
 
@@ -296,6 +297,59 @@ pub struct Scenario {
     /// How long after healing every agent must be Ready and every client finished.
     pub liveness_ms: u64,
     pub overrides: Overrides,
+    /// A fleet upgrade (`Scenario::fleet`): downloads take time on the link model, agents
+    /// report their status, and the coordinator runs a staged rollout. `None` for the
+    /// scenarios a seed chooses, whose downloads complete at once.
+    pub fleet: Option<Fleet>,
+}
+
+/// Bytes per second of `megabits` per second.
+pub const fn mbit(megabits: u64) -> u64 {
+    megabits * 1_000_000 / 8
+}
+
+/// The links of a fleet upgrade, and its rollout.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Fleet {
+    /// The agent binary's size (the catalogue's `size_bytes`).
+    pub binary_bytes: u64,
+    /// Each controller's egress, shared fairly among the agent downloads it serves.
+    pub egress_bytes_per_second: u64,
+    /// Each controller's link to the agent-binary stream (its own fetch, once).
+    pub upstream_bytes_per_second: u64,
+    /// A usual agent's link (each agent draws its own around it).
+    pub agent_bytes_per_second: u64,
+    /// Agents on a slow link, per million: their link is 1–10% of the usual one.
+    pub slow_agents_per_million: u32,
+    /// Each download's speed varies by up to this much (per mille) around the agent's own.
+    pub jitter_per_mille: u64,
+    /// The model's `max-agent-downloads` (`None`: unset, the core's default).
+    pub max_agent_downloads: Option<u64>,
+    /// The model's `rollout-*` settings.
+    pub rollout: RolloutPolicy,
+}
+
+impl Default for Fleet {
+    /// A data centre: 60 MB binaries, controllers on 10 Gbit/s, agents on 1 Gbit/s (5% of
+    /// them on 10–100 Mbit/s), a 1 Gbit/s stream; 5 canaries, then at most 1,000 agents at
+    /// once, halted past 50 failures.
+    fn default() -> Fleet {
+        Fleet {
+            binary_bytes: 60_000_000,
+            egress_bytes_per_second: mbit(10_000),
+            upstream_bytes_per_second: mbit(1_000),
+            agent_bytes_per_second: mbit(1_000),
+            slow_agents_per_million: 50_000,
+            jitter_per_mille: 300,
+            max_agent_downloads: None,
+            rollout: RolloutPolicy {
+                canaries: 5,
+                max_at_once: 1_000,
+                failures_tolerated: 50,
+                ..RolloutPolicy::default()
+            },
+        }
+    }
 }
 
 impl Scenario {
@@ -435,6 +489,51 @@ impl Scenario {
             safety_ms,
             liveness_ms: 3 * 60 * 60 * 1000,
             overrides: Overrides::default(),
+            fleet: None,
+        }
+    }
+
+    /// A fleet upgrade (issue 21): 3 controllers and `agents` machine agents on 2.9.42, the
+    /// operator asks for 2.9.43 (a database step and a host step on every machine) a
+    /// second in; faults for the whole run: processes crash (about one every 2 s of virtual
+    /// time somewhere in the fleet) and some right around a snapshot write, messages are
+    /// lost (0.5%), held back (1%) or duplicated (0.2%); links are slow and jittery
+    /// (`fleet`), and controllers answer "busy" past their download bound.
+    pub fn fleet(seed: u64, agents: u32, fleet: Fleet) -> Scenario {
+        let faults = Faults {
+            crash_interval_ms: Some(2_000),
+            persist_crash_per_million: 1_000,
+            drop_per_million: 5_000,
+            duplicate_per_million: 2_000,
+            delay_per_million: 10_000,
+            ..Faults::default()
+        };
+        Scenario {
+            seed,
+            start: Start::Upgrade,
+            controllers: 3,
+            agents,
+            deployers: 0,
+            watchers: 0,
+            pollers: 0,
+            operations_per_deployer: 0,
+            policy: UpgradePolicy::Off,
+            from: V42,
+            agent_version: V42,
+            catalogue: vec![V42, V43],
+            newer_patch: None,
+            request: Some(OperatorRequest {
+                at_ms: 1_000,
+                controller: 0,
+                version: Some(V43),
+            }),
+            steps: [true, true, false, false],
+            catalogue_check_ms: 6 * 60 * 60 * 1000,
+            faults,
+            safety_ms: 4 * 60 * 60 * 1000,
+            liveness_ms: 60 * 60 * 1000,
+            overrides: Overrides::default(),
+            fleet: Some(fleet),
         }
     }
 
@@ -544,7 +643,24 @@ impl fmt::Display for Scenario {
             crate::format_ms(self.safety_ms),
             crate::format_ms(self.liveness_ms)
         )?;
-        write!(f, "  faults {:?}", self.faults)
+        write!(f, "  faults {:?}", self.faults)?;
+        if let Some(fleet) = &self.fleet {
+            write!(
+                f,
+                "\n  fleet: binary {} MB, controller egress {} Mbit/s, upstream {} Mbit/s, agent links {} Mbit/s ({} per million slow, jitter {} per mille), max-agent-downloads {}, rollout {:?}",
+                fleet.binary_bytes / 1_000_000,
+                fleet.egress_bytes_per_second * 8 / 1_000_000,
+                fleet.upstream_bytes_per_second * 8 / 1_000_000,
+                fleet.agent_bytes_per_second * 8 / 1_000_000,
+                fleet.slow_agents_per_million,
+                fleet.jitter_per_mille,
+                fleet
+                    .max_agent_downloads
+                    .map_or("unset".to_owned(), |max| max.to_string()),
+                fleet.rollout
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -2,8 +2,6 @@
 //! self-check compares two runs of one seed by it), the human-readable trace kept for
 //! failure reports, and the swimlane timeline drawn as SVG.
 
-use std::fmt::Write as _;
-
 use lockstep_core::lifecycle::{Input, Request, RequestId, request_name};
 use lockstep_core::{Phase, Version};
 
@@ -110,24 +108,6 @@ pub struct Timeline {
     retries: Vec<(u64, usize)>,
 }
 
-const LANE_HEIGHT: u64 = 18;
-const LEFT: u64 = 130;
-const WIDTH: u64 = 1200;
-
-fn color(phase: Option<Phase>) -> &'static str {
-    match phase {
-        None => "#dddddd",
-        Some(Phase::Bootstrapping) => "#9ecae1",
-        Some(Phase::RunningSteps) => "#fdae6b",
-        Some(Phase::CheckingAgentVersion) => "#c6dbef",
-        Some(Phase::Upgrading) => "#bcbddc",
-        Some(Phase::Ready) => "#a1d99b",
-        Some(Phase::StepsFailed) => "#fb6a4a",
-        Some(Phase::UpgradeFailed) => "#e377c2",
-        Some(Phase::Restarting) => "#fdd0a2",
-    }
-}
-
 impl Timeline {
     pub fn phase(
         &mut self,
@@ -156,78 +136,66 @@ impl Timeline {
         self.retries.push((now, client));
     }
 
-    /// The swimlane as a standalone SVG document.
-    pub fn to_svg(&self, end_ms: u64) -> String {
-        let end_ms = end_ms.max(1);
-        let x = |at: u64| LEFT + at.min(end_ms) * WIDTH / end_ms;
-        let client_lanes = self
+    /// The run as `lockstep-timeline` draws it (the same picture as `lockstep demo
+    /// --timeline`): each host's phase and version, the axis compressed where nothing
+    /// changes, the lanes sampled for a large fleet (the controllers always shown), faults
+    /// and client retries as ticks.
+    pub fn picture(&self, end_ms: u64) -> lockstep_timeline::Picture {
+        use lockstep_timeline::{Lane, Mark, MarkKind, Picture, Span};
+        let mut lanes: Vec<Lane> = self
+            .lanes
+            .iter()
+            .map(|lane| Lane {
+                name: lane.name.clone(),
+                pinned: lane.name.starts_with("controller-"),
+                spans: lane
+                    .spans
+                    .iter()
+                    .map(|&(from_ms, phase, version)| Span {
+                        from_ms,
+                        phase,
+                        version: Some(version.to_string()),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let hosts = lanes.len();
+        let clients = self
             .retries
             .iter()
             .map(|&(_, client)| client + 1)
             .max()
-            .unwrap_or(0) as u64;
-        let lanes = self.lanes.len() as u64;
-        let height = (lanes + client_lanes + 4) * LANE_HEIGHT + 60;
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="monospace" font-size="11">"#,
-            LEFT + WIDTH + 20
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="4" y="14">lockstep-sim timeline: 0 .. {} (phases: blue boot, orange steps, lilac upgrading, green ready, red held, grey down; red ticks faults, black ticks client retries)</text>"#,
-            crate::format_ms(end_ms)
-        );
-        for (index, lane) in self.lanes.iter().enumerate() {
-            let y = 30 + index as u64 * LANE_HEIGHT;
-            let _ = writeln!(svg, r#"<text x="4" y="{}">{}</text>"#, y + 12, lane.name);
-            for (span, &(from, phase, version)) in lane.spans.iter().enumerate() {
-                let until = lane.spans.get(span + 1).map_or(end_ms, |next| next.0);
-                let width = x(until).saturating_sub(x(from)).max(1);
-                let label = phase.map_or("down".to_owned(), |phase| phase.as_str().to_owned());
-                let _ = writeln!(
-                    svg,
-                    r#"<rect x="{}" y="{y}" width="{width}" height="{}" fill="{}"><title>{} {label} on {version} from {}</title></rect>"#,
-                    x(from),
-                    LANE_HEIGHT - 3,
-                    color(phase),
-                    lane.name,
-                    crate::format_ms(from)
-                );
-            }
+            .unwrap_or(0);
+        lanes.extend((0..clients).map(|client| Lane {
+            name: format!("client-{client}"),
+            pinned: true,
+            spans: Vec::new(),
+        }));
+        let faults = self.faults.iter().map(|(at_ms, host, what)| Mark {
+            at_ms: *at_ms,
+            lane: *host,
+            kind: MarkKind::Fault,
+            text: what.clone(),
+        });
+        let retries = self.retries.iter().map(|&(at_ms, client)| Mark {
+            at_ms,
+            lane: Some(hosts + client),
+            kind: MarkKind::Retry,
+            text: "retry".to_owned(),
+        });
+        Picture {
+            title: "lockstep-sim timeline".to_owned(),
+            lanes,
+            marks: faults.chain(retries).collect(),
+            end_ms,
         }
-        for (at, host, what) in &self.faults {
-            let (y0, y1) = match host {
-                Some(host) => {
-                    let y = 30 + *host as u64 * LANE_HEIGHT;
-                    (y, y + LANE_HEIGHT - 3)
-                }
-                None => (24, 30 + lanes * LANE_HEIGHT),
-            };
-            let _ = writeln!(
-                svg,
-                r#"<line x1="{0}" x2="{0}" y1="{y0}" y2="{y1}" stroke="red" stroke-width="2"><title>{what} at {1}</title></line>"#,
-                x(*at),
-                crate::format_ms(*at)
-            );
-        }
-        let base = 40 + lanes * LANE_HEIGHT;
-        for client in 0..client_lanes {
-            let y = base + client * LANE_HEIGHT;
-            let _ = writeln!(svg, r#"<text x="4" y="{}">client-{client}</text>"#, y + 12);
-        }
-        for &(at, client) in &self.retries {
-            let y = base + client as u64 * LANE_HEIGHT;
-            let _ = writeln!(
-                svg,
-                r#"<line x1="{0}" x2="{0}" y1="{y}" y2="{1}" stroke="black"><title>retry at {2}</title></line>"#,
-                x(at),
-                y + LANE_HEIGHT - 3,
-                crate::format_ms(at)
-            );
-        }
-        svg.push_str("</svg>\n");
-        svg
+    }
+
+    /// The swimlane as a standalone SVG document ([`Timeline::picture`], default options).
+    pub fn to_svg(&self, end_ms: u64) -> String {
+        lockstep_timeline::render(
+            &self.picture(end_ms),
+            &lockstep_timeline::Options::default(),
+        )
     }
 }

@@ -4,6 +4,7 @@
 //! cargo run -p lockstep-sim --release -- --seeds 0..2000
 //! cargo run -p lockstep-sim --release -- --seed 1234 --agents 0 --without drop --trace
 //! cargo run -p lockstep-sim --release -- --seed 1234 --timeline out.svg
+//! cargo run -p lockstep-sim --release -- --fleet --agents 10000
 //! ```
 #![allow(
     clippy::print_stdout,
@@ -14,12 +15,16 @@
 use std::process::ExitCode;
 
 use lockstep_core::lifecycle::Mutations;
-use lockstep_sim::scenario::{Caps, FaultKind, Overrides, Scenario};
+use lockstep_sim::fleet::run_fleet;
+use lockstep_sim::scenario::{Caps, FaultKind, Fleet, Overrides, Scenario, mbit};
 use lockstep_sim::sim::{RunOptions, run};
 use lockstep_sim::sweep::{self, caps_flag, mutation_flag};
 
 const USAGE: &str =
     "usage: lockstep-sim (--seeds A..B | --seed S) [--full] [--controllers N] [--agents N]
+       lockstep-sim --fleet [--seed S] [--agents N] [--binary-mb N] [--egress-mbps N]
+       [--upstream-mbps N] [--agent-mbps N] [--slow-per-million N] [--max-agent-downloads N]
+       [--canaries N] [--max-at-once N] [--failures-tolerated N]
        [--deployers N] [--watchers N] [--pollers N] [--without fault,fault] [--safety-ms MS]
        [--mutation NAME] [--trace] [--timeline out.svg] [--no-shrink] [--no-determinism-check]
 faults: crash persist-crash drop duplicate delay partition stream-stall stream-corrupt
@@ -37,6 +42,8 @@ struct Arguments {
     timeline: Option<String>,
     shrink: bool,
     determinism: bool,
+    /// `--fleet`: a fleet upgrade with these links and rollout.
+    fleet: Option<Fleet>,
 }
 
 fn parse() -> Result<Arguments, String> {
@@ -94,13 +101,40 @@ fn parse() -> Result<Arguments, String> {
             "--timeline" => {
                 arguments.timeline = Some(words.next().ok_or("--timeline needs a file")?)
             }
+            "--fleet" => arguments.fleet = Some(Fleet::default()),
+            "--binary-mb"
+            | "--egress-mbps"
+            | "--upstream-mbps"
+            | "--agent-mbps"
+            | "--slow-per-million"
+            | "--max-agent-downloads"
+            | "--canaries"
+            | "--max-at-once"
+            | "--failures-tolerated" => {
+                let value = number(words.next(), &word)?;
+                let fleet = arguments
+                    .fleet
+                    .as_mut()
+                    .ok_or(format!("{word} needs --fleet first"))?;
+                match word.as_str() {
+                    "--binary-mb" => fleet.binary_bytes = value * 1_000_000,
+                    "--egress-mbps" => fleet.egress_bytes_per_second = mbit(value),
+                    "--upstream-mbps" => fleet.upstream_bytes_per_second = mbit(value),
+                    "--agent-mbps" => fleet.agent_bytes_per_second = mbit(value),
+                    "--slow-per-million" => fleet.slow_agents_per_million = value as u32,
+                    "--max-agent-downloads" => fleet.max_agent_downloads = Some(value),
+                    "--canaries" => fleet.rollout.canaries = value as u32,
+                    "--max-at-once" => fleet.rollout.max_at_once = value as u32,
+                    _ => fleet.rollout.failures_tolerated = value as u32,
+                }
+            }
             "--no-shrink" => arguments.shrink = false,
             "--no-determinism-check" => arguments.determinism = false,
             "--help" | "-h" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
-    if arguments.seeds.is_none() {
+    if arguments.seeds.is_none() && arguments.fleet.is_none() {
         return Err(USAGE.to_owned());
     }
     Ok(arguments)
@@ -114,6 +148,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(fleet) = arguments.fleet {
+        return run_fleet_mode(&arguments, fleet);
+    }
     let caps = if arguments.full { Caps::FULL } else { Caps::CI };
     let seeds = arguments.seeds.clone().expect("checked");
     let single = seeds.end - seeds.start == 1;
@@ -268,6 +305,20 @@ fn main() -> ExitCode {
         );
     }
     if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `--fleet`: one fleet upgrade, its figures, the ratio line last.
+fn run_fleet_mode(arguments: &Arguments, fleet: Fleet) -> ExitCode {
+    let seed = arguments.seeds.as_ref().map_or(0, |seeds| seeds.start);
+    let agents = arguments.overrides.agents.unwrap_or(10_000);
+    let fleet_run = run_fleet(seed, agents, fleet);
+    println!("{}", fleet_run.scenario);
+    println!("{}", fleet_run.summary());
+    if fleet_run.report.failure.is_some() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -9,6 +9,7 @@
 
 use lockstep_core::gate::{self, Login};
 use lockstep_core::lifecycle::{Input, Request, RequestId, StagePlan, StageSource};
+use lockstep_core::rollout;
 use lockstep_core::upgrader::{self, AskingAgent};
 use lockstep_core::{Binary, Version};
 use lockstep_store::{Changes, OperationOutcome, Store};
@@ -76,6 +77,17 @@ impl Sim {
         };
         let call = match call {
             AgentCall::Poll => None,
+            AgentCall::Report { phase, info, poll } => {
+                // `Machiner.SetStatus` (an agent's report on itself), then, once Ready,
+                // `Upgrader.DesiredVersion`.
+                if self.hosts[host].incarnation == incarnation {
+                    self.record_status(controller, host, phase, info);
+                }
+                if !poll {
+                    return;
+                }
+                None
+            }
             AgentCall::Request(request) => Some(*request),
         };
         let message = match call {
@@ -133,6 +145,12 @@ impl Sim {
                     )),
                     None => Err(format!("no agent binaries found for {}", plan.binary)),
                 };
+                if result.is_ok() && self.scenario.fleet.is_some() {
+                    // A fleet run: the download takes time on the link model, admitted
+                    // under the core's bound.
+                    self.serve_download(controller, host, incarnation, id, attempt, &plan);
+                    return;
+                }
                 reply(Input::Staged { id, result })
             }
             Some(other) => panic!("{other:?} is not an agent API call"),
@@ -143,39 +161,42 @@ impl Sim {
     /// What `controller`'s `Upgrader.DesiredVersion` answers `host` (the poll and the
     /// desired binary alike): the core's controllers-first rule, the one the facades call,
     /// over what the store holds (the model's agent-version, each controller machine's
-    /// reported binary) and the answering server's own version.
+    /// reported binary) and the answering server's own version; then, for an agent other
+    /// than a controller, the staged rollout's answer (`rollout::told`) over the record
+    /// the server last read from the store.
     fn desired_version(&mut self, host: usize, controller: usize) -> Version {
         let model_agent_version = self.model().agent_version;
+        let controllers = usize::from(self.scenario.controllers);
         // Counted for the report only (`Report::answers_before_a_report`), never part of
         // the answer: a controller runs, or is about to boot, another binary than the one
         // the store holds as its report.
-        let unreported = self
-            .hosts
-            .iter()
-            .zip(&self.executor.reported)
-            .any(|(state, reported)| {
-                state.is_controller()
-                    && reported
-                        .as_ref()
-                        .is_none_or(|(_, binary)| *binary != state.config.running)
-            });
+        let unreported = (0..controllers).any(|index| {
+            self.executor.reported[index]
+                .as_ref()
+                .is_none_or(|(_, binary)| *binary != self.hosts[index].config.running)
+        });
         if unreported {
             self.answers_before_a_report += 1;
         }
-        let controllers = self
-            .hosts
-            .iter()
-            .zip(&self.executor.reported)
-            .filter(|(state, _)| state.is_controller())
-            .map(|(_, reported)| reported.as_ref().map(|(_, binary)| binary));
-        upgrader::desired_version(
+        let reported = self.executor.reported(host);
+        let controllers_first = upgrader::desired_version(
             model_agent_version,
             AskingAgent {
                 roles: self.hosts[host].config.roles,
-                reported: self.executor.reported(host),
+                reported,
             },
-            controllers,
+            (0..controllers).map(|index| self.executor.reported(index)),
             self.hosts[controller].config.running.number,
+        );
+        if self.hosts[host].is_controller() {
+            return controllers_first;
+        }
+        rollout::told(
+            &self.rollout_policy(),
+            self.rollout_record(),
+            &self.machine_id(host),
+            reported.map(|binary| binary.number),
+            controllers_first,
         )
     }
 

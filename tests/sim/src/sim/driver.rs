@@ -45,6 +45,11 @@ pub(super) struct Awaiting {
     call: Call,
     pub(super) attempt: u32,
     controller: usize,
+    /// When the request was first sent.
+    since: u64,
+    /// "Busy" answers to this download so far, and when the first came.
+    pub(super) busy: u32,
+    pub(super) busy_since: Option<u64>,
 }
 
 impl Sim {
@@ -150,6 +155,9 @@ impl Sim {
                 call: Call::new(Timestamp(now), deadline),
                 attempt: 0,
                 controller,
+                since: now,
+                busy: 0,
+                busy_since: None,
             },
         );
         self.send_request(host, id);
@@ -161,6 +169,9 @@ impl Sim {
 
     /// Sends (again) an awaited request, and arms its timeout.
     fn send_request(&mut self, host: usize, id: RequestId) {
+        // A download in progress for an earlier attempt is given up (its connection
+        // closed) before the request is sent again.
+        self.cancel_download(host);
         let incarnation = self.hosts[host].incarnation;
         let Some(awaiting) = self.hosts[host].awaiting.get_mut(&id) else {
             return;
@@ -242,6 +253,25 @@ impl Sim {
         if awaiting.attempt != attempt {
             return;
         }
+        if awaiting.route == Route::Controller
+            && self
+                .links
+                .as_ref()
+                .is_some_and(|links| links.receiving(host, id, attempt))
+        {
+            // Bytes are arriving: the connection is alive, wait on.
+            let at = self.queue.now + API_TIMEOUT_MS;
+            self.queue.schedule(
+                at,
+                Event::RequestTimeout {
+                    host,
+                    incarnation,
+                    id,
+                    attempt,
+                },
+            );
+            return;
+        }
         if awaiting.route == Route::Streams {
             // The stream stalled: the driver reports the failure; the core retries.
             let request = awaiting.request.clone();
@@ -317,7 +347,17 @@ impl Sim {
                 // A keep-alive's answer goes to the core whenever it comes: the core ignores
                 // one it no longer awaits.
                 let aside = matches!(input, Input::LeaseAnswered { .. });
-                if self.hosts[host].awaiting.remove(&id).is_some() || aside {
+                let awaited = self.hosts[host].awaiting.remove(&id);
+                if let (Some(awaiting), Some(links), Input::Staged { result: Ok(()), .. }) =
+                    (&awaited, &mut self.links, &input)
+                    && awaiting.route == Route::Controller
+                {
+                    links
+                        .stats
+                        .downloads_ms
+                        .push(self.queue.now - awaiting.since);
+                }
+                if awaited.is_some() || aside {
                     self.input(host, input);
                 }
             }
@@ -362,10 +402,40 @@ impl Sim {
         }
     }
 
-    /// A [`Message::PollReply`] reaches a machine agent: the version it should run.
+    /// A [`Message::PollReply`] reaches a machine agent: the version it should run. In a
+    /// fleet run the driver waits the core's start spread (`upgrader::agent_upgrade_delay`)
+    /// before it hands a new one to its core, as lockstep-agent's machine agent does.
     pub(super) fn poll_reply(&mut self, host: usize, incarnation: u64, agent_version: Version) {
-        if self.current(host, incarnation) {
+        if !self.current(host, incarnation) {
+            return;
+        }
+        if self.scenario.fleet.is_none() {
             self.feed_agent_version(host, agent_version);
+            return;
+        }
+        let state = &self.hosts[host];
+        let fed = state.fed.unwrap_or(state.config.running.number);
+        if agent_version == fed || state.pending_feed.is_some() {
+            return; // nothing new, or already waiting to hand one over
+        }
+        self.hosts[host].pending_feed = Some(agent_version);
+        let delay = lockstep_core::upgrader::agent_upgrade_delay(self.rng.next_u64());
+        let at = self.queue.now + delay.0;
+        self.queue.schedule(
+            at,
+            Event::FeedVersion {
+                host,
+                incarnation,
+                version: agent_version,
+            },
+        );
+    }
+
+    /// [`Event::FeedVersion`]: the start spread is over.
+    pub(super) fn feed_version(&mut self, host: usize, incarnation: u64, version: Version) {
+        if self.current(host, incarnation) {
+            self.hosts[host].pending_feed = None;
+            self.feed_agent_version(host, version);
         }
     }
 
@@ -392,6 +462,23 @@ impl Sim {
             }
             let version = self.model().agent_version;
             self.feed_agent_version(host, version);
+        } else if let (Some(phase), Some(_)) = (phase, self.scenario.fleet) {
+            // A fleet run: the agent reports its status in every phase, and polls once
+            // Ready, on one connection.
+            let controller = self.pick_controller();
+            let message = Message::AgentCall {
+                host,
+                incarnation,
+                controller,
+                id: RequestId(u64::MAX),
+                attempt: 0,
+                call: AgentCall::Report {
+                    phase,
+                    info: String::new(),
+                    poll: phase == Phase::Ready,
+                },
+            };
+            self.send(Party::Host(host), Party::Host(controller), message);
         } else if phase == Some(Phase::Ready) {
             let controller = self.pick_controller();
             let message = Message::AgentCall {

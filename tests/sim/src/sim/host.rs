@@ -49,6 +49,13 @@ pub(super) struct Host {
     pub(super) reported: bool,
     /// The last phase drawn in the timeline.
     drawn: Option<Phase>,
+    /// A fleet run: this controller's last coordinator pass wrote a record.
+    pub(super) rollout_wrote: bool,
+    /// A fleet run: the desired version the driver will hand its core after the start
+    /// spread.
+    pub(super) pending_feed: Option<Version>,
+    /// A fleet run: the phase this process last reported on its own (a status change).
+    pub(super) status_phase: Option<Phase>,
 }
 
 impl Host {
@@ -106,6 +113,9 @@ impl Host {
             fed: None,
             reported: false,
             drawn: None,
+            rollout_wrote: false,
+            pending_feed: None,
+            status_phase: None,
         }
     }
 
@@ -159,8 +169,14 @@ impl Sim {
         state.wake_at = None;
         state.fed = None;
         state.reported = false;
+        state.pending_feed = None;
+        state.status_phase = None;
         let running = state.config.running.clone();
+        let controller = state.is_controller();
         self.schedule_driver_tick(host, incarnation);
+        if controller && self.scenario.fleet.is_some() {
+            self.schedule_rollout_pass(host, incarnation);
+        }
         let listed = self.streams.listed.clone();
         self.observe(Observation::Booted {
             host,
@@ -189,6 +205,7 @@ impl Sim {
             return;
         }
         self.mark_fault(Some(host), why);
+        self.fleet.crashes += 1;
         self.stop(host);
         let incarnation = self.hosts[host].incarnation;
         let at = self.queue.now + self.rng.range(100, 30_000);
@@ -198,13 +215,22 @@ impl Sim {
     /// The process ends (a crash, or a restart into another binary).
     pub(super) fn stop(&mut self, host: usize) {
         let state = &mut self.hosts[host];
+        if state.is_controller() && self.scenario.fleet.is_some() && state.process.is_some() {
+            // Its API server and its status writer stop: reports not yet written are lost.
+            self.pending_statuses
+                .retain(|_, (controller, _, _, _)| *controller != host);
+        }
+        let state = &mut self.hosts[host];
         state.process = None;
         state.incarnation += 1;
         state.awaiting.clear();
         state.watching = false;
         state.wake_at = None;
         state.gate.phase = Phase::Bootstrapping;
+        state.pending_feed = None;
+        state.rollout_wrote = false;
         self.executor.unsubscribe(host);
+        self.cut_downloads(host);
         self.draw(host, None);
     }
 
@@ -258,6 +284,7 @@ impl Sim {
                     self.draw(host, Some(view.phase));
                 }
                 Output::Status(report) => {
+                    self.status_changed(host, incarnation, &report);
                     if !report.message.is_empty() {
                         self.trace.note(
                             self.queue.now,
@@ -277,6 +304,7 @@ impl Sim {
             return;
         };
         if process.phase() == Phase::Ready {
+            let running = state.config.running.number;
             let observation = Observation::Ready {
                 host,
                 running: state.config.running.number,
@@ -289,6 +317,7 @@ impl Sim {
             if report {
                 self.report_binary(host);
             }
+            self.fleet_ready(host, running);
         }
         // Timers: wake at the earliest deadline, on this host's clock.
         let now = self.queue.now;

@@ -45,25 +45,30 @@ mod api;
 mod client;
 mod driver;
 mod host;
+mod links;
 mod network;
 mod operator;
 mod outcome;
 mod queue;
+mod rollout;
 mod store;
 mod stream;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use lockstep_core::Binary;
 use lockstep_core::client::RetryPolicy;
 use lockstep_core::lifecycle::{ControllerId, LeaseToken, Limits, Mutations, RequestId, Snapshot};
 use lockstep_core::steps::{Step, StepKey, StepRegistry, Target};
+use lockstep_core::{Binary, Version};
 
 use self::client::Client;
 use self::host::Host;
+use self::links::Links;
+pub use self::links::{BUSY_WAIT_MAX_MS, LinkStats};
 use self::network::{Message, Network, Party};
 use self::outcome::panic_message;
-pub use self::outcome::{Failure, FailureKind, Report};
+pub use self::outcome::{Failure, FailureKind, FleetReport, Report};
 use self::queue::EventQueue;
 use self::store::StoreExecutor;
 use self::stream::Streams;
@@ -144,6 +149,37 @@ enum Event {
     HealPartition {
         index: usize,
     },
+    /// A message leaves now (it was held back by its sender until now: a binary coming
+    /// over the upstream link).
+    Send {
+        from: Party,
+        to: Party,
+        message: Box<Message>,
+    },
+    /// The next download of a controller may have ended (void if reshared since).
+    LinkTick {
+        controller: usize,
+        generation: u64,
+    },
+    /// A controller's upstream fetch of a binary is done.
+    UpstreamFetched {
+        controller: usize,
+        version: Version,
+    },
+    /// A controller's rollout coordinator makes a pass.
+    RolloutPass {
+        host: usize,
+        incarnation: u64,
+    },
+    /// The controllers write the agents' status reports they received.
+    StatusFlush,
+    /// A machine agent's driver hands the desired version to its core, after the core's
+    /// start spread (`upgrader::agent_upgrade_delay`).
+    FeedVersion {
+        host: usize,
+        incarnation: u64,
+        version: Version,
+    },
     Publish,
     OperatorRequest,
     Abort,
@@ -191,6 +227,22 @@ pub struct Sim {
     failure: Option<Failure>,
     /// The goal was reached.
     live: bool,
+    /// A fleet run's links.
+    links: Option<Links>,
+    /// A fleet run's report so far.
+    fleet: FleetReport,
+    /// A fleet run: which hosts have been Ready on the operator's version, and how many.
+    upgraded: Vec<bool>,
+    upgraded_count: usize,
+    /// A fleet run: status reports received by the controllers' API servers and not yet
+    /// written (by host: the controller, the phase, the message, the binary).
+    pending_statuses: BTreeMap<usize, (usize, lockstep_core::Phase, String, Binary)>,
+    status_flush_scheduled: bool,
+    /// The agents' statuses (and the store's clock) the last coordinator transaction read.
+    rollout_read: Option<(
+        Vec<(String, lockstep_store::AgentStatus)>,
+        lockstep_core::Timestamp,
+    )>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -201,6 +253,12 @@ impl std::fmt::Debug for Sim {
             .field("events", &self.events)
             .finish_non_exhaustive()
     }
+}
+
+/// The model's bound on agent downloads per controller in a fleet run, as the core reads
+/// it.
+pub fn agent_downloads_max(fleet: &crate::scenario::Fleet) -> u32 {
+    lockstep_core::upgrader::agent_downloads_max(fleet.max_agent_downloads)
 }
 
 /// The steps a scenario chose.
@@ -254,13 +312,31 @@ impl Sim {
         let setup = checkers::Setup {
             registry: Arc::clone(&registry),
             policy: scenario.policy.clone(),
+            rollout: scenario
+                .fleet
+                .map_or_else(Default::default, |fleet| fleet.rollout),
             from: scenario.from,
             hosts: hosts
                 .iter()
                 .map(|host| (host.config.roles, host.is_controller()))
                 .collect(),
         };
+        let links = scenario.fleet.map(|fleet| {
+            Links::new(
+                &fleet,
+                usize::from(scenario.controllers),
+                hosts.len(),
+                &mut rng,
+            )
+        });
         Sim {
+            links,
+            fleet: FleetReport::default(),
+            upgraded: vec![false; hosts.len()],
+            upgraded_count: 0,
+            pending_statuses: BTreeMap::new(),
+            status_flush_scheduled: false,
+            rollout_read: None,
             checkers: checkers::all(&setup)
                 .into_iter()
                 .filter(|checker| !options.without_checkers.contains(&checker.name()))
@@ -327,7 +403,15 @@ impl Sim {
         if self.failure.is_none() && !self.live {
             self.fail_liveness("nothing was left to happen before the goal was reached");
         }
+        let fleet = self.scenario.fleet.is_some().then(|| {
+            let mut fleet = self.fleet.clone();
+            if let Some(links) = &self.links {
+                fleet.links = links.stats.clone();
+            }
+            fleet
+        });
         Report {
+            fleet,
             seed: self.scenario.seed,
             events: self.events,
             simulated_ms: self.queue.now,
@@ -448,6 +532,22 @@ impl Sim {
                 }
             }
             Event::HealPartition { index } => self.network.heal(index),
+            Event::Send { from, to, message } => self.send(from, to, *message),
+            Event::LinkTick {
+                controller,
+                generation,
+            } => self.link_tick(controller, generation),
+            Event::UpstreamFetched {
+                controller,
+                version,
+            } => self.upstream_fetched(controller, version),
+            Event::RolloutPass { host, incarnation } => self.rollout_pass(host, incarnation),
+            Event::StatusFlush => self.flush_statuses(),
+            Event::FeedVersion {
+                host,
+                incarnation,
+                version,
+            } => self.feed_version(host, incarnation, version),
             Event::Publish => self.publish(),
             Event::OperatorRequest => self.operator_request(),
             Event::Abort => self.abort(),
@@ -500,6 +600,13 @@ impl Sim {
                 incarnation,
                 agent_version,
             } => self.poll_reply(host, incarnation, agent_version),
+            Message::DownloadBusy {
+                host,
+                incarnation,
+                id,
+                attempt,
+                retry_after,
+            } => self.download_busy(host, incarnation, id, attempt, retry_after),
             Message::StreamRequest {
                 host,
                 incarnation,
@@ -544,6 +651,7 @@ pub fn run(scenario: Scenario, options: RunOptions) -> Report {
                 simulated_ms: 0,
                 trace_hash: 0,
                 answers_before_a_report: 0,
+                fleet: None,
                 failure: Some(Failure {
                     kind: FailureKind::Crash,
                     checker: "crash",

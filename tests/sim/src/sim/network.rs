@@ -30,6 +30,15 @@ pub(super) enum AgentCall {
     Request(Box<Request>),
     /// `Upgrader.DesiredVersion`, which the agent polls.
     Poll,
+    /// A fleet run's agent reports its status (`Machiner.SetStatus`: its phase), every
+    /// driver tick in every phase, and once Ready polls `Upgrader.DesiredVersion` on the
+    /// same connection.
+    Report {
+        phase: Phase,
+        /// Its status message (why, in a failure phase).
+        info: String,
+        poll: bool,
+    },
 }
 
 /// What a client asks a controller's API.
@@ -88,6 +97,15 @@ pub(super) enum Message {
         id: RequestId,
         attempt: u32,
         call: AgentCall,
+    },
+    /// A controller's tools endpoint is serving its bound of agent downloads (HTTP 503
+    /// with `Retry-After`).
+    DownloadBusy {
+        host: usize,
+        incarnation: u64,
+        id: RequestId,
+        attempt: u32,
+        retry_after: u64,
     },
     PollReply {
         host: usize,
@@ -198,6 +216,22 @@ impl Sim {
         }
         self.queue.schedule(
             now + latency,
+            Event::Deliver {
+                from,
+                to,
+                message: Box::new(message),
+            },
+        );
+    }
+
+    /// Sends the end of a stream (a download's last bytes): after its latency, never lost,
+    /// duplicated or held back one message at a time (the connection may die with either
+    /// end, which the link model handles).
+    pub(super) fn send_stream(&mut self, from: Party, to: Party, message: Message) {
+        let latency = self.rng.range(1, 10);
+        let at = self.queue.now + latency;
+        self.queue.schedule(
+            at,
             Event::Deliver {
                 from,
                 to,

@@ -37,6 +37,16 @@ impl Sim {
     pub(super) fn operator_request(&mut self) {
         if let Some(request) = self.scenario.request {
             let host = usize::from(request.controller);
+            let ready = self.hosts[host]
+                .process
+                .as_ref()
+                .is_some_and(|process| process.phase() == Phase::Ready);
+            if self.scenario.fleet.is_some() && !ready {
+                // A fleet run's operator asks again until the controller answers.
+                let at = self.queue.now + 1_000;
+                self.queue.schedule(at, Event::OperatorRequest);
+                return;
+            }
             self.mark_fault(Some(host), "operator: upgrade-controller");
             self.input(
                 host,
@@ -70,6 +80,9 @@ impl Sim {
 
     /// [`Event::Heal`]: faults stop; the liveness phase begins.
     pub(super) fn heal(&mut self) {
+        if self.healed {
+            return; // a fleet run healed once its upgrade was done
+        }
         self.healed = true;
         self.network.heal_all();
         self.mark_fault(None, "healed: liveness phase");

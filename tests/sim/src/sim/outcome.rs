@@ -4,8 +4,8 @@
 
 use std::fmt::Write as _;
 
-use lockstep_core::Phase;
 use lockstep_core::lifecycle::{Lifecycle, RecordView};
+use lockstep_core::{Phase, Version};
 use lockstep_store::Store;
 
 use super::{Event, Sim};
@@ -49,9 +49,53 @@ pub struct Report {
     /// Recorded only when asked for.
     pub trace: Option<Vec<String>>,
     pub timeline: Option<Timeline>,
+    /// A fleet run's figures (`None` for other runs).
+    pub fleet: Option<FleetReport>,
+}
+
+/// What a fleet run measured (virtual milliseconds).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetReport {
+    /// When the model's `agent-version` was set to the target.
+    pub version_set_at: Option<u64>,
+    /// When the last agent became Ready on the target for the first time: the fleet's
+    /// upgrade is done (faults stop then, and the run goes on to its goal).
+    pub last_ready_at: Option<u64>,
+    /// The downloads.
+    pub links: super::LinkStats,
+    /// Rollout records the coordinators wrote.
+    pub rollout_writes: u64,
+    /// Rollout records the checkers read from the store's log.
+    pub rollout_records_seen: u64,
+    /// Agents the last rollout record admitted, and whether it halted.
+    pub admitted: usize,
+    pub halted: bool,
+    /// Process crashes (the crash and persist-crash faults).
+    pub crashes: u64,
+    /// When the first machine agent's download was admitted.
+    pub first_download_at: Option<u64>,
+    /// When the store's record first said the canaries passed.
+    pub canaries_passed_at: Option<u64>,
 }
 
 impl Sim {
+    /// A fleet run: `host` is Ready on `running`. Once every host has been Ready on the
+    /// operator's version, the fleet's upgrade is done: faults stop (the liveness phase).
+    pub(super) fn fleet_ready(&mut self, host: usize, running: Version) {
+        if self.scenario.fleet.is_none()
+            || self.scenario.request.and_then(|request| request.version) != Some(running)
+            || self.upgraded[host]
+        {
+            return;
+        }
+        self.upgraded[host] = true;
+        self.upgraded_count += 1;
+        if self.upgraded_count == self.hosts.len() {
+            self.fleet.last_ready_at = Some(self.queue.now);
+            self.heal();
+        }
+    }
+
     /// Shows `observation` to every checker; the first that objects fails the run.
     pub(super) fn observe(&mut self, observation: Observation<'_>) {
         if self.failure.is_some() {
@@ -236,6 +280,13 @@ impl Sim {
             &format!("live: every agent Ready on {version}"),
         );
         self.live = true;
+        if let Some((admitted, halted)) = self
+            .rollout_record()
+            .map(|record| (record.admitted.len(), record.halted.is_some()))
+        {
+            self.fleet.admitted = admitted;
+            self.fleet.halted = halted;
+        }
     }
 
     /// Marks a fault (or an operator's action) in the trace and the swimlane.

@@ -12,11 +12,13 @@ use lockstep_core::jobs::Capabilities;
 use lockstep_core::lifecycle::{
     ControllerId, ControllerSet, Input, LeaseToken, Request, RequestId, Revision, StepOutcome,
 };
+use lockstep_core::rollout::Rollout;
 use lockstep_core::steps::StepKey;
+use lockstep_core::upgrader::AgentVersionChange;
 use lockstep_core::{Binary, Timestamp};
 use lockstep_store::{
     AgentVersionCheck, AgentVersionSet, ChangeKind, Changes, Durability, EntityKind, MemoryStore,
-    Model, Store, StoreError,
+    Model, ROLLOUT_SETTINGS, Store, StoreError,
 };
 
 use super::network::{Message, Party};
@@ -50,6 +52,8 @@ pub(super) struct StoreExecutor {
     /// Kept beside the `MemoryStore` rather than in it, so that its log holds only what the
     /// checkers count; the Upgrader's answers read it as the facades read the machines.
     pub(super) reported: Vec<Option<(u64, Binary)>>,
+    /// The rollout record as last written to the store's log (what the API servers read).
+    pub(super) rollout: Option<Rollout>,
 }
 
 impl StoreExecutor {
@@ -70,6 +74,7 @@ impl StoreExecutor {
                 .into_iter()
                 .map(|binary| binary.map(|binary| (0, binary)))
                 .collect(),
+            rollout: None,
         }
     }
 
@@ -221,7 +226,14 @@ impl Sim {
                     .set_agent_version(version, &AgentVersionCheck::LIFECYCLE)
                     .expect("the store answers")
                 {
-                    AgentVersionSet::Set { .. } => Some(reply(Input::Done { id })),
+                    AgentVersionSet::Set { change, .. } => {
+                        if let AgentVersionChange::Changed { to, .. } = change
+                            && self.intended() == Some(to)
+                        {
+                            self.fleet.version_set_at.get_or_insert(self.queue.now);
+                        }
+                        Some(reply(Input::Done { id }))
+                    }
                     AgentVersionSet::Refused {
                         refusal,
                         agent_version,
@@ -323,6 +335,7 @@ impl Sim {
             return;
         }
         let mut record_changed = false;
+        let mut rollouts = Vec::new();
         for event in events {
             self.executor.scanned = event.revision;
             self.executor.revisions.push(event.revision);
@@ -346,6 +359,11 @@ impl Sim {
                     let key = StepKey::parse(key).expect("a step key");
                     self.executor.step_effects.entry(key).or_insert((0, 0)).0 += 1;
                 }
+                EntityKind::Settings if event.id == ROLLOUT_SETTINGS => {
+                    let record: Rollout = serde_json::from_value(event.entity)
+                        .expect("the store logs rollout records it can read");
+                    rollouts.push(record);
+                }
                 EntityKind::Application => {
                     *self
                         .executor
@@ -355,6 +373,30 @@ impl Sim {
                 }
                 _ => {}
             }
+        }
+        if self.scenario.fleet.is_some() {
+            // A fleet run's log is read by the simulator alone: compacted once read, so
+            // that a commit does not copy the end of a long log of large records.
+            self.executor
+                .store
+                .compact(self.executor.scanned)
+                .expect("the store compacts");
+        }
+        if !rollouts.is_empty() {
+            // What the record says against what the agents had reported when it was
+            // written (statuses log no event: they are the same until the next report).
+            let agents = self.agent_views_now();
+            for record in &rollouts {
+                self.fleet.rollout_records_seen += 1;
+                if record.canaries_passed {
+                    self.fleet.canaries_passed_at.get_or_insert(self.queue.now);
+                }
+                self.observe(Observation::RolloutWritten {
+                    record,
+                    agents: &agents,
+                });
+            }
+            self.executor.rollout = rollouts.pop();
         }
         if record_changed {
             let view = self.executor.store.record_view().expect("the store reads");

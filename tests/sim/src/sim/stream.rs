@@ -9,8 +9,8 @@ use lockstep_core::lifecycle::{Input, Request, RequestId};
 use lockstep_core::policy::{Catalogue, CatalogueEntry, HighWaterMark, Sha256, Stream};
 use lockstep_core::{Binary, Version};
 
-use super::Sim;
 use super::network::{Message, Party};
+use super::{Event, Sim};
 use crate::scenario::Scenario;
 
 /// Unix seconds of the simulated epoch (the stream's `updated` times count from here).
@@ -31,12 +31,13 @@ pub(super) struct Streams {
 
 impl Streams {
     pub(super) fn new(scenario: &Scenario) -> Streams {
+        let size = scenario.fleet.map_or(4096, |fleet| fleet.binary_bytes);
         Streams {
-            before: catalogue_of(&scenario.catalogue),
+            before: catalogue_of(&scenario.catalogue, size),
             after: scenario.newer_patch.map(|(version, at)| {
                 let mut versions = scenario.catalogue.clone();
                 versions.push(version);
-                (catalogue_of(&versions), at)
+                (catalogue_of(&versions, size), at)
             }),
             published: false,
             listed: scenario.catalogue.iter().copied().collect(),
@@ -63,13 +64,13 @@ fn artifact_sha(version: Version) -> Sha256 {
     Sha256([version.patch as u8; 32])
 }
 
-fn catalogue_of(versions: &[Version]) -> Catalogue {
+fn catalogue_of(versions: &[Version], size_bytes: u64) -> Catalogue {
     let entries = versions
         .iter()
         .map(|&version| CatalogueEntry {
             binary: binary(version),
             stream: Stream::Released,
-            size_bytes: 4096,
+            size_bytes,
             sha256: artifact_sha(version),
             path: format!("agent/{version}/juju-{version}-ubuntu-amd64.tgz"),
         })
@@ -111,6 +112,10 @@ impl Sim {
         }
         let corrupted = self.rng.chance(corrupt);
         let rolled_back = self.rng.chance(rollback);
+        let request_kind = match &request {
+            Request::StageBinary(plan) => Some(plan.size_bytes),
+            _ => None,
+        };
         let reply = match request {
             Request::LookupCatalogue { .. } => {
                 if corrupted {
@@ -144,13 +149,30 @@ impl Sim {
             }
             other => panic!("{other:?} is not a stream request"),
         };
+        // A fleet run: a binary takes its size over the upstream link to arrive.
+        let transfer = match (&request_kind, &self.links, &reply) {
+            (Some(bytes), Some(links), Ok(_)) => links.upstream_ms(*bytes),
+            _ => 0,
+        };
         let message = Message::StreamReply {
             host,
             incarnation,
             id,
             reply,
         };
-        self.send(Party::Streams, Party::Host(host), message);
+        if transfer == 0 {
+            self.send(Party::Streams, Party::Host(host), message);
+        } else {
+            let at = self.queue.now + transfer;
+            self.queue.schedule(
+                at,
+                Event::Send {
+                    from: Party::Streams,
+                    to: Party::Host(host),
+                    message: Box::new(message),
+                },
+            );
+        }
     }
 
     /// The stream's answer reaches the controller's driver, which guards it as the streams
@@ -169,10 +191,15 @@ impl Sim {
             return;
         };
         let input = match awaiting.request {
-            Request::StageBinary(_) => Input::Staged {
-                id,
-                result: reply.map(|_| ()),
-            },
+            Request::StageBinary(plan) => {
+                if reply.is_ok() {
+                    self.binary_cached(host, plan.binary.number);
+                }
+                Input::Staged {
+                    id,
+                    result: reply.map(|_| ()),
+                }
+            }
             _ => {
                 // The streams adapter's guards: nothing reaches the core unless admitted by
                 // the high-water mark, which then advances (durably, with the host's disk).

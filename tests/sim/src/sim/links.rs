@@ -1,0 +1,437 @@
+//! The link model of a fleet upgrade (issue 21): agent-binary downloads take time.
+//!
+//! - Each controller has an egress (bytes/s) shared fairly among the agent downloads it
+//!   serves at the moment: processor sharing with each download capped by its agent's link
+//!   (max-min fair: a download its agent's link holds below the equal share keeps its cap,
+//!   the others share the rest equally). When a download starts or ends, every other's rate
+//!   and so its remaining time is computed again.
+//! - Each agent has its own link speed, drawn once from the run's generator (some agents
+//!   are slow), and each download varies around it (jitter).
+//! - A controller serves a binary from its cache: its own staging (`StageBinary` to the
+//!   stream, at the upstream bandwidth) puts it there, and a download admitted before that
+//!   waits for one upstream fetch, shared by every download that waits for it (as the
+//!   transport's tools endpoint does).
+//! - Admission is the core's: `upgrader::admit_agent_download` under the model's
+//!   `max-agent-downloads` (`upgrader::agent_downloads_max`); past it the controller
+//!   answers "busy" with the core's `retry_after`, and the agent waits
+//!   `upgrader::busy_download_backoff` (the machine agent's driver does the same, for as
+//!   long as [`BUSY_WAIT_MAX_MS`]).
+//!
+//! Latency per message is the network's (`network.rs`). A download in progress is a
+//! stream: its bytes are not lost one message at a time, but the connection dies with
+//! either end (a crash), and the agent then tries again.
+
+use std::collections::BTreeSet;
+
+use lockstep_core::Version;
+use lockstep_core::lifecycle::{Input, RequestId, StagePlan};
+use lockstep_core::upgrader::{self, DownloadAdmission};
+
+use super::network::{Message, Party};
+use super::{Event, Sim};
+use crate::rng::Rng;
+use crate::scenario::Fleet;
+
+/// How long a machine agent waits through "busy" answers before it reports its download
+/// failed (lockstep-agent's `BUSY_WAIT_MAX`, `daemon/machine_agent.rs`).
+pub const BUSY_WAIT_MAX_MS: u64 = 600_000;
+
+/// One admitted download (it holds one of its controller's slots).
+#[derive(Clone, Debug)]
+struct Download {
+    host: usize,
+    incarnation: u64,
+    id: RequestId,
+    attempt: u32,
+    binary: Version,
+    /// The agent's link for this download, bytes/s.
+    cap: u64,
+    /// Bytes still to send, times 1000 (so that a rate in bytes/s times milliseconds is
+    /// exact).
+    remaining: u128,
+    /// Bytes/s now.
+    rate: u64,
+    admitted_at: u64,
+    /// Waiting for the controller's upstream fetch of `binary`.
+    waiting: bool,
+}
+
+/// One controller's side.
+#[derive(Clone, Debug, Default)]
+struct ControllerLink {
+    egress: u64,
+    downloads: Vec<Download>,
+    /// When `remaining` was last brought up to date.
+    updated_at: u64,
+    /// Bumped at every reshare: a completion event of an older generation is void.
+    generation: u64,
+    cached: BTreeSet<Version>,
+    fetching: BTreeSet<Version>,
+}
+
+/// What the fleet's downloads did, for its report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Each completed download: admission to last byte, ms.
+    pub transfers_ms: Vec<u64>,
+    /// Each agent's staging through a controller: its `StageBinary` asked to the binary
+    /// staged, busy answers and retries included, ms.
+    pub downloads_ms: Vec<u64>,
+    /// "Busy" answers the controllers gave.
+    pub busy: u64,
+    /// Downloads an agent gave up after [`BUSY_WAIT_MAX_MS`] of busy answers.
+    pub busy_gave_up: u64,
+    /// Downloads cut by a crash of either end.
+    pub cut: u64,
+    /// Upstream fetches by controllers (their own staging included).
+    pub upstream_fetches: u64,
+    /// The most downloads one controller served at once.
+    pub most_at_once: u32,
+}
+
+/// Every link of a fleet run.
+#[derive(Clone, Debug)]
+pub(super) struct Links {
+    upstream: u64,
+    jitter_per_mille: u64,
+    /// The model's `max-agent-downloads`, as the core reads it.
+    pub(super) downloads_max: u32,
+    controllers: Vec<ControllerLink>,
+    /// Each host's own link, bytes/s (controllers: unused).
+    agent_link: Vec<u64>,
+    /// The controller each host is downloading from now.
+    receiving: Vec<Option<usize>>,
+    pub(super) stats: LinkStats,
+}
+
+impl Links {
+    pub(super) fn new(fleet: &Fleet, controllers: usize, hosts: usize, rng: &mut Rng) -> Links {
+        let agent_link = (0..hosts)
+            .map(|_| {
+                let usual = fleet.agent_bytes_per_second;
+                if rng.chance(fleet.slow_agents_per_million) {
+                    // A slow link: 1–10% of the usual.
+                    usual * rng.range(10, 100) / 1000
+                } else {
+                    usual * rng.range(800, 1000) / 1000
+                }
+                .max(1)
+            })
+            .collect();
+        Links {
+            upstream: fleet.upstream_bytes_per_second.max(1),
+            jitter_per_mille: fleet.jitter_per_mille.min(900),
+            downloads_max: super::agent_downloads_max(fleet),
+            controllers: (0..controllers)
+                .map(|_| ControllerLink {
+                    egress: fleet.egress_bytes_per_second.max(1),
+                    ..ControllerLink::default()
+                })
+                .collect(),
+            agent_link,
+            receiving: vec![None; hosts],
+            stats: LinkStats::default(),
+        }
+    }
+
+    /// Milliseconds an upstream fetch of `bytes` takes.
+    pub(super) fn upstream_ms(&self, bytes: u64) -> u64 {
+        (u128::from(bytes) * 1000).div_ceil(u128::from(self.upstream)) as u64
+    }
+
+    /// Whether `host` is receiving the download of attempt `attempt` of request `id`.
+    pub(super) fn receiving(&self, host: usize, id: RequestId, attempt: u32) -> bool {
+        self.receiving[host].is_some_and(|controller| {
+            self.controllers[controller]
+                .downloads
+                .iter()
+                .any(|d| d.host == host && d.id == id && d.attempt == attempt)
+        })
+    }
+
+    /// Brings every download of `controller` up to `now`.
+    fn settle(&mut self, controller: usize, now: u64) {
+        let link = &mut self.controllers[controller];
+        let elapsed = u128::from(now.saturating_sub(link.updated_at));
+        for download in link.downloads.iter_mut().filter(|d| !d.waiting) {
+            let sent = u128::from(download.rate) * elapsed;
+            download.remaining = download.remaining.saturating_sub(sent);
+        }
+        link.updated_at = now;
+    }
+
+    /// Shares `controller`'s egress among its downloads (max-min fair) and says when the
+    /// next one ends, with the generation that event carries.
+    fn reshare(&mut self, controller: usize, now: u64) -> Option<(u64, u64)> {
+        let link = &mut self.controllers[controller];
+        link.generation += 1;
+        let mut active: Vec<&mut Download> =
+            link.downloads.iter_mut().filter(|d| !d.waiting).collect();
+        active.sort_by_key(|d| (d.cap, d.host));
+        let mut left = link.egress;
+        let mut sharing = active.len() as u64;
+        for download in &mut active {
+            let share = left / sharing.max(1);
+            download.rate = download.cap.min(share).max(1);
+            left = left.saturating_sub(download.rate);
+            sharing -= 1;
+        }
+        let next = active
+            .iter()
+            .map(|d| now + d.remaining.div_ceil(u128::from(d.rate)) as u64)
+            .min()?;
+        Some((next, link.generation))
+    }
+
+    fn remove_host(&mut self, host: usize) -> Option<usize> {
+        let controller = self.receiving[host].take()?;
+        self.controllers[controller]
+            .downloads
+            .retain(|download| download.host != host);
+        Some(controller)
+    }
+}
+
+impl Sim {
+    /// The fleet's links (only a fleet run has them).
+    fn links(&mut self) -> &mut Links {
+        self.links.as_mut().expect("a fleet run")
+    }
+
+    fn schedule_link(&mut self, controller: usize, next: Option<(u64, u64)>) {
+        if let Some((at, generation)) = next {
+            self.queue.schedule(
+                at,
+                Event::LinkTick {
+                    controller,
+                    generation,
+                },
+            );
+        }
+    }
+
+    /// The tools endpoint of `controller` gets a machine agent's download of `plan` (the
+    /// catalogue's binary, checked): admitted under the core's bound, or answered busy.
+    pub(super) fn serve_download(
+        &mut self,
+        controller: usize,
+        host: usize,
+        incarnation: u64,
+        id: RequestId,
+        attempt: u32,
+        plan: &StagePlan,
+    ) {
+        let now = self.queue.now;
+        if self.links().receiving(host, id, attempt) {
+            return; // the same request again (a duplicate): already being served
+        }
+        // The agent left whatever it was receiving before: that connection is closed.
+        self.cancel_download(host);
+        let links = self.links();
+        let in_flight = links.controllers[controller].downloads.len() as u32;
+        match upgrader::admit_agent_download(in_flight, links.downloads_max) {
+            DownloadAdmission::Busy { retry_after } => {
+                links.stats.busy += 1;
+                let message = Message::DownloadBusy {
+                    host,
+                    incarnation,
+                    id,
+                    attempt,
+                    retry_after: retry_after.0,
+                };
+                self.send(Party::Host(controller), Party::Host(host), message);
+            }
+            DownloadAdmission::Admit => {
+                let jitter = links.jitter_per_mille;
+                self.fleet.first_download_at.get_or_insert(now);
+                let spread = self.rng.range(1000 - jitter, 1000 + jitter);
+                let links = self.links.as_mut().expect("a fleet run");
+                let cap = (links.agent_link[host] * spread / 1000).max(1);
+                let binary = plan.binary.number;
+                let cached = links.controllers[controller].cached.contains(&binary);
+                links.settle(controller, now);
+                let link = &mut links.controllers[controller];
+                link.downloads.push(Download {
+                    host,
+                    incarnation,
+                    id,
+                    attempt,
+                    binary,
+                    cap,
+                    remaining: u128::from(plan.size_bytes.max(1)) * 1000,
+                    rate: 1,
+                    admitted_at: now,
+                    waiting: !cached,
+                });
+                let fetch = !cached && link.fetching.insert(binary);
+                let at_once = link.downloads.len() as u32;
+                links.stats.most_at_once = links.stats.most_at_once.max(at_once);
+                links.receiving[host] = Some(controller);
+                if fetch {
+                    links.stats.upstream_fetches += 1;
+                    let at = now + links.upstream_ms(plan.size_bytes);
+                    self.queue.schedule(
+                        at,
+                        Event::UpstreamFetched {
+                            controller,
+                            version: binary,
+                        },
+                    );
+                }
+                let next = self.links().reshare(controller, now);
+                self.schedule_link(controller, next);
+            }
+        }
+    }
+
+    /// [`Event::LinkTick`]: the next download of `controller` may have ended.
+    pub(super) fn link_tick(&mut self, controller: usize, generation: u64) {
+        let now = self.queue.now;
+        let links = self.links();
+        if links.controllers[controller].generation != generation {
+            return; // reshared since
+        }
+        links.settle(controller, now);
+        let link = &mut links.controllers[controller];
+        let (done, going): (Vec<Download>, Vec<Download>) = std::mem::take(&mut link.downloads)
+            .into_iter()
+            .partition(|d| !d.waiting && d.remaining == 0);
+        link.downloads = going;
+        for download in &done {
+            links.receiving[download.host] = None;
+            links.stats.transfers_ms.push(now - download.admitted_at);
+        }
+        let next = links.reshare(controller, now);
+        self.schedule_link(controller, next);
+        for download in done {
+            // The last byte reaches the agent after the link's latency.
+            let message = Message::Reply {
+                host: download.host,
+                incarnation: download.incarnation,
+                id: Some(download.id),
+                input: Input::Staged {
+                    id: download.id,
+                    result: Ok(()),
+                },
+            };
+            self.send_stream(Party::Host(controller), Party::Host(download.host), message);
+        }
+    }
+
+    /// [`Event::UpstreamFetched`]: `controller` has `version` from the stream: the
+    /// downloads that waited for it start.
+    pub(super) fn upstream_fetched(&mut self, controller: usize, version: Version) {
+        let now = self.queue.now;
+        let links = self.links();
+        links.settle(controller, now);
+        let link = &mut links.controllers[controller];
+        link.fetching.remove(&version);
+        link.cached.insert(version);
+        for download in &mut link.downloads {
+            if download.binary == version {
+                download.waiting = false;
+            }
+        }
+        let next = links.reshare(controller, now);
+        self.schedule_link(controller, next);
+    }
+
+    /// A controller staged `version` itself: its cache holds it from now on.
+    pub(super) fn binary_cached(&mut self, controller: usize, version: Version) {
+        if let Some(links) = &mut self.links {
+            links.stats.upstream_fetches += 1;
+            links.controllers[controller].cached.insert(version);
+        }
+    }
+
+    /// `host` closed its download connection (it moved on, or its process died).
+    pub(super) fn cancel_download(&mut self, host: usize) {
+        let now = self.queue.now;
+        let Some(links) = &mut self.links else {
+            return;
+        };
+        let Some(controller) = links.receiving[host] else {
+            return;
+        };
+        links.settle(controller, now);
+        links.remove_host(host);
+        let next = links.reshare(controller, now);
+        self.schedule_link(controller, next);
+    }
+
+    /// `host` stopped: a machine agent's download is cut; a controller's downloads are
+    /// all cut (its agents notice the connection gone and try again).
+    pub(super) fn cut_downloads(&mut self, host: usize) {
+        let Some(links) = &mut self.links else {
+            return;
+        };
+        if host < links.controllers.len() {
+            let link = &mut links.controllers[host];
+            link.generation += 1;
+            let cut = std::mem::take(&mut link.downloads);
+            links.stats.cut += cut.len() as u64;
+            for download in cut {
+                links.receiving[download.host] = None;
+            }
+        } else if links.receiving[host].is_some() {
+            links.stats.cut += 1;
+            self.cancel_download(host);
+        }
+    }
+
+    /// A machine agent's driver is told busy: it waits the core's backoff and asks the same
+    /// controller again, or, busy for [`BUSY_WAIT_MAX_MS`], reports the download failed.
+    pub(super) fn download_busy(
+        &mut self,
+        host: usize,
+        incarnation: u64,
+        id: RequestId,
+        attempt: u32,
+        retry_after: u64,
+    ) {
+        let now = self.queue.now;
+        if !self.current(host, incarnation) {
+            return;
+        }
+        let jitter = self.rng.next_u64();
+        let Some(awaiting) = self.hosts[host].awaiting.get_mut(&id) else {
+            return;
+        };
+        if awaiting.attempt != attempt {
+            return;
+        }
+        awaiting.busy += 1;
+        let since = *awaiting.busy_since.get_or_insert(now);
+        if now - since >= BUSY_WAIT_MAX_MS {
+            self.hosts[host].awaiting.remove(&id);
+            self.links().stats.busy_gave_up += 1;
+            let reason = format!(
+                "the controller was busy serving other agents for {} s",
+                (now - since) / 1000
+            );
+            self.input(
+                host,
+                Input::Staged {
+                    id,
+                    result: Err(reason),
+                },
+            );
+            return;
+        }
+        let wait = upgrader::busy_download_backoff(
+            awaiting.busy,
+            lockstep_core::Millis(retry_after),
+            jitter,
+        );
+        // No answer is awaited meanwhile: the attempt's timeout is void.
+        awaiting.attempt += 1;
+        self.queue.schedule(
+            now + wait.0,
+            Event::Resend {
+                host,
+                incarnation,
+                id,
+            },
+        );
+    }
+}
