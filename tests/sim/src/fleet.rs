@@ -27,9 +27,14 @@ pub struct FleetRun {
 
 /// Runs `agents` machine agents and 3 controllers through the fleet upgrade of `seed`.
 pub fn run_fleet(seed: u64, agents: u32, fleet: Fleet) -> FleetRun {
+    run_fleet_with(seed, agents, fleet, RunOptions::default())
+}
+
+/// [`run_fleet`] with `options` (`record_timeline` for `lockstep-sim --fleet --timeline`).
+pub fn run_fleet_with(seed: u64, agents: u32, fleet: Fleet, options: RunOptions) -> FleetRun {
     let scenario = Scenario::fleet(seed, agents, fleet);
     let started = Instant::now();
-    let report = run(scenario.clone(), RunOptions::default());
+    let report = run(scenario.clone(), options);
     FleetRun {
         scenario,
         report,

@@ -15,7 +15,7 @@
 use std::process::ExitCode;
 
 use lockstep_core::lifecycle::Mutations;
-use lockstep_sim::fleet::run_fleet;
+use lockstep_sim::fleet::run_fleet_with;
 use lockstep_sim::scenario::{Caps, FaultKind, Fleet, Overrides, Scenario, mbit};
 use lockstep_sim::sim::{RunOptions, run};
 use lockstep_sim::sweep::{self, caps_flag, mutation_flag};
@@ -315,8 +315,19 @@ fn main() -> ExitCode {
 fn run_fleet_mode(arguments: &Arguments, fleet: Fleet) -> ExitCode {
     let seed = arguments.seeds.as_ref().map_or(0, |seeds| seeds.start);
     let agents = arguments.overrides.agents.unwrap_or(10_000);
-    let fleet_run = run_fleet(seed, agents, fleet);
+    let options = RunOptions {
+        record_timeline: arguments.timeline.is_some(),
+        ..RunOptions::default()
+    };
+    let fleet_run = run_fleet_with(seed, agents, fleet, options);
     println!("{}", fleet_run.scenario);
+    if let (Some(path), Some(timeline)) = (&arguments.timeline, &fleet_run.report.timeline) {
+        if let Err(error) = std::fs::write(path, timeline.to_svg(fleet_run.report.simulated_ms)) {
+            eprintln!("cannot write {path}: {error}");
+            return ExitCode::FAILURE;
+        }
+        println!("timeline written to {path}");
+    }
     println!("{}", fleet_run.summary());
     if fleet_run.report.failure.is_some() {
         ExitCode::FAILURE
