@@ -250,15 +250,7 @@ async fn a_rollout_coordinator_killed_9_mid_rollout_is_taken_over_and_the_fleet_
         after.halted.is_none() && after.failed.is_empty(),
         "{after:?}"
     );
-    let windows: Vec<(u64, u64)> = ha.controllers[0]
-        .data()
-        .machine_agent_dirs()
-        .iter()
-        .flat_map(|dir| {
-            let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap();
-            common::download_windows(&log, &dir.root().display().to_string())
-        })
-        .collect();
+    let windows = common::agents_download_windows(&ha.controllers[0].data());
     assert_eq!(windows.len(), 3, "{windows:?}");
     assert_eq!(common::most_at_once(&windows), 1, "{windows:?}");
     ha.restart(coordinator, &[]);

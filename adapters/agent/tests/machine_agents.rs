@@ -11,7 +11,7 @@ use lockstep_core::Version;
 use serde_json::Value;
 
 use crate::common::{
-    self, Controller, Mirror, Published, download_windows, most_at_once, next, own, text,
+    self, Controller, Mirror, Published, agents_download_windows, most_at_once, next, own, text,
 };
 
 /// How long a controller may take to reach Ready (through an upgrade included).
@@ -398,17 +398,10 @@ async fn twenty_machine_agents_upgrade_after_their_controller_which_fetches_the_
     // Counted at the agents, not by the controller's gauge: each agent logged when it
     // received its first and its last byte (the host's monotonic clock, shared by every
     // process), and at no moment were more than DOWNLOADS_AT_ONCE agents between the two.
-    // Sound, not lucky: an agent hangs up right after its last byte and the controller
-    // frees a slot only once the agent hung up, so an agent's window lies inside its slot.
-    let windows: Vec<(u64, u64)> = controller
-        .data()
-        .machine_agent_dirs()
-        .iter()
-        .flat_map(|dir| {
-            let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap();
-            download_windows(&log, &dir.root().display().to_string())
-        })
-        .collect();
+    // Sound, not lucky: an agent hangs up only after it logged its last byte, and the
+    // controller frees a slot only once the agent hung up, so an agent's window lies
+    // inside its slot.
+    let windows = agents_download_windows(&controller.data());
     assert_eq!(windows.len(), FLEET, "{windows:?}");
     let most = most_at_once(&windows);
     assert!(

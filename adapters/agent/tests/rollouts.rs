@@ -10,7 +10,7 @@ use lockstep_agent::datadir::host_binary;
 use serde_json::Value;
 
 use crate::common::{Controller, LOCKSTEPD, Mirror, Published, later_patch, next, own, text};
-use crate::common::{download_windows, most_at_once};
+use crate::common::{agents_download_windows, most_at_once};
 use crate::machine_agents::{agent_logs, wait_for_agents};
 
 /// How long a controller may take to reach Ready (through an upgrade included).
@@ -261,15 +261,7 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
 
     // max-at-once 1, counted at the agents: no two agents were ever receiving a binary at
     // the same moment (the canary's bad download included).
-    let windows: Vec<(u64, u64)> = controller
-        .data()
-        .machine_agent_dirs()
-        .iter()
-        .flat_map(|dir| {
-            let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap();
-            download_windows(&log, &dir.root().display().to_string())
-        })
-        .collect();
+    let windows = agents_download_windows(&controller.data());
     assert_eq!(windows.len(), 4, "1 bad download and 3 fixed: {windows:?}");
     assert_eq!(most_at_once(&windows), 1, "{windows:?}");
 }

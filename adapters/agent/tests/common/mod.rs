@@ -811,6 +811,19 @@ pub fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
     windows
 }
 
+/// The windows of every machine agent under `data` (a controller's data dir), from their
+/// logs: when each received a binary, first byte to last.
+pub fn agents_download_windows(data: &DataDir) -> Vec<(u64, u64)> {
+    data.machine_agent_dirs()
+        .iter()
+        .flat_map(|dir| {
+            let log =
+                std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap_or_default();
+            download_windows(&log, &dir.root().display().to_string())
+        })
+        .collect()
+}
+
 /// The most windows open at one moment (one ending as another begins counts once).
 pub fn most_at_once(windows: &[(u64, u64)]) -> usize {
     let mut edges: Vec<(u64, i32)> = windows
