@@ -69,6 +69,8 @@ pub struct StoreState {
     wake: Arc<Wake>,
     /// What this controller says of itself in `FullStatus`, beside the shared state.
     local: Option<LocalController>,
+    /// The agents' desired versions' inputs, read once per store revision.
+    desired: Arc<upgrader::DesiredCache>,
 }
 
 /// What a controller adds to its own machine's `FullStatus` entry, under `lockstep`: what
@@ -112,6 +114,7 @@ impl StoreState {
             jobs: JobTable::lockstep(),
             wake: Arc::new(Wake::default()),
             local: None,
+            desired: Arc::default(),
         };
         // A machine a previous process made `dying` and could not remove before it ended
         // (a re-exec into a new binary within the delay) is removed by this one.
@@ -330,9 +333,11 @@ impl SharedState for StoreState {
         server_version: Version,
         tags: &[String],
     ) -> Result<AgentViews, WireError> {
-        let (owner, tags) = (owner.to_owned(), tags.to_vec());
-        self.read(move |store, _| upgrader::agent_views(store, &owner, server_version, &tags))
-            .await
+        let (owner, tags, cache) = (owner.to_owned(), tags.to_vec(), Arc::clone(&self.desired));
+        self.read(move |store, _| {
+            upgrader::agent_views(store, &cache, &owner, server_version, &tags)
+        })
+        .await
     }
 
     async fn set_tools(&self, owner: &str, params: &Value) -> Result<Value, WireError> {

@@ -559,6 +559,54 @@ mod tests {
     }
 
     #[test]
+    fn desired_versions_are_read_once_per_revision_and_follow_the_rollout() {
+        use super::super::upgrader::{DesiredCache, agent_views as desired_views};
+        let store = store_with(json!({"rollout-canaries": 1}));
+        let cache = DesiredCache::default();
+        let server = v("3.6.2");
+        let told = |tag: &str| {
+            desired_views(&store, &cache, tag, server, &[tag.to_owned()])
+                .unwrap()
+                .entities[0]
+                .as_ref()
+                .unwrap()
+                .desired
+        };
+        // Staged, no record yet: each agent stays where it is until admitted.
+        assert_eq!(told("machine-1"), v("3.6.1"));
+        let first = cache.inputs(&store).unwrap();
+        assert!(
+            std::sync::Arc::ptr_eq(&first, &cache.inputs(&store).unwrap()),
+            "read once while the revision stays"
+        );
+        // Agents' reports move no revision: still the same read.
+        store
+            .transaction(None, &mut |tx| {
+                let now = tx.now().0;
+                tx.put_agent_status("machine-2", &report("3.6.1", "started", "ready", now))?;
+                Ok(())
+            })
+            .unwrap();
+        assert!(std::sync::Arc::ptr_eq(
+            &first,
+            &cache.inputs(&store).unwrap()
+        ));
+        // The coordinator admits the canary, machine 1: a new revision, read again.
+        let mut held = None;
+        coordinate(&store, ControllerId(0), Millis(15_000), &mut held).unwrap();
+        assert!(!std::sync::Arc::ptr_eq(
+            &first,
+            &cache.inputs(&store).unwrap()
+        ));
+        assert_eq!(told("machine-1"), v("3.6.2"));
+        assert_eq!(told("machine-2"), v("3.6.1"));
+        // Another agent's tag is refused.
+        let refused =
+            desired_views(&store, &cache, "machine-2", server, &["machine-1".into()]).unwrap();
+        assert!(refused.entities[0].is_err());
+    }
+
+    #[test]
     fn a_bad_policy_is_named_and_nothing_is_written() {
         let mut held = None;
         let store = store_with(json!({"rollout-canaries": "many"}));

@@ -1,6 +1,10 @@
 //! The Upgrader facade's share of the state: each agent's desired version (Juju's
 //! controllers-first rule) and the binary it runs, and `SetTools`, which records it.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use lockstep_core::lifecycle::Revision;
 use lockstep_core::rollout::{self, Rollout, RolloutPolicy};
 use lockstep_core::upgrader::{self, AskingAgent};
 use lockstep_core::{Binary, Version};
@@ -65,38 +69,119 @@ fn owned_machine(machines: &[Machine], owner: &str, tag: &str) -> Result<Machine
         .ok_or_else(|| WireError::new("not found", format!("machine {id} not found")))
 }
 
+/// What every agent's desired version is computed from, read in one snapshot at
+/// `revision`: the model, every machine (indexed by id), the rollout policy and record.
+#[derive(Debug)]
+pub struct DesiredInputs {
+    revision: Revision,
+    model: Option<Model>,
+    machines: Vec<Machine>,
+    by_id: HashMap<String, usize>,
+    /// The controller machines, which the controllers-first rule reads for every agent.
+    controllers: Vec<Machine>,
+    policy: RolloutPolicy,
+    record: Option<Rollout>,
+}
+
+/// The last [`DesiredInputs`] read, shared by every `DesiredVersion`, `Tools` and
+/// `NotifyWatcher.Next` of this API while the store's revision stays where it was. Every
+/// write that can change a desired version (the model, a machine, the model's settings,
+/// the rollout record) moves the revision; agents' status reports do not, and are not
+/// read. Without it each of a fleet's N watchers, woken by one commit, read every machine:
+/// N x N machines per commit; with it, one read of N per revision.
+#[derive(Debug, Default)]
+pub struct DesiredCache(Mutex<Option<Arc<DesiredInputs>>>);
+
+impl DesiredCache {
+    /// The inputs at the store's current revision: the cached ones when the revision has
+    /// not moved, else read afresh (and cached).
+    pub fn inputs(&self, store: &dyn Store) -> Result<Arc<DesiredInputs>, WireError> {
+        let revision = store.revision().map_err(store_error)?;
+        if let Some(cached) = self.0.lock().expect("not poisoned").as_ref()
+            && cached.revision == revision
+        {
+            return Ok(Arc::clone(cached));
+        }
+        let mut read = None;
+        store
+            .snapshot(&mut |tx| {
+                read = Some((
+                    tx.revision()?,
+                    tx.model()?,
+                    tx.machines()?,
+                    settings(tx)?,
+                    tx.rollout()?,
+                ));
+                Ok(())
+            })
+            .map_err(store_error)?;
+        let (revision, model, machines, settings, record) = read.expect("the snapshot body ran");
+        let by_id = machines
+            .iter()
+            .enumerate()
+            .map(|(index, machine)| (machine.id.clone(), index))
+            .collect();
+        let controllers = machines
+            .iter()
+            .filter(|machine| is_controller(machine))
+            .cloned()
+            .collect();
+        let inputs = Arc::new(DesiredInputs {
+            revision,
+            model,
+            machines,
+            by_id,
+            controllers,
+            // Checked when set; a value stored before the check existed reads as Juju's
+            // behaviour.
+            policy: super::rollout::policy(&settings).unwrap_or_default(),
+            record,
+        });
+        let mut cached = self.0.lock().expect("not poisoned");
+        if cached
+            .as_ref()
+            .is_none_or(|cached| cached.revision <= inputs.revision)
+        {
+            *cached = Some(Arc::clone(&inputs));
+        }
+        Ok(inputs)
+    }
+}
+
 /// `Upgrader.DesiredVersion` and `Upgrader.Tools`: each entity's desired version and
-/// running binary, read in one snapshot. An agent may ask about itself only (`owner` is
-/// its tag); others get `permission denied`.
+/// running binary, from the inputs at the store's current revision (`cache`). An agent may
+/// ask about itself only (`owner` is its tag); others get `permission denied`.
 pub fn agent_views(
     store: &dyn Store,
+    cache: &DesiredCache,
     owner: &str,
     server_version: Version,
     tags: &[String],
 ) -> Result<AgentViews, WireError> {
-    let mut read = None;
-    store
-        .snapshot(&mut |tx| {
-            read = Some((tx.model()?, tx.machines()?, settings(tx)?, tx.rollout()?));
-            Ok(())
-        })
-        .map_err(store_error)?;
-    let (model, machines, settings, record) = read.expect("the snapshot body ran");
-    // Checked when set; a value stored before the check existed reads as Juju's behaviour.
-    let policy = super::rollout::policy(&settings).unwrap_or_default();
-    let model =
-        model.ok_or_else(|| WireError::new("not found", "the controller has no model yet"))?;
+    let inputs = cache.inputs(store)?;
+    let model = inputs
+        .model
+        .as_ref()
+        .ok_or_else(|| WireError::new("not found", "the controller has no model yet"))?;
     let entities = tags
         .iter()
         .map(|tag| {
-            let machine = owned_machine(&machines, owner, tag)?;
+            if tag != owner {
+                return Err(WireError::permission_denied());
+            }
+            let id = machine_id(tag).ok_or_else(WireError::permission_denied)?;
+            let machine = inputs
+                .by_id
+                .get(&id)
+                .map(|index| &inputs.machines[*index])
+                .ok_or_else(|| WireError::new("not found", format!("machine {id} not found")))?;
             Ok(AgentView {
                 desired: desired_version(
-                    &model,
-                    &machines,
-                    &machine,
+                    model,
+                    &inputs.controllers,
+                    machine,
                     server_version,
-                    (&policy, record.as_ref()),
+                    (&inputs.policy, inputs.record.as_ref()),
                 ),
                 running: machine.agent_binary.clone(),
             })
