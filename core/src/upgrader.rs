@@ -44,6 +44,20 @@ pub struct AskingAgent<'a> {
     pub reported: Option<&'a Binary>,
 }
 
+/// Whether every controller machine reported running `wanted` or newer (`controllers`,
+/// one item per controller machine, the binary it last *reported*; `None`: it has not
+/// reported one): the half of the controllers-first rule that a staged rollout's
+/// coordinator waits for before it admits any agent. [`desired_version`] adds the
+/// answering API server's own version.
+pub fn controllers_run<'a>(
+    wanted: Version,
+    controllers: impl IntoIterator<Item = Option<&'a Binary>>,
+) -> bool {
+    controllers
+        .into_iter()
+        .all(|reported| reported.is_some_and(|binary| binary.number >= wanted))
+}
+
 /// The agent-version an agent should run: Juju's controllers-first rule (the Upgrader
 /// facade's `DesiredVersion`).
 ///
@@ -68,10 +82,7 @@ pub fn desired_version<'a>(
     if agent.roles.contains(Role::Controller) {
         return wanted;
     }
-    let controllers_run_it = server_version >= wanted
-        && controllers
-            .into_iter()
-            .all(|reported| reported.is_some_and(|binary| binary.number >= wanted));
+    let controllers_run_it = server_version >= wanted && controllers_run(wanted, controllers);
     let desired = if controllers_run_it {
         wanted
     } else {

@@ -59,10 +59,11 @@ fn started_on(status: &Value, id: &str) -> Option<String> {
     (agent["status"] == "started").then(|| agent["version"].as_str().unwrap_or("").to_owned())
 }
 
-/// A canary given a binary that fails its host steps halts the rollout with no other agent
+/// The policy set and shown with `lockstep model-config`. A canary given a binary that fails
+/// its host steps halts the rollout with no other agent
 /// switched; the canary falls back to the binary it ran; `upgrade-model --abort` holds every
 /// agent on what it runs, the model's agent-version untouched; a fixed binary published and
-/// the controller upgraded to it do not lift the halt; `upgrade-model --resume` does, and the
+/// the model upgraded to it (`upgrade-model --agent-version`) do not lift the halt; `upgrade-model --resume` does, and the
 /// fleet finishes on the fixed binary with at most `rollout-max-at-once` (1) agents
 /// receiving a binary at any moment, counted from the agents' own logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,6 +88,19 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
         "rollout-failures-tolerated=0",
     ]);
     assert!(set.status.success(), "{}", text(&set));
+    let shown = controller.run(&["model-config"]);
+    assert!(shown.status.success(), "{}", text(&shown));
+    for expected in [
+        "rollout-canaries: 1\n",
+        "rollout-max-at-once: 1\n",
+        "rollout-failures-tolerated: 0\n",
+    ] {
+        assert!(
+            text(&shown).contains(expected),
+            "{expected:?}: {}",
+            text(&shown)
+        );
+    }
     // A bad value is refused, naming it.
     let refused = controller.run(&["model-config", "rollout-canaries=some"]);
     assert!(!refused.status.success(), "{}", text(&refused));
@@ -206,7 +220,7 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
     // The controller reads its mirror again within its catalogue's freshness (30 s).
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let upgrade = controller.run(&["upgrade-controller", "--agent-version", &fixed_text]);
+        let upgrade = controller.run(&["upgrade-model", "--agent-version", &fixed_text]);
         if upgrade.status.success() {
             break;
         }

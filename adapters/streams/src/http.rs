@@ -136,11 +136,6 @@ pub struct HttpConfig {
     /// hosts are refused unless [`HttpConfig::redirect_to_other_hosts`], and reqwest drops
     /// `Authorization` on a redirect to another host.
     pub basic_auth: Option<BasicAuth>,
-    /// Keep a connection open for the next request once a response is read. On by
-    /// default; off, hyper closes the connection as the last byte arrives, before the
-    /// caller has seen it. (A machine agent keeps it on and drops its source once it has
-    /// logged its download: a controller holds the agent's download slot until it hangs up.)
-    pub keep_idle_connections: bool,
 }
 
 /// HTTP Basic credentials; the password is never printed.
@@ -198,7 +193,6 @@ impl Default for HttpConfig {
             throughput_window: Duration::from_secs(30),
             retry: RetryPolicy::default(),
             basic_auth: None,
-            keep_idle_connections: true,
         }
     }
 }
@@ -337,14 +331,10 @@ impl HttpSource {
         .map_err(|error| invalid(format!("TLS versions: {error}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let mut client = reqwest::Client::builder()
+        let client = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .connect_timeout(config.connect_timeout)
-            .redirect(redirect_policy(config.redirect_to_other_hosts));
-        if !config.keep_idle_connections {
-            client = client.pool_max_idle_per_host(0);
-        }
-        let client = client
+            .redirect(redirect_policy(config.redirect_to_other_hosts))
             .build()
             .map_err(|error| invalid(format!("cannot build the HTTP client: {error}")))?;
         Ok(HttpSource {

@@ -280,21 +280,23 @@ mod tests {
     use lockstep_core::{Millis, Progress};
 
     async fn rendered(counts: &ConnectionCounts) -> String {
+        rendered_with(
+            counts,
+            FleetGauges {
+                fleet: None,
+                downloads_in_flight: 0,
+            },
+        )
+        .await
+    }
+
+    async fn rendered_with(counts: &ConnectionCounts, fleet: FleetGauges<'_>) -> String {
         let view = GateView {
             phase: Phase::Ready,
             progress: Progress::default(),
             retry_after: Millis(1000),
         };
-        let response = metrics(
-            view,
-            &Metrics::default(),
-            counts,
-            (1, 2),
-            FleetGauges {
-                fleet: None,
-                downloads_in_flight: 0,
-            },
-        );
+        let response = metrics(view, &Metrics::default(), counts, (1, 2), fleet);
         let body = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
@@ -328,25 +330,14 @@ mod tests {
                 held: 0,
             }),
         };
-        let view = GateView {
-            phase: Phase::Ready,
-            progress: Progress::default(),
-            retry_after: Millis(1000),
-        };
-        let response = metrics(
-            view,
-            &Metrics::default(),
+        let text = rendered_with(
             &counts(0),
-            (0, 0),
             FleetGauges {
                 fleet: Some(&fleet),
                 downloads_in_flight: 3,
             },
-        );
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        let text = String::from_utf8(body.to_vec()).unwrap();
+        )
+        .await;
         for line in [
             "lockstep_agent_downloads_in_flight 3\n",
             "lockstep_machine_agents{version=\"2.9.44\",phase=\"ready\"} 7\n",

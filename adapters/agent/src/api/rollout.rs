@@ -72,15 +72,13 @@ pub fn agent_views(
 /// True once every controller machine reported running `target` or later: the
 /// controllers-first rule lets agents go.
 fn controllers_run(machines: &[Machine], target: Version) -> bool {
-    machines
-        .iter()
-        .filter(|machine| is_controller(machine))
-        .all(|machine| {
-            machine
-                .agent_binary
-                .as_ref()
-                .is_some_and(|binary| binary.number >= target)
-        })
+    lockstep_core::upgrader::controllers_run(
+        target,
+        machines
+            .iter()
+            .filter(|machine| is_controller(machine))
+            .map(|machine| machine.agent_binary.as_ref()),
+    )
 }
 
 /// What a coordinator pass did.

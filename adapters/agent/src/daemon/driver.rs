@@ -51,6 +51,16 @@ pub struct AgentStatus {
     pub last_failure: Option<String>,
 }
 
+impl AgentStatus {
+    /// Whether the core last reported Ready: the workers that act for a controller (the
+    /// provisioner, the rollout coordinator) make their passes only then.
+    pub fn is_ready(&self) -> bool {
+        self.report
+            .as_ref()
+            .is_some_and(|report| report.phase == Phase::Ready)
+    }
+}
+
 /// Why a store or file operation the driver runs for the core did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum OperationError {

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockstep_core::{Phase, Version};
+use lockstep_core::Version;
 use lockstep_store::{Life, Store, machine_tag};
 use lockstep_transport::state::{Identity, Provisioning};
 use tokio::sync::watch;
@@ -80,12 +80,7 @@ pub async fn run(provisioner: Provisioner, mut status: watch::Receiver<AgentStat
     tracing::info!(target: "lockstep::provisioner", machines = %provisioner.data.machine_agents_dir().display(), "local provisioner started: every machine recorded without an agent gets one on this host");
     let mut retry: HashMap<String, Instant> = HashMap::new();
     loop {
-        let ready = status
-            .borrow_and_update()
-            .report
-            .as_ref()
-            .is_some_and(|report| report.phase == Phase::Ready);
-        if ready {
+        if status.borrow_and_update().is_ready() {
             let this = provisioner.clone();
             let mut pending = std::mem::take(&mut retry);
             retry = tokio::task::spawn_blocking(move || {

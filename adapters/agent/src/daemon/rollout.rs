@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockstep_core::Millis;
 use lockstep_core::lifecycle::ControllerId;
-use lockstep_core::{Millis, Phase};
 use lockstep_store::Store;
 use tokio::sync::watch;
 
@@ -33,12 +33,7 @@ pub async fn run(
     // The lease this coordinator took and keeps while the rollout goes on.
     let mut held = None;
     loop {
-        let ready = status
-            .borrow_and_update()
-            .report
-            .as_ref()
-            .is_some_and(|report| report.phase == Phase::Ready);
-        if ready {
+        if status.borrow_and_update().is_ready() {
             let store = Arc::clone(&store);
             let mut token = held;
             let pass = tokio::task::spawn_blocking(move || {

@@ -217,7 +217,19 @@ impl Sim {
             }
         };
         self.send(Party::Host(host), to, message);
-        let at = self.queue.now + timeout;
+        self.schedule_request_timeout(host, incarnation, id, attempt, timeout);
+    }
+
+    /// The attempt `attempt` of request `id` times out `after` ms from now unless answered.
+    fn schedule_request_timeout(
+        &mut self,
+        host: usize,
+        incarnation: u64,
+        id: RequestId,
+        attempt: u32,
+        after: u64,
+    ) {
+        let at = self.queue.now + after;
         self.queue.schedule(
             at,
             Event::RequestTimeout {
@@ -227,6 +239,26 @@ impl Sim {
                 attempt,
             },
         );
+    }
+
+    /// A machine agent's call that answers nothing (a status report, a desired-version
+    /// poll), sent to `controller`'s API.
+    pub(super) fn send_agent_call(
+        &mut self,
+        host: usize,
+        incarnation: u64,
+        controller: usize,
+        call: AgentCall,
+    ) {
+        let message = Message::AgentCall {
+            host,
+            incarnation,
+            controller,
+            id: RequestId(u64::MAX),
+            attempt: 0,
+            call,
+        };
+        self.send(Party::Host(host), Party::Host(controller), message);
     }
 
     /// [`Event::Resend`]: the wait before another attempt is over.
@@ -260,16 +292,7 @@ impl Sim {
                 .is_some_and(|links| links.receiving(host, id, attempt))
         {
             // Bytes are arriving: the connection is alive, wait on.
-            let at = self.queue.now + API_TIMEOUT_MS;
-            self.queue.schedule(
-                at,
-                Event::RequestTimeout {
-                    host,
-                    incarnation,
-                    id,
-                    attempt,
-                },
-            );
+            self.schedule_request_timeout(host, incarnation, id, attempt, API_TIMEOUT_MS);
             return;
         }
         if awaiting.route == Route::Streams {
@@ -466,30 +489,15 @@ impl Sim {
             // A fleet run: the agent reports its status in every phase, and polls once
             // Ready, on one connection.
             let controller = self.pick_controller();
-            let message = Message::AgentCall {
-                host,
-                incarnation,
-                controller,
-                id: RequestId(u64::MAX),
-                attempt: 0,
-                call: AgentCall::Report {
-                    phase,
-                    info: String::new(),
-                    poll: phase == Phase::Ready,
-                },
+            let call = AgentCall::Report {
+                phase,
+                info: String::new(),
+                poll: phase == Phase::Ready,
             };
-            self.send(Party::Host(host), Party::Host(controller), message);
+            self.send_agent_call(host, incarnation, controller, call);
         } else if phase == Some(Phase::Ready) {
             let controller = self.pick_controller();
-            let message = Message::AgentCall {
-                host,
-                incarnation,
-                controller,
-                id: RequestId(u64::MAX),
-                attempt: 0,
-                call: AgentCall::Poll,
-            };
-            self.send(Party::Host(host), Party::Host(controller), message);
+            self.send_agent_call(host, incarnation, controller, AgentCall::Poll);
         }
         self.schedule_driver_tick(host, incarnation);
     }

@@ -15,12 +15,12 @@
 //! before every controller reported running the model's `agent-version` (controllers
 //! first). It reaches the store directly, not over the simulated network.
 
-use lockstep_core::lifecycle::{ControllerId, RequestId, StatusReport};
+use lockstep_core::lifecycle::{ControllerId, StatusReport};
 use lockstep_core::rollout::{self, AgentView, Health, Rollout, RolloutPolicy};
 use lockstep_core::{Phase, Timestamp, Version};
 use lockstep_store::{Abort, AgentStatus, Store, TxOutcome};
 
-use super::network::{AgentCall, Message, Party};
+use super::network::AgentCall;
 use super::{Event, Sim};
 
 /// An agent that has not reported for this long is down (lockstep-transport's
@@ -107,11 +107,10 @@ impl Sim {
 
     /// Whether every controller reported running `version` (or newer).
     fn controllers_run(&self, version: Version) -> bool {
-        (0..usize::from(self.scenario.controllers)).all(|host| {
-            self.executor
-                .reported(host)
-                .is_some_and(|binary| binary.number >= version)
-        })
+        lockstep_core::upgrader::controllers_run(
+            version,
+            (0..usize::from(self.scenario.controllers)).map(|host| self.executor.reported(host)),
+        )
     }
 
     /// `controller`'s API server receives `host`'s status report (`Machiner.SetStatus`):
@@ -174,19 +173,12 @@ impl Sim {
         }
         self.hosts[host].status_phase = Some(report.phase);
         let controller = self.rng.index(usize::from(self.scenario.controllers));
-        let message = Message::AgentCall {
-            host,
-            incarnation,
-            controller,
-            id: RequestId(u64::MAX),
-            attempt: 0,
-            call: AgentCall::Report {
-                phase: report.phase,
-                info: report.message.clone(),
-                poll: false,
-            },
+        let call = AgentCall::Report {
+            phase: report.phase,
+            info: report.message.clone(),
+            poll: false,
         };
-        self.send(Party::Host(host), Party::Host(controller), message);
+        self.send_agent_call(host, incarnation, controller, call);
     }
 
     /// Schedules a controller's next coordinator pass.
