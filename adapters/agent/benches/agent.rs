@@ -12,8 +12,11 @@
 //!   holding this build as N: bootstrap downloads, verifies and unpacks N;
 //! - bootstrap to Ready through an upgrade: `lockstep bootstrap --auto-upgrade` against a
 //!   mirror holding this build as N and N+1, from start to exit (which it does once the
-//!   API is fully available on N+1): bootstrap installs N from the mirror, the controller
-//!   downloads, verifies and unpacks N+1, re-executes it and runs N+1's steps;
+//!   API is fully available on N+1): bootstrap installs N from the mirror and, at the same
+//!   time, fetches N+1 ahead (downloads, verifies and unpacks it); the controller starts
+//!   on N, finds N+1 staged, re-executes it and runs N+1's steps;
+//! - the same with `--no-fetch-ahead`: bootstrap installs N only, and the controller
+//!   downloads, verifies and unpacks N+1 itself before re-executing it;
 //! - the gap a client sees during a self-upgrade: `lockstep upgrade-controller` from N to
 //!   N+1 on a Ready controller (behind the front door, the default), while a client calls
 //!   `Upgrade.Status` in a loop on one connection: from the last reply of N's worker to the
@@ -353,6 +356,7 @@ async fn main() {
     let (mut notified, mut answered) = (Vec::new(), Vec::new());
     let (mut plain, mut from_mirror, mut through, mut staging) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut through_not_ahead = Vec::new();
     let mut gaps = Vec::new();
     for _ in 0..runs {
         let started = start_to_ready(&started_data, own).await;
@@ -391,6 +395,26 @@ async fn main() {
         ));
         check_and_stop(&data, next, "bootstrap through an upgrade").await;
 
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path().join("controller"));
+        through_not_ahead.push(bootstrap(
+            data.root(),
+            &[
+                "--auto-upgrade",
+                "--no-fetch-ahead",
+                "--metadata-source",
+                &source,
+                "--metadata-key",
+                &public_key,
+            ],
+        ));
+        check_and_stop(
+            &data,
+            next,
+            "bootstrap through an upgrade, --no-fetch-ahead",
+        )
+        .await;
+
         staging.push(download_verify_unpack(&metadata, &tools_url, &entry, next).await);
 
         let dir = tempfile::tempdir().unwrap();
@@ -419,6 +443,7 @@ async fn main() {
         &from_mirror,
     );
     let through = show("bootstrap to Ready through an upgrade", &through);
+    let through_not_ahead = show("through an upgrade, --no-fetch-ahead", &through_not_ahead);
     let staging = show("download, verify and unpack the binary", &staging);
     show("self-upgrade gap on one connection (front door)", &gaps);
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
@@ -431,6 +456,10 @@ async fn main() {
     println!(
         "ratio (through - from the mirror) / download, verify and unpack: {:.2}",
         ratio(through.saturating_sub(from_mirror), staging)
+    );
+    println!(
+        "ratio through an upgrade, --no-fetch-ahead / download, verify and unpack: {:.2}",
+        ratio(through_not_ahead, staging)
     );
     println!(
         "ratio through an upgrade / download, verify and unpack: {:.2}",

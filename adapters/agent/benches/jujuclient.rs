@@ -1,8 +1,9 @@
 //! Time from Ready to the first successful call, real clients against a real controller
 //! going through a real upgrade.
 //!
-//! Each round bootstraps a controller with `lockstep bootstrap --auto-upgrade` from a
-//! mirror holding this build as N and N+1, so that it downloads N+1, re-executes into it
+//! Each round bootstraps a controller with `lockstep bootstrap --auto-upgrade
+//! --no-fetch-ahead` from a mirror holding this build as N and N+1, so that it downloads
+//! N+1 itself, re-executes into it
 //! (closing every connection), runs N+1's steps and only then opens its full API. Three
 //! clients are waiting for it before it starts, each setting a model config key with
 //! `ModelConfig.ModelSet` (a write: answered `upgrade in progress` until Ready, while reads
@@ -172,7 +173,13 @@ async fn round(source: &str, public_key: &str, python: &Path, script: &Path) -> 
                 .arg(&data_dir)
                 // Juju's client store beside the temporary data dir, never the real one.
                 .env("JUJU_DATA", data_dir.with_file_name("juju"))
-                .args(["bootstrap", "--api-port", "0", "--auto-upgrade"])
+                .args([
+                    "bootstrap",
+                    "--api-port",
+                    "0",
+                    "--auto-upgrade",
+                    "--no-fetch-ahead",
+                ])
                 .args(["--metadata-source", &source, "--metadata-key", &public_key])
                 .output()
                 .expect("lockstep runs")

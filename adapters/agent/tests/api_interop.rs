@@ -200,7 +200,9 @@ impl HeldBootstrap {
                 .arg(&data_dir)
                 .env("JUJU_DATA", common::juju_data_beside(&data_dir))
                 .args(["bootstrap", "--api-port", "0", "--timeout", "180"])
-                .args(["--auto-upgrade", "--metadata-source", &served.tools_url()])
+                // The controller downloads N+1 itself, through the mirror that holds it.
+                .args(["--auto-upgrade", "--no-fetch-ahead"])
+                .args(["--metadata-source", &served.tools_url()])
                 .args(["--metadata-key", &mirror.key()])
                 .envs(env.iter().copied()),
             dir.path(),

@@ -136,6 +136,9 @@ async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_befor
     let (controller, deploy) = Controller::bootstrap_alongside(
         &[
             "--auto-upgrade",
+            // The controller downloads N+1 itself, so the limited phases last long enough
+            // for a deployer process to meet them.
+            "--no-fetch-ahead",
             "--metadata-source",
             &source,
             "--metadata-key",
@@ -209,6 +212,45 @@ async fn auto_upgrade_restarts_into_the_new_binary_with_a_deployer_started_befor
         assert!(
             units.values().all(|revision| *revision > checkpointed),
             "{units:?}"
+        );
+    }
+}
+
+/// `bootstrap --auto-upgrade` fetches N+1 (the core's choice from the same signed
+/// catalogue) beside N before it starts the controller, and the controller upgrades to it
+/// without asking the mirror for it again; with `--no-fetch-ahead` bootstrap fetches only N
+/// and the controller downloads N+1 itself. Each time the mirror serves N+1's tarball once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_upgrade_fetches_the_new_binary_ahead_unless_told_not_to() {
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let next_binary = lockstep_agent::datadir::host_binary(next()).to_string();
+    let fetched_ahead = format!("Fetched agent binary {next_binary} ahead");
+    for ahead in [true, false] {
+        let served = common::http_mirror::HttpMirror::serve(mirror.path(), Duration::ZERO);
+        let source = served.tools_url();
+        let key = mirror.key();
+        let mut args = vec!["--auto-upgrade", "--metadata-source", &source];
+        args.extend(["--metadata-key", &key]);
+        if !ahead {
+            args.push("--no-fetch-ahead");
+        }
+        let controller = Controller::bootstrap(&args, &[]);
+        controller.assert_bootstrapped();
+        let said = text(&controller.bootstrap);
+        assert_eq!(
+            said.contains(&fetched_ahead),
+            ahead,
+            "ahead {ahead}: {said}"
+        );
+        controller.wait_running(next(), READY_WITHIN).await;
+        let exe = controller.serving_exe().expect("a worker runs");
+        assert!(exe.starts_with(controller.binary_dir(next())), "{exe:?}");
+        // Fetched by bootstrap, the controller did not ask for it: once in all.
+        assert_eq!(
+            served.tarball_requests(&next_binary),
+            1,
+            "ahead {ahead}:\n{}",
+            controller.log()
         );
     }
 }
@@ -548,6 +590,8 @@ async fn kill_9_while_checking_upgrading_and_running_steps_converges_ready_with_
             "--timeout",
             "240",
             "--auto-upgrade",
+            // `upgrading` is held by the controller's own download of N+1.
+            "--no-fetch-ahead",
             "--metadata-source",
             &source,
             "--metadata-key",

@@ -60,6 +60,7 @@ async fn an_https_mirror_with_its_own_ca_is_refused_until_metadata_ca_names_it_a
     let trusted = Controller::bootstrap(
         &[
             "--auto-upgrade",
+            "--no-fetch-ahead",
             "--metadata-source",
             &source,
             "--metadata-key",
@@ -97,6 +98,7 @@ async fn an_https_mirror_whose_ca_is_in_the_system_trust_store_through_ssl_cert_
     let controller = Controller::bootstrap(
         &[
             "--auto-upgrade",
+            "--no-fetch-ahead",
             "--metadata-source",
             &source,
             "--metadata-key",

@@ -50,6 +50,12 @@ enum Command {
         /// Upgrade to the newest published patch before bootstrap returns.
         #[arg(long)]
         auto_upgrade: bool,
+        /// With --auto-upgrade, leave the new binary's download to the controller once it
+        /// has started (as Juju's controllers do) instead of fetching it beside the first
+        /// binary, at the same time; the controller then spends the download in phase
+        /// `upgrading`.
+        #[arg(long, requires = "auto_upgrade")]
+        no_fetch_ahead: bool,
         /// Run exactly this agent version.
         #[arg(long, value_parser = Version::parse)]
         agent_version: Option<Version>,
@@ -268,6 +274,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
     match args.command {
         Command::Bootstrap {
             auto_upgrade,
+            no_fetch_ahead,
             agent_version,
             agent_stream,
             build_agent,
@@ -293,6 +300,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                 data_dir: args.data_dir.clone(),
                 name,
                 auto_upgrade,
+                fetch_ahead: !no_fetch_ahead,
                 agent_version,
                 agent_stream,
                 build_agent,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use lockstep_core::jobs::Capabilities;
 use lockstep_core::lifecycle::{ControllerSet, Snapshot};
-use lockstep_core::policy::{Stream, UpgradePolicy};
+use lockstep_core::policy::{self, CatalogueEntry, Stream, UpgradePolicy};
 use lockstep_core::{Binary, Role, Roles, Version};
 use lockstep_fs::AtomicWriteError;
 use lockstep_store::{Machine, Model, StoreError};
@@ -265,6 +265,12 @@ pub enum BootstrapError {
     ModelExists { store: String },
     #[error("cannot make the API's TLS material: {0}")]
     Credentials(#[source] TlsError),
+    #[error("{what} did not finish: {error}")]
+    Task {
+        what: &'static str,
+        #[source]
+        error: tokio::task::JoinError,
+    },
     #[error(transparent)]
     DataDir(#[from] DataDirError),
     #[error(transparent)]
@@ -304,6 +310,9 @@ pub struct BootstrapOptions {
     pub data_dir: PathBuf,
     pub name: String,
     pub auto_upgrade: bool,
+    /// With `auto_upgrade`: fetch the binary the controller will upgrade to beside the
+    /// first one (`--no-fetch-ahead` turns it off; the controller then downloads it).
+    pub fetch_ahead: bool,
     pub agent_version: Option<Version>,
     pub agent_stream: Option<Stream>,
     pub build_agent: bool,
@@ -346,6 +355,10 @@ pub struct Prepared {
     pub controller: ControllerFile,
     /// The local binary installed, as read from its file; `None` when a published one was.
     pub local: Option<BinaryIdentity>,
+    /// With `--auto-upgrade`, the binary the controller will upgrade to at its first start,
+    /// fetched and installed beside the first one (or why that failed: the controller then
+    /// downloads it itself).
+    pub ahead: Option<Result<Binary, BootstrapError>>,
 }
 
 pub fn random_hex(bytes: usize) -> String {
@@ -493,20 +506,38 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
         }
         None => None,
     };
+    // The admin's password hash (argon2: tens of milliseconds of CPU by design) is made on
+    // another core while the binary downloads and unpacks.
+    let password = random_hex(16);
+    let hashing = {
+        let password = password.clone();
+        tokio::task::spawn_blocking(move || lockstep_transport::server::hash_password(&password))
+    };
+    // With --auto-upgrade the controller upgrades at its first start: the binary it will
+    // choose is fetched now, beside the first.
+    let ahead_stream =
+        (options.auto_upgrade && options.fetch_ahead && options.agent_version.is_none())
+            .then_some(options.agent_stream);
+    let mut ahead = None;
     let (binary, local) = match (&metadata_source, local) {
-        (Some(url), None) => match install_published(&data, url, wanted, &trust).await? {
-            Some(binary) => (binary, None),
-            None if options.agent_version.is_some() => {
-                return Err(BootstrapError::NotPublished {
-                    version: wanted,
-                    url: url.clone(),
-                });
+        (Some(url), None) => {
+            match install_published(&data, url, wanted, &trust, ahead_stream).await? {
+                Some((binary, fetched)) => {
+                    ahead = fetched;
+                    (binary, None)
+                }
+                None if options.agent_version.is_some() => {
+                    return Err(BootstrapError::NotPublished {
+                        version: wanted,
+                        url: url.clone(),
+                    });
+                }
+                None => {
+                    let identity = identify_local(options)?;
+                    (install_local(&data, &identity, None)?, Some(identity))
+                }
             }
-            None => {
-                let identity = identify_local(options)?;
-                (install_local(&data, &identity, None)?, Some(identity))
-            }
-        },
+        }
         (_, Some(identity)) => (
             install_local(&data, &identity, options.agent_version)?,
             Some(identity),
@@ -546,10 +577,12 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
         credentials.key_pem.as_bytes(),
         0o600,
     )?;
-    let password = random_hex(16);
     let users = vec![User {
         name: "admin".to_owned(),
-        password_hash: lockstep_transport::server::hash_password(&password),
+        password_hash: hashing.await.map_err(|error| BootstrapError::Task {
+            what: "hashing the admin password",
+            error,
+        })?,
     }];
     data.write_users(&users)?;
 
@@ -612,6 +645,7 @@ pub async fn prepare(options: &BootstrapOptions) -> Result<Prepared, BootstrapEr
         binary,
         controller,
         local,
+        ahead,
     })
 }
 
@@ -651,12 +685,20 @@ fn metadata_trust(options: &BootstrapOptions) -> Result<MetadataTrust, Bootstrap
 
 /// Installs `version` from the metadata source, if published there for this host; the
 /// metadata must verify as `trust` says.
+///
+/// With `ahead` (`--auto-upgrade`, and the model's agent-stream), also fetches and installs,
+/// at the same time, the binary the controller will upgrade to at its first start: the
+/// core's choice ([`policy::select`] for [`Occasion::Bootstrap`] under
+/// [`UpgradePolicy::AutoPatch`]) from the same verified catalogue. The controller stages a
+/// binary already installed with the catalogue's sha256 without downloading it again, so
+/// the upgrade's download overlaps bootstrap's own instead of following it.
 async fn install_published(
     data: &DataDir,
     url: &str,
     version: Version,
     trust: &MetadataTrust,
-) -> Result<Option<Binary>, BootstrapError> {
+    ahead: Option<Option<Stream>>,
+) -> Result<Option<Installed>, BootstrapError> {
     let source = MetadataSource::open(url, trust).map_err(|error| BootstrapError::Source {
         url: url.to_owned(),
         error,
@@ -686,21 +728,61 @@ async fn install_published(
     else {
         return Ok(None);
     };
+    let next = ahead.and_then(|stream| {
+        let request = policy::SelectionRequest {
+            running: &entry.binary,
+            policy: &UpgradePolicy::AutoPatch,
+            stream,
+            occasion: policy::Occasion::Bootstrap,
+        };
+        match policy::select(&request, &lookup.catalogue) {
+            Ok(policy::Decision::Upgrade { entry }) => Some(entry),
+            _ => None,
+        }
+    });
     let cache = data.tools_cache_dir();
     std::fs::create_dir_all(&cache).map_err(DataDirError::io(&cache, "create the directory"))?;
-    let tarball = cache.join(format!("juju-{}.tgz", entry.binary));
+    let first = fetch_and_install(&source, data, url, entry);
+    let Some(next) = next else {
+        return Ok(Some((first.await?, None)));
+    };
+    let (first, next) = tokio::join!(first, fetch_and_install(&source, data, url, next));
+    Ok(Some((first?, Some(next))))
+}
+
+/// The binary installed from the metadata source, and the one fetched ahead for the
+/// controller's first upgrade (or why that failed).
+type Installed = (Binary, Option<Result<Binary, BootstrapError>>);
+
+/// Downloads `entry` into the tools cache (size and sha256 checked as it streams) and
+/// installs it (checked again, unpacked, renamed into place) on a blocking thread.
+async fn fetch_and_install(
+    source: &MetadataSource,
+    data: &DataDir,
+    url: &str,
+    entry: CatalogueEntry,
+) -> Result<Binary, BootstrapError> {
+    let tarball = data
+        .tools_cache_dir()
+        .join(format!("juju-{}.tgz", entry.binary));
     source.download(&entry, &tarball, &mut |_| {}).await?;
-    data.install_tarball(
-        &entry.binary,
-        &tarball,
-        &DownloadedTools {
-            version: entry.binary.clone(),
-            url: format!("{}/{}", url.trim_end_matches('/'), entry.path),
-            sha256: entry.sha256,
-            size_bytes: entry.size_bytes,
-        },
-    )?;
-    Ok(Some(entry.binary))
+    let tools = DownloadedTools {
+        version: entry.binary.clone(),
+        url: format!("{}/{}", url.trim_end_matches('/'), entry.path),
+        sha256: entry.sha256,
+        size_bytes: entry.size_bytes,
+    };
+    let data = data.clone();
+    let binary = entry.binary;
+    tokio::task::spawn_blocking(move || {
+        data.install_tarball(&binary, &tarball, &tools)?;
+        Ok(binary)
+    })
+    .await
+    .map_err(|error| BootstrapError::Task {
+        what: "installing the agent binary",
+        error,
+    })?
 }
 
 /// Reads which binary the local `lockstepd` is (`options.local_agent`: its marker, its ELF
@@ -923,6 +1005,16 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
             identity.built_version
         ));
     }
+    match &prepared.ahead {
+        Some(Ok(next)) => on_line(&format!(
+            "Fetched agent binary {next} ahead: the controller upgrades to it at its first start"
+        )),
+        Some(Err(error)) => on_line(&format!(
+            "Note: could not fetch the upgrade's binary ahead ({error}); the controller will \
+             download it itself"
+        )),
+        None => {}
+    }
     let pid = spawn_daemon(&prepared.data, &[])?;
     on_line(&format!(
         "Started lockstepd (pid {pid}) on {}; waiting for its API",
@@ -934,9 +1026,15 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
         stop_daemon(pid);
         return Err(BootstrapError::ClientStore(Box::new(error)));
     }
+    // The daemon was started a moment ago and opens its port within milliseconds: the
+    // first connect usually comes too early, and the default first wait (100 ms, for
+    // clients of a controller that is restarting) would be most of a bootstrap's time.
     let client = prepared
         .controller
-        .client(lockstep_core::client::RetryPolicy::default());
+        .client(lockstep_core::client::RetryPolicy {
+            initial: lockstep_core::Millis(5),
+            ..lockstep_core::client::RetryPolicy::default()
+        });
     let bar = indicatif::ProgressBar::new_spinner();
     bar.enable_steady_tick(Duration::from_millis(120));
     let terminal = !bar.is_hidden();

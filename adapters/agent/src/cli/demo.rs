@@ -1245,6 +1245,9 @@ async fn run_demo(
         data_dir: root.join("controller"),
         name: "demo".to_owned(),
         auto_upgrade: true,
+        // The controller downloads N+1 itself, so that the clients ride through the whole
+        // upgrade the timeline shows, download included.
+        fetch_ahead: false,
         agent_version: None,
         agent_stream: None,
         build_agent: false,
