@@ -302,9 +302,12 @@ impl<'a> AgentVersionCheck<'a> {
 /// The model config key bounding the agent downloads one controller serves at once.
 pub const AGENT_DOWNLOADS_MAX_KEY: &str = "max-agent-downloads";
 
-/// Agent downloads one controller serves at once when the model does not say: enough to
-/// keep a loopback or LAN link busy, few enough that fifty agents do not starve the API.
-pub const AGENT_DOWNLOADS_MAX_DEFAULT: u32 = 4;
+/// Agent downloads one controller serves at once when the model does not say. Enough to
+/// fill a 10 Gbit/s egress with agents whose own links give 1 Gbit/s, with room for the
+/// slow ones among them (the simulator's fleet, `tests/sim`: at 4 a controller used 13% of
+/// its egress); each costs the controller a connection and a 64 KiB read buffer, not a
+/// worker or a copy of the binary.
+pub const AGENT_DOWNLOADS_MAX_DEFAULT: u32 = 64;
 
 /// The most [`AGENT_DOWNLOADS_MAX_KEY`] may say.
 pub const AGENT_DOWNLOADS_MAX_LIMIT: u32 = 1024;
@@ -314,8 +317,13 @@ pub const AGENT_DOWNLOADS_MAX_LIMIT: u32 = 1024;
 pub enum DownloadAdmission {
     /// Serve it now.
     Admit,
-    /// Too many in flight: answer "busy" (HTTP 503 with `Retry-After`); the agent retries
-    /// after at least this long, with backoff and jitter of its own.
+    /// Every slot is taken, or others already wait: hold the request in the controller's
+    /// queue, first come first served. It takes the next slot freed, or, after
+    /// [`DOWNLOAD_QUEUE_WAIT`] without one, is answered busy. A slot freed goes to the
+    /// queue's first request at once, so no slot idles while an agent waits.
+    Queue,
+    /// Too many in flight and the queue full: answer "busy" (HTTP 503 with `Retry-After`);
+    /// the agent retries after at least this long, with backoff and jitter of its own.
     Busy {
         /// The wait the controller asks for.
         retry_after: Millis,
@@ -325,11 +333,29 @@ pub enum DownloadAdmission {
 /// The wait a busy controller asks of an agent before it tries its download again.
 pub const DOWNLOAD_BUSY_RETRY_AFTER: Millis = Millis(1_000);
 
-/// Whether a controller serving `in_flight` agent downloads admits one more, under the
-/// model's bound `max` (at least one is always admitted).
-pub fn admit_agent_download(in_flight: u32, max: u32) -> DownloadAdmission {
-    if in_flight < max.max(1) {
+/// Requests a controller's queue holds per download slot: the queue holds at most this
+/// times the model's bound ([`download_queue_max`]), so that what waits is bounded (each
+/// is an open connection) and drains within about this many transfer times.
+pub const DOWNLOAD_QUEUE_PER_SLOT: u32 = 4;
+
+/// How long a request waits in the queue for a slot before it is answered busy: well
+/// inside the agent's own patience for an answer (its HTTP source's deadline), so an agent
+/// always hears back.
+pub const DOWNLOAD_QUEUE_WAIT: Millis = Millis(10_000);
+
+/// The most requests a controller holds in its queue under the model's bound `max`.
+pub fn download_queue_max(max: u32) -> u32 {
+    max.max(1).saturating_mul(DOWNLOAD_QUEUE_PER_SLOT)
+}
+
+/// Whether a controller serving `in_flight` agent downloads, with `waiting` requests in its
+/// queue, admits one more now, queues it, or answers busy, under the model's bound `max`
+/// (at least one is always admitted). A request never overtakes one that waits.
+pub fn admit_agent_download(in_flight: u32, waiting: u32, max: u32) -> DownloadAdmission {
+    if in_flight < max.max(1) && waiting == 0 {
         DownloadAdmission::Admit
+    } else if waiting < download_queue_max(max) {
+        DownloadAdmission::Queue
     } else {
         DownloadAdmission::Busy {
             retry_after: DOWNLOAD_BUSY_RETRY_AFTER,
@@ -576,19 +602,25 @@ mod tests {
     }
 
     #[test]
-    fn a_download_is_admitted_below_the_bound_and_busy_at_it() {
-        assert_eq!(admit_agent_download(0, 4), DownloadAdmission::Admit);
-        assert_eq!(admit_agent_download(3, 4), DownloadAdmission::Admit);
+    fn a_download_is_admitted_below_the_bound_queued_at_it_and_busy_past_the_queue() {
+        assert_eq!(admit_agent_download(0, 0, 4), DownloadAdmission::Admit);
+        assert_eq!(admit_agent_download(3, 0, 4), DownloadAdmission::Admit);
+        // Full: queued, up to four per slot, then busy.
+        assert_eq!(admit_agent_download(4, 0, 4), DownloadAdmission::Queue);
+        assert_eq!(admit_agent_download(4, 15, 4), DownloadAdmission::Queue);
         assert_eq!(
-            admit_agent_download(4, 4),
+            admit_agent_download(4, 16, 4),
             DownloadAdmission::Busy {
                 retry_after: DOWNLOAD_BUSY_RETRY_AFTER
             }
         );
+        // A free slot is not taken past a request that waits (the bound was raised).
+        assert_eq!(admit_agent_download(3, 1, 8), DownloadAdmission::Queue);
         // A bound of zero would starve every agent: one is always admitted.
-        assert_eq!(admit_agent_download(0, 0), DownloadAdmission::Admit);
+        assert_eq!(admit_agent_download(0, 0, 0), DownloadAdmission::Admit);
+        assert_eq!(admit_agent_download(1, 0, 0), DownloadAdmission::Queue);
         assert!(matches!(
-            admit_agent_download(1, 0),
+            admit_agent_download(1, 4, 0),
             DownloadAdmission::Busy { .. }
         ));
     }

@@ -338,7 +338,7 @@ async fn a_machine_agent_killed_9_shows_down_and_agents_away_during_an_upgrade_c
 const FLEET: usize = 20;
 
 /// At most this many agents' downloads at once (`max-agent-downloads`), well below the
-/// fleet, so that most agents are told "busy" and back off.
+/// fleet, so that most agents wait in the controller's queue (or are told "busy").
 const DOWNLOADS_AT_ONCE: u64 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,9 +371,9 @@ async fn twenty_machine_agents_upgrade_after_their_controller_which_fetches_the_
         1,
         "the mirror served {next_binary} more than once"
     );
-    // Each agent downloaded from its controller, and the bound turned some away: the agents
-    // logged the controller's "busy" answers.
-    let mut busy = 0;
+    // Each agent downloaded from its controller. (Past the bound a request waits in the
+    // controller's queue, or is told busy once the queue is full: `tests/tools.rs` of the
+    // transport shows both; here what counts is the bound, below.)
     for dir in controller.data().machine_agent_dirs() {
         let downloaded = dir
             .read_downloaded_tools(&lockstep_agent::datadir::host_binary(next()))
@@ -385,16 +385,7 @@ async fn twenty_machine_agents_upgrade_after_their_controller_which_fetches_the_
             dir.root().display(),
             downloaded.url
         );
-        let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap();
-        busy += log
-            .lines()
-            .filter(|line| line.contains("the controller is busy serving other agents"))
-            .count();
     }
-    assert!(
-        busy > 0,
-        "{FLEET} agents, {DOWNLOADS_AT_ONCE} downloads at once, and none was told busy"
-    );
     // Counted at the agents, not by the controller's gauge: each agent logged when it
     // received its first and its last byte (the host's monotonic clock, shared by every
     // process), and at no moment were more than DOWNLOADS_AT_ONCE agents between the two.

@@ -99,6 +99,7 @@ pub fn add_connection_counts(text: &str, counts: &ConnectionCounts) -> String {
 pub struct FleetGauges<'a> {
     pub fleet: Option<&'a Fleet>,
     pub downloads_in_flight: u32,
+    pub downloads_waiting: u32,
 }
 
 /// Label values are versions, phases and rollout states: no quote, backslash or newline
@@ -119,6 +120,15 @@ fn fleet_gauges(text: &mut String, gauges: &FleetGauges<'_>) {
         text,
         "lockstep_agent_downloads_in_flight {}",
         gauges.downloads_in_flight
+    );
+    text.push_str(
+        "# HELP lockstep_agent_downloads_waiting Machine agents' download requests waiting in this controller's queue for a slot.\n",
+    );
+    text.push_str("# TYPE lockstep_agent_downloads_waiting gauge\n");
+    let _ = writeln!(
+        text,
+        "lockstep_agent_downloads_waiting {}",
+        gauges.downloads_waiting
     );
     let Some(fleet) = gauges.fleet else {
         return;
@@ -285,6 +295,7 @@ mod tests {
             FleetGauges {
                 fleet: None,
                 downloads_in_flight: 0,
+                downloads_waiting: 0,
             },
         )
         .await
@@ -335,11 +346,13 @@ mod tests {
             FleetGauges {
                 fleet: Some(&fleet),
                 downloads_in_flight: 3,
+                downloads_waiting: 5,
             },
         )
         .await;
         for line in [
             "lockstep_agent_downloads_in_flight 3\n",
+            "lockstep_agent_downloads_waiting 5\n",
             "lockstep_machine_agents{version=\"2.9.44\",phase=\"ready\"} 7\n",
             "lockstep_machine_agents{version=\"2.9.45\",phase=\"upgrading\"} 1\n",
             "lockstep_rollout_info{target=\"2.9.45\",state=\"halted\"} 1\n",

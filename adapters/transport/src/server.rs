@@ -420,6 +420,7 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let counts = api.connections.counts();
     let logins = api.checks.in_progress();
     let downloads = api.tools.agent_downloads_in_flight();
+    let waiting = api.tools.agent_downloads_waiting();
     let metrics = api.metrics.lock().expect("not poisoned");
     probes::metrics(
         view,
@@ -429,6 +430,7 @@ async fn metrics(State(api): State<Arc<Api>>) -> Response {
         probes::FleetGauges {
             fleet: fleet.as_ref(),
             downloads_in_flight: downloads,
+            downloads_waiting: waiting,
         },
     )
 }

@@ -15,14 +15,17 @@
 //!
 //! Machine agents' downloads are admitted by the core's rule
 //! ([`lockstep_core::upgrader::admit_agent_download`]) under the model's
-//! `max-agent-downloads` (default [`lockstep_core::upgrader::AGENT_DOWNLOADS_MAX_DEFAULT`]):
-//! beyond it an agent is answered 503 with `Retry-After`, code `try again`, and retries with
-//! backoff. A download holds its slot from admission (through an upstream fetch, if one is
+//! `max-agent-downloads` (default [`lockstep_core::upgrader::AGENT_DOWNLOADS_MAX_DEFAULT`]).
+//! Beyond it a request waits in a queue, first come first served: a slot freed is handed to
+//! the queue's first request at once, so no slot idles while an agent waits. A request that
+//! waited [`lockstep_core::upgrader::DOWNLOAD_QUEUE_WAIT`], or finds the queue full
+//! ([`lockstep_core::upgrader::download_queue_max`]), is answered 503 with `Retry-After`,
+//! code `try again`, and the agent retries with backoff. A download holds its slot from admission (through an upstream fetch, if one is
 //! needed) until the client closes the connection after the last byte (at most
 //! [`crate::hold::LINGER_MAX`] after it), or goes away before: so the bound holds for the
 //! downloads as the agents see them, not only as the controller writes them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,18 +58,59 @@ pub struct ToolsEndpoint {
     /// `None`: the endpoint is off (404).
     cache: Option<PathBuf>,
     fetches: Fetches,
-    /// Machine agents' downloads admitted and not finished.
-    agent_downloads: Arc<AtomicU32>,
+    /// Machine agents' downloads admitted and not finished, and those waiting.
+    agent_downloads: Arc<Downloads>,
+}
+
+/// Machine agents' downloads: the slots taken and the queue of requests waiting for one.
+#[derive(Debug, Default)]
+struct Downloads {
+    state: Mutex<DownloadQueue>,
+    /// `state.in_flight`, readable without the lock (for `/metrics`).
+    in_flight: AtomicU32,
+}
+
+#[derive(Debug, Default)]
+struct DownloadQueue {
+    in_flight: u32,
+    /// The bound the last request was admitted under (the model's, read per request).
+    max: u32,
+    /// Requests waiting for a slot, oldest first; a slot is handed over through the sender.
+    waiting: VecDeque<tokio::sync::oneshot::Sender<DownloadSlot>>,
+}
+
+impl Downloads {
+    /// Hands free slots (below `max`) to the oldest waiting requests. A request that went
+    /// away is skipped; the slot it was offered comes back unused, never counted.
+    fn hand_over(self: &Arc<Downloads>, queue: &mut DownloadQueue) {
+        while queue.in_flight < queue.max.max(1) {
+            let Some(waiter) = queue.waiting.pop_front() else {
+                break;
+            };
+            match waiter.send(DownloadSlot(Some(Arc::clone(self)))) {
+                Ok(()) => queue.in_flight += 1,
+                // Not counted, so not released: emptied, its `Drop` does nothing.
+                Err(mut unused) => drop(unused.0.take()),
+            }
+        }
+        self.in_flight.store(queue.in_flight, Ordering::SeqCst);
+    }
 }
 
 /// A machine agent's admitted download: frees its slot when dropped (the response's last
-/// byte handed over, the client gone, or an error answered).
+/// byte handed over, the client gone, or an error answered), to the queue's first request
+/// if one waits.
 #[derive(Debug)]
-struct DownloadSlot(Arc<AtomicU32>);
+struct DownloadSlot(Option<Arc<Downloads>>);
 
 impl Drop for DownloadSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        let Some(downloads) = &self.0 else {
+            return;
+        };
+        let mut queue = downloads.state.lock().expect("not poisoned");
+        queue.in_flight -= 1;
+        downloads.hand_over(&mut queue);
     }
 }
 
@@ -152,7 +196,7 @@ impl ToolsEndpoint {
                 ),
                 Err(_) => upgrader::AGENT_DOWNLOADS_MAX_DEFAULT,
             };
-            match self.admit_agent(max) {
+            match self.admit_agent(max).await {
                 Ok(slot) => Some(slot),
                 Err(busy) => return busy,
             }
@@ -167,45 +211,94 @@ impl ToolsEndpoint {
 
     /// Machine agents' downloads in flight now.
     pub fn agent_downloads_in_flight(&self) -> u32 {
-        self.agent_downloads.load(Ordering::SeqCst)
+        self.agent_downloads.in_flight.load(Ordering::SeqCst)
     }
 
-    /// A slot for one more machine agent's download under `max`, or the 503 that refuses it.
-    #[expect(clippy::result_large_err, reason = "the error is the response to send")]
-    fn admit_agent(&self, max: u32) -> Result<DownloadSlot, Response> {
-        let mut in_flight = self.agent_downloads.load(Ordering::SeqCst);
-        loop {
-            match upgrader::admit_agent_download(in_flight, max) {
+    /// Machine agents' download requests waiting in the queue now.
+    pub fn agent_downloads_waiting(&self) -> u32 {
+        let queue = self.agent_downloads.state.lock().expect("not poisoned");
+        queue
+            .waiting
+            .iter()
+            .filter(|waiter| !waiter.is_closed())
+            .count() as u32
+    }
+
+    /// A slot for one more machine agent's download under `max`: at once, or after a wait
+    /// in the queue; or the 503 that refuses it (the queue full, or no slot within
+    /// [`upgrader::DOWNLOAD_QUEUE_WAIT`]).
+    async fn admit_agent(&self, max: u32) -> Result<DownloadSlot, Response> {
+        let downloads = &self.agent_downloads;
+        let mut receiver = {
+            let mut queue = downloads.state.lock().expect("not poisoned");
+            queue.max = max;
+            // Requests that went away (their clients hung up) hold no place.
+            queue.waiting.retain(|waiter| !waiter.is_closed());
+            let waiting = queue.waiting.len() as u32;
+            match upgrader::admit_agent_download(queue.in_flight, waiting, max) {
                 DownloadAdmission::Admit => {
-                    match self.agent_downloads.compare_exchange(
-                        in_flight,
-                        in_flight + 1,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    ) {
-                        Ok(_) => return Ok(DownloadSlot(Arc::clone(&self.agent_downloads))),
-                        Err(now) => in_flight = now,
-                    }
+                    queue.in_flight += 1;
+                    downloads.in_flight.store(queue.in_flight, Ordering::SeqCst);
+                    return Ok(DownloadSlot(Some(Arc::clone(downloads))));
+                }
+                DownloadAdmission::Queue => {
+                    let (sender, receiver) = tokio::sync::oneshot::channel();
+                    queue.waiting.push_back(sender);
+                    // The bound may have been raised: a free slot goes to the oldest now.
+                    downloads.hand_over(&mut queue);
+                    receiver
                 }
                 DownloadAdmission::Busy { retry_after } => {
-                    let seconds = retry_after.0.div_ceil(1000).max(1);
-                    let mut response = http_error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "try again",
+                    let message = format!(
+                        "busy: {} agent downloads in flight and {waiting} waiting, the \
+                         model's {} is {max}",
+                        queue.in_flight,
+                        upgrader::AGENT_DOWNLOADS_MAX_KEY
+                    );
+                    return Err(busy(message, retry_after));
+                }
+            }
+        };
+        let wait = std::time::Duration::from_millis(upgrader::DOWNLOAD_QUEUE_WAIT.0);
+        match tokio::time::timeout(wait, &mut receiver).await {
+            Ok(Ok(slot)) => Ok(slot),
+            // The sender goes only with the endpoint, or handed over: answered busy.
+            Ok(Err(_)) => Err(busy(
+                "busy: the controller stopped serving downloads".to_owned(),
+                upgrader::DOWNLOAD_BUSY_RETRY_AFTER,
+            )),
+            Err(_elapsed) => {
+                // No more hand-overs; one made just before this is taken, not lost.
+                receiver.close();
+                match receiver.try_recv() {
+                    Ok(slot) => Ok(slot),
+                    Err(_) => Err(busy(
                         format!(
-                            "busy: {in_flight} agent downloads in flight, the model's \
-                             {} is {max}; retry after {seconds}s",
+                            "busy: no download slot freed within {} s (the model's {} is \
+                             {max})",
+                            wait.as_secs(),
                             upgrader::AGENT_DOWNLOADS_MAX_KEY
                         ),
-                    );
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
-                    return Err(response);
+                        upgrader::DOWNLOAD_BUSY_RETRY_AFTER,
+                    )),
                 }
             }
         }
     }
+}
+
+/// The 503 "try again" a busy controller answers, asking for `retry_after`.
+fn busy(message: String, retry_after: lockstep_core::Millis) -> Response {
+    let seconds = retry_after.0.div_ceil(1000).max(1);
+    let mut response = http_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "try again",
+        format!("{message}; retry after {seconds}s"),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+    response
 }
 
 /// An error body as Juju's HTTP endpoints send it: `{"error": {"message", "code"}}`.

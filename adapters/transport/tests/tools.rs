@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use lockstep_core::policy::Stream;
 use lockstep_core::{Phase, Role, Roles, Version};
+use lockstep_transport::state::SharedState;
 use lockstep_transport::tls::Credentials;
 use serde_json::{Value, json};
 use support::*;
@@ -527,59 +528,149 @@ async fn before_a_fetch_the_cache_drops_binaries_of_versions_not_kept() {
     );
 }
 
+/// `lockstep_agent_downloads_{in_flight,waiting}` from `/metrics`.
+async fn download_gauges(fixture: &Fixture) -> (u64, u64) {
+    let (status, _, body) = get_as(fixture, "/metrics", None).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not in:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    (
+        gauge("lockstep_agent_downloads_in_flight"),
+        gauge("lockstep_agent_downloads_waiting"),
+    )
+}
+
+/// Machine agents (by their tags) that may download: each a machine, with
+/// [`AGENT_PASSWORD`] as its agent's password.
+fn agents(fixture: &Fixture, count: usize) -> Vec<String> {
+    let hash = lockstep_transport::server::hash_password(AGENT_PASSWORD);
+    (0..count)
+        .map(|_| {
+            let id = fixture.state.add_machine(Roles::of(&[Role::HostMachine]));
+            let tag = format!("machine-{id}");
+            fixture.state.set_agent_password_hash(&tag, &hash);
+            tag
+        })
+        .collect()
+}
+
+/// Under `max-agent-downloads` 1: the first agent holds the slot through a slow upstream
+/// fetch; the next four wait in the queue (four per slot) and are served one at a time in
+/// the order they came; a sixth finds the queue full and is answered busy at once; a user's
+/// download is served beside them all, uncounted.
 #[tokio::test]
-async fn machine_agents_beyond_max_agent_downloads_are_answered_busy_and_users_are_not_counted() {
-    use lockstep_transport::state::SharedState;
+async fn machine_agents_past_max_agent_downloads_wait_in_order_past_the_queue_are_busy_and_users_are_not_counted()
+ {
     let fixture = Arc::new(start(Phase::Ready).await);
     fixture
         .state
         .model_set(&json!({"config": {"max-agent-downloads": 1}}))
         .await
         .unwrap();
-    // The fetch from upstream takes a while (long beside a login and a request): the first
-    // agent holds its slot through it.
-    *fixture.backend.fetch_delay.lock().unwrap() = Duration::from_secs(5);
+    *fixture.backend.fetch_delay.lock().unwrap() = Duration::from_secs(6);
     let binary = "2.9.44-ubuntu-amd64";
     let path = format!("/model/{MODEL_UUID}/tools/{binary}");
     let expected = tarball(&entry(binary, Stream::Released));
-    let agent = |fixture: &Fixture| {
-        format!(
-            "machine-{}",
-            fixture.state.add_machine(Roles::of(&[Role::HostMachine]))
-        )
+    let agents = agents(&fixture, 6);
+    let mut downloads = Vec::new();
+    for (index, agent) in agents[..5].iter().enumerate() {
+        let (serving, path, agent) = (Arc::clone(&fixture), path.clone(), agent.clone());
+        downloads.push(tokio::spawn(async move {
+            let answer = get_as(&serving, &path, Some((&agent, AGENT_PASSWORD))).await;
+            (answer, Instant::now())
+        }));
+        // Each in its place before the next comes: the first admitted, then one more
+        // waiting each time.
+        let wanted = (1, index as u64);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let gauges = download_gauges(&fixture).await;
+            if gauges == wanted {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent {index} never took its place: (in flight, waiting) {gauges:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let (status, _, body) = get_as(&fixture, &path, Some((&agents[5], AGENT_PASSWORD))).await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    let refusal = json_body(&body);
+    assert_eq!(refusal["error"]["code"], "try again", "{refusal}");
+    let message = refusal["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("4 waiting") && message.contains("max-agent-downloads is 1"),
+        "{refusal}"
+    );
+    // A user's download is not an agent's: it is served beside them, uncounted.
+    let (status, _, body) = get(&fixture, &path).await;
+    assert_eq!((status, body == expected), (200, true));
+    let mut finished = Vec::new();
+    for download in downloads {
+        let ((status, _, body), at) = download.await.unwrap();
+        assert_eq!((status, body == expected), (200, true));
+        finished.push(at);
+    }
+    assert!(
+        finished.windows(2).all(|pair| pair[0] <= pair[1]),
+        "served out of order: {finished:?}"
+    );
+    assert_eq!(download_gauges(&fixture).await, (0, 0));
+    // The queue is empty again: the sixth agent is served now.
+    let (status, _, body) = get_as(&fixture, &path, Some((&agents[5], AGENT_PASSWORD))).await;
+    assert_eq!((status, body == expected), (200, true));
+    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 1);
+}
+
+/// A request that waits in the queue for `DOWNLOAD_QUEUE_WAIT` without a slot freed is
+/// answered busy, with `Retry-After`, and leaves the queue.
+#[tokio::test]
+async fn a_queued_download_without_a_slot_within_the_queues_wait_is_answered_busy() {
+    let fixture = Arc::new(start(Phase::Ready).await);
+    fixture
+        .state
+        .model_set(&json!({"config": {"max-agent-downloads": 1}}))
+        .await
+        .unwrap();
+    let queue_wait = Duration::from_millis(lockstep_core::upgrader::DOWNLOAD_QUEUE_WAIT.0);
+    *fixture.backend.fetch_delay.lock().unwrap() = queue_wait + Duration::from_secs(5);
+    let path = format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-amd64");
+    let agents = agents(&fixture, 2);
+    let holding = {
+        let (fixture, path, agent) = (Arc::clone(&fixture), path.clone(), agents[0].clone());
+        tokio::spawn(async move { get_as(&fixture, &path, Some((&agent, AGENT_PASSWORD))).await })
     };
-    let (first, second) = (agent(&fixture), agent(&fixture));
-    let admitted = {
-        let (fixture, path, first) = (Arc::clone(&fixture), path.clone(), first.clone());
-        tokio::spawn(async move { get_as(&fixture, &path, Some((&first, AGENT_PASSWORD))).await })
-    };
-    // Until the first one is admitted (it then waits for the fetch), nothing is refused.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while fixture.backend.fetches.load(Ordering::SeqCst) == 0 {
+    while download_gauges(&fixture).await != (1, 0) {
         assert!(
             Instant::now() < deadline,
             "the first download never started"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (status, _, body) = get_as(&fixture, &path, Some((&second, AGENT_PASSWORD))).await;
+    let asked = Instant::now();
+    let (status, _, body) = get_as(&fixture, &path, Some((&agents[1], AGENT_PASSWORD))).await;
+    let waited = asked.elapsed();
     assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(waited >= queue_wait, "answered after {waited:?}");
     let refusal = json_body(&body);
     assert_eq!(refusal["error"]["code"], "try again", "{refusal}");
     assert!(
         refusal["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("max-agent-downloads is 1"),
+            .contains("no download slot freed within 10 s"),
         "{refusal}"
     );
-    // A user's download is not an agent's: it is served beside the agent's.
-    let (status, _, body) = get(&fixture, &path).await;
-    assert_eq!((status, body == expected), (200, true));
-    let (status, _, body) = admitted.await.unwrap();
-    assert_eq!((status, body == expected), (200, true));
-    // The first agent's download is over: its slot is free for the second.
-    let (status, _, body) = get_as(&fixture, &path, Some((&second, AGENT_PASSWORD))).await;
-    assert_eq!((status, body == expected), (200, true));
-    assert_eq!(fixture.backend.fetches.load(Ordering::SeqCst), 1);
+    assert_eq!(download_gauges(&fixture).await, (1, 0));
+    let (status, _, _) = holding.await.unwrap();
+    assert_eq!(status, 200);
 }

@@ -130,7 +130,9 @@ impl FleetRun {
         });
         let _ = writeln!(
             out,
-            "busy answers: {} ({} downloads given up after {} s of them); downloads cut by a crash: {}; most at once on one controller: {} (max-agent-downloads {}); controllers' egress used {:.0}% of the upgrade time",
+            "queued requests: {} (most waiting on one controller: {}); busy answers: {} ({} downloads given up after {} s of them); downloads cut by a crash: {}; most at once on one controller: {} (max-agent-downloads {}); controllers' egress used {:.0}% of the upgrade time",
+            links.queued,
+            links.most_waiting,
             links.busy,
             links.busy_gave_up,
             crate::sim::BUSY_WAIT_MAX_MS / 1000,

@@ -286,10 +286,9 @@ impl Sim {
             return;
         }
         if awaiting.route == Route::Controller
-            && self
-                .links
-                .as_ref()
-                .is_some_and(|links| links.receiving(host, id, attempt))
+            && self.links.as_ref().is_some_and(|links| {
+                links.receiving(host, id, attempt) || links.waiting(host, id, attempt)
+            })
         {
             // Bytes are arriving: the connection is alive, wait on.
             self.schedule_request_timeout(host, incarnation, id, attempt, API_TIMEOUT_MS);

@@ -12,8 +12,11 @@
 //!   waits for one upstream fetch, shared by every download that waits for it (as the
 //!   transport's tools endpoint does).
 //! - Admission is the core's: `upgrader::admit_agent_download` under the model's
-//!   `max-agent-downloads` (`upgrader::agent_downloads_max`); past it the controller
-//!   answers "busy" with the core's `retry_after`, and the agent waits
+//!   `max-agent-downloads` (`upgrader::agent_downloads_max`); past it a request waits in
+//!   the controller's queue, first come first served, and takes the next slot freed, as
+//!   the tools endpoint's queue does (`lockstep-transport`'s `tools_endpoint.rs`); after
+//!   `upgrader::DOWNLOAD_QUEUE_WAIT` in it, or with the queue full, the controller answers
+//!   "busy" with the core's `retry_after`, and the agent waits
 //!   `upgrader::busy_download_backoff` (the machine agent's driver does the same, for as
 //!   long as [`BUSY_WAIT_MAX_MS`]).
 //!
@@ -21,7 +24,7 @@
 //! stream: its bytes are not lost one message at a time, but the connection dies with
 //! either end (a crash), and the agent then tries again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 
 use lockstep_core::Version;
 use lockstep_core::lifecycle::{Input, RequestId, StagePlan};
@@ -67,6 +70,19 @@ struct ControllerLink {
     generation: u64,
     cached: BTreeSet<Version>,
     fetching: BTreeSet<Version>,
+    /// Requests waiting for a slot, oldest first.
+    queue: VecDeque<Queued>,
+}
+
+/// A request waiting in a controller's queue for a download slot.
+#[derive(Clone, Debug)]
+pub(super) struct Queued {
+    host: usize,
+    incarnation: u64,
+    id: RequestId,
+    attempt: u32,
+    binary: Version,
+    size_bytes: u64,
 }
 
 /// What the fleet's downloads did, for its report.
@@ -77,8 +93,12 @@ pub struct LinkStats {
     /// Each agent's staging through a controller: its `StageBinary` asked to the binary
     /// staged, busy answers and retries included, ms.
     pub downloads_ms: Vec<u64>,
-    /// "Busy" answers the controllers gave.
+    /// "Busy" answers the controllers gave (the queue full, or no slot within its wait).
     pub busy: u64,
+    /// Requests that waited in a controller's queue.
+    pub queued: u64,
+    /// The most requests one controller's queue held at once.
+    pub most_waiting: u32,
     /// Downloads an agent gave up after [`BUSY_WAIT_MAX_MS`] of busy answers.
     pub busy_gave_up: u64,
     /// Downloads cut by a crash of either end.
@@ -101,6 +121,8 @@ pub(super) struct Links {
     agent_link: Vec<u64>,
     /// The controller each host is downloading from now.
     receiving: Vec<Option<usize>>,
+    /// The controller in whose queue each host's request waits now.
+    queued: Vec<Option<usize>>,
     pub(super) stats: LinkStats,
 }
 
@@ -130,6 +152,7 @@ impl Links {
                 .collect(),
             agent_link,
             receiving: vec![None; hosts],
+            queued: vec![None; hosts],
             stats: LinkStats::default(),
         }
     }
@@ -147,6 +170,25 @@ impl Links {
                 .iter()
                 .any(|d| d.host == host && d.id == id && d.attempt == attempt)
         })
+    }
+
+    /// Whether attempt `attempt` of `host`'s request `id` waits in a controller's queue.
+    pub(super) fn waiting(&self, host: usize, id: RequestId, attempt: u32) -> bool {
+        self.queued[host].is_some_and(|controller| {
+            self.controllers[controller]
+                .queue
+                .iter()
+                .any(|q| q.host == host && q.id == id && q.attempt == attempt)
+        })
+    }
+
+    /// Takes `host`'s request out of the queue it waits in, if any.
+    fn dequeue_host(&mut self, host: usize) {
+        if let Some(controller) = self.queued[host].take() {
+            self.controllers[controller]
+                .queue
+                .retain(|queued| queued.host != host);
+        }
     }
 
     /// Brings every download of `controller` up to `now`.
@@ -211,7 +253,8 @@ impl Sim {
     }
 
     /// The tools endpoint of `controller` gets a machine agent's download of `plan` (the
-    /// catalogue's binary, checked): admitted under the core's bound, or answered busy.
+    /// catalogue's binary, checked): admitted under the core's bound, queued, or answered
+    /// busy.
     pub(super) fn serve_download(
         &mut self,
         controller: usize,
@@ -222,66 +265,146 @@ impl Sim {
         plan: &StagePlan,
     ) {
         let now = self.queue.now;
-        if self.links().receiving(host, id, attempt) {
+        let links = self.links();
+        if links.receiving(host, id, attempt) || links.waiting(host, id, attempt) {
             return; // the same request again (a duplicate): already being served
         }
-        // The agent left whatever it was receiving before: that connection is closed.
+        // The agent left whatever it was receiving or waiting for before: that connection
+        // is closed.
         self.cancel_download(host);
+        let request = Queued {
+            host,
+            incarnation,
+            id,
+            attempt,
+            binary: plan.binary.number,
+            size_bytes: plan.size_bytes,
+        };
         let links = self.links();
-        let in_flight = links.controllers[controller].downloads.len() as u32;
-        match upgrader::admit_agent_download(in_flight, links.downloads_max) {
+        let link = &links.controllers[controller];
+        let (in_flight, waiting) = (link.downloads.len() as u32, link.queue.len() as u32);
+        match upgrader::admit_agent_download(in_flight, waiting, links.downloads_max) {
             DownloadAdmission::Busy { retry_after } => {
-                links.stats.busy += 1;
-                let message = Message::DownloadBusy {
-                    host,
-                    incarnation,
-                    id,
-                    attempt,
-                    retry_after: retry_after.0,
-                };
-                self.send(Party::Host(controller), Party::Host(host), message);
+                self.answer_busy(controller, &request, retry_after.0);
             }
-            DownloadAdmission::Admit => {
-                let jitter = links.jitter_per_mille;
-                self.fleet.first_download_at.get_or_insert(now);
-                let spread = self.rng.range(1000 - jitter, 1000 + jitter);
-                let links = self.links.as_mut().expect("a fleet run");
-                let cap = (links.agent_link[host] * spread / 1000).max(1);
-                let binary = plan.binary.number;
-                let cached = links.controllers[controller].cached.contains(&binary);
-                links.settle(controller, now);
+            DownloadAdmission::Queue => {
+                links.stats.queued += 1;
+                links.queued[host] = Some(controller);
                 let link = &mut links.controllers[controller];
-                link.downloads.push(Download {
-                    host,
-                    incarnation,
-                    id,
-                    attempt,
-                    binary,
-                    cap,
-                    remaining: u128::from(plan.size_bytes.max(1)) * 1000,
-                    rate: 1,
-                    admitted_at: now,
-                    waiting: !cached,
-                });
-                let fetch = !cached && link.fetching.insert(binary);
-                let at_once = link.downloads.len() as u32;
-                links.stats.most_at_once = links.stats.most_at_once.max(at_once);
-                links.receiving[host] = Some(controller);
-                if fetch {
-                    links.stats.upstream_fetches += 1;
-                    let at = now + links.upstream_ms(plan.size_bytes);
-                    self.queue.schedule(
-                        at,
-                        Event::UpstreamFetched {
-                            controller,
-                            version: binary,
-                        },
-                    );
-                }
-                let next = self.links().reshare(controller, now);
-                self.schedule_link(controller, next);
+                link.queue.push_back(request);
+                let held = link.queue.len() as u32;
+                links.stats.most_waiting = links.stats.most_waiting.max(held);
+                self.queue.schedule(
+                    now + upgrader::DOWNLOAD_QUEUE_WAIT.0,
+                    Event::QueueTimeout {
+                        controller,
+                        host,
+                        id,
+                        attempt,
+                    },
+                );
+                self.fill_slots(controller);
             }
+            DownloadAdmission::Admit => self.start_download(controller, request),
         }
+    }
+
+    fn answer_busy(&mut self, controller: usize, request: &Queued, retry_after: u64) {
+        self.links().stats.busy += 1;
+        let message = Message::DownloadBusy {
+            host: request.host,
+            incarnation: request.incarnation,
+            id: request.id,
+            attempt: request.attempt,
+            retry_after,
+        };
+        self.send(Party::Host(controller), Party::Host(request.host), message);
+    }
+
+    /// Gives `controller`'s free slots to the oldest requests in its queue.
+    fn fill_slots(&mut self, controller: usize) {
+        loop {
+            let links = self.links();
+            let link = &mut links.controllers[controller];
+            if link.downloads.len() as u32 >= links.downloads_max.max(1) {
+                return;
+            }
+            let Some(next) = link.queue.pop_front() else {
+                return;
+            };
+            links.queued[next.host] = None;
+            self.start_download(controller, next);
+        }
+    }
+
+    /// [`Event::QueueTimeout`]: a request still waiting in `controller`'s queue is
+    /// answered busy.
+    pub(super) fn queue_timeout(
+        &mut self,
+        controller: usize,
+        host: usize,
+        id: RequestId,
+        attempt: u32,
+    ) {
+        let links = self.links();
+        if links.queued[host] != Some(controller) {
+            return;
+        }
+        let queue = &mut links.controllers[controller].queue;
+        let Some(at) = queue
+            .iter()
+            .position(|q| q.host == host && q.id == id && q.attempt == attempt)
+        else {
+            return;
+        };
+        let request = queue.remove(at).expect("found");
+        links.queued[host] = None;
+        self.answer_busy(controller, &request, upgrader::DOWNLOAD_BUSY_RETRY_AFTER.0);
+    }
+
+    /// `controller` starts serving `request`: it takes one of its slots.
+    fn start_download(&mut self, controller: usize, request: Queued) {
+        let now = self.queue.now;
+        let links = self.links();
+        let jitter = links.jitter_per_mille;
+        self.fleet.first_download_at.get_or_insert(now);
+        let spread = self.rng.range(1000 - jitter, 1000 + jitter);
+        let links = self.links.as_mut().expect("a fleet run");
+        let host = request.host;
+        let cap = (links.agent_link[host] * spread / 1000).max(1);
+        let binary = request.binary;
+        let cached = links.controllers[controller].cached.contains(&binary);
+        links.settle(controller, now);
+        let link = &mut links.controllers[controller];
+        link.downloads.push(Download {
+            host,
+            incarnation: request.incarnation,
+            id: request.id,
+            attempt: request.attempt,
+            binary,
+            cap,
+            remaining: u128::from(request.size_bytes.max(1)) * 1000,
+            rate: 1,
+            admitted_at: now,
+            waiting: !cached,
+        });
+        let fetch = !cached && link.fetching.insert(binary);
+        let at_once = link.downloads.len() as u32;
+        links.stats.most_at_once = links.stats.most_at_once.max(at_once);
+        links.receiving[host] = Some(controller);
+        if fetch {
+            links.stats.upstream_fetches += 1;
+            let at = now + links.upstream_ms(request.size_bytes);
+            self.queue.schedule(
+                at,
+                Event::UpstreamFetched {
+                    controller,
+                    version: binary,
+                },
+            );
+        }
+        let next = self.links().reshare(controller, now);
+        self.schedule_link(controller, next);
     }
 
     /// [`Event::LinkTick`]: the next download of `controller` may have ended.
@@ -303,6 +426,7 @@ impl Sim {
         }
         let next = links.reshare(controller, now);
         self.schedule_link(controller, next);
+        self.fill_slots(controller);
         for download in done {
             // The last byte reaches the agent after the link's latency.
             let message = Message::Reply {
@@ -350,6 +474,7 @@ impl Sim {
         let Some(links) = &mut self.links else {
             return;
         };
+        links.dequeue_host(host);
         let Some(controller) = links.receiving[host] else {
             return;
         };
@@ -357,6 +482,7 @@ impl Sim {
         links.remove_host(host);
         let next = links.reshare(controller, now);
         self.schedule_link(controller, next);
+        self.fill_slots(controller);
     }
 
     /// `host` stopped: a machine agent's download is cut; a controller's downloads are
@@ -369,12 +495,18 @@ impl Sim {
             let link = &mut links.controllers[host];
             link.generation += 1;
             let cut = std::mem::take(&mut link.downloads);
+            let waiting = std::mem::take(&mut link.queue);
             links.stats.cut += cut.len() as u64;
             for download in cut {
                 links.receiving[download.host] = None;
             }
-        } else if links.receiving[host].is_some() {
-            links.stats.cut += 1;
+            for queued in waiting {
+                links.queued[queued.host] = None;
+            }
+        } else if links.receiving[host].is_some() || links.queued[host].is_some() {
+            if links.receiving[host].is_some() {
+                links.stats.cut += 1;
+            }
             self.cancel_download(host);
         }
     }

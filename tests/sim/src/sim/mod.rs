@@ -161,6 +161,13 @@ enum Event {
         controller: usize,
         generation: u64,
     },
+    /// A request has waited in a controller's download queue for as long as it may.
+    QueueTimeout {
+        controller: usize,
+        host: usize,
+        id: RequestId,
+        attempt: u32,
+    },
     /// A controller's upstream fetch of a binary is done.
     UpstreamFetched {
         controller: usize,
@@ -541,6 +548,12 @@ impl Sim {
                 controller,
                 version,
             } => self.upstream_fetched(controller, version),
+            Event::QueueTimeout {
+                controller,
+                host,
+                id,
+                attempt,
+            } => self.queue_timeout(controller, host, id, attempt),
             Event::RolloutPass { host, incarnation } => self.rollout_pass(host, incarnation),
             Event::StatusFlush => self.flush_statuses(),
             Event::FeedVersion {
