@@ -229,8 +229,22 @@ impl PartialEq for StepId {
     /// Lengths first: ids of different lengths, most pairs compared, differ without a look
     /// at their bytes. Equal to comparing every byte, since the bytes past the length are
     /// always zero (see `build`), which also keeps the derived `Hash` consistent.
+    ///
+    /// The bytes are compared eight at a time and the differences folded, which compiles to
+    /// a few vector compares in line where `[u8; 64] == [u8; 64]` calls `bcmp` (a host
+    /// step's checkpoint is looked for by key after every event of RunningSteps).
+    #[inline]
     fn eq(&self, other: &StepId) -> bool {
-        self.length == other.length && self.bytes == other.bytes
+        fn words(id: &StepId) -> impl Iterator<Item = u64> + '_ {
+            id.bytes
+                .chunks_exact(8)
+                .map(|word| u64::from_ne_bytes(word.try_into().expect("eight bytes")))
+        }
+        self.length == other.length
+            && words(self)
+                .zip(words(other))
+                .fold(0, |differ, (a, b)| differ | (a ^ b))
+                == 0
     }
 }
 

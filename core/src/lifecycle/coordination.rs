@@ -84,23 +84,41 @@ pub(crate) enum AbortReason {
 /// strictly increasing". A view from an older revision (a late completion) says nothing
 /// new.
 pub(super) fn keep_newer(kept: &mut RecordView, view: &RecordView) -> bool {
-    if view.revision >= kept.revision {
-        // Copied and normalized in place: `normalized` takes and returns the view (176
-        // bytes) by value, three copies where one will do.
-        *kept = *view;
-        if let Some((record, revision)) = kept.current {
-            if record.status.is_final() {
-                kept.current = None;
-                kept.last_archived = Some(record);
-            } else {
-                kept.current = Some((record.repaired(), revision));
-            }
-        }
-        debug_assert_eq!(*kept, view.normalized());
-        true
-    } else {
-        false
+    if view.revision < kept.revision {
+        return false;
     }
+    // Normalized as it is copied, field by field: `normalized` takes and returns the view
+    // (176 bytes) by value, three copies where one will do. Each field is small enough to
+    // be moved in line (the view whole is copied by a call to `memcpy`), and what
+    // normalizing needs is read from `view`: a record read back out of `kept` just after
+    // it was copied there stalls on store forwarding.
+    match &view.current {
+        Some((record, _)) if record.status.is_final() => {
+            kept.current = None;
+            kept.last_archived = Some(*record);
+        }
+        Some((record, _)) => {
+            // Copied as it is, then its done set cut to its ready set in place: a record
+            // rebuilt field by field (`UpgradeInfo { controllers_done, ..*record }`) is
+            // assembled on the stack and read back across the stores that wrote it, which
+            // stalls on store forwarding.
+            let done = record
+                .controllers_done
+                .intersection(record.controllers_ready);
+            kept.current = view.current;
+            if let Some((kept_record, _)) = &mut kept.current {
+                kept_record.controllers_done = done;
+            }
+            kept.last_archived = view.last_archived;
+        }
+        None => {
+            kept.current = None;
+            kept.last_archived = view.last_archived;
+        }
+    }
+    kept.revision = view.revision;
+    debug_assert_eq!(*kept, view.normalized());
+    true
 }
 
 impl Machine {
@@ -137,6 +155,13 @@ impl Machine {
             self.snapshot.upgraded_to_version
         );
         plan
+    }
+
+    /// True when `record` describes the upgrade under way, `upgradedToVersion -> running`.
+    #[inline]
+    fn describes_this_upgrade(&self, record: &UpgradeInfo) -> bool {
+        record.previous_version == self.snapshot.upgraded_to_version
+            && record.target_version == self.config.running.number
     }
 
     /// True when host step `index` has its checkpoint in the snapshot.
@@ -505,18 +530,28 @@ impl Machine {
 
     /// Issues the next request RunningSteps needs, or returns the phase to go to. Called
     /// after every event of the phase: the decision depends only on what is known now.
+    ///
+    /// Most events of the phase arrive while a request is in flight (a record-watch event,
+    /// the echo of this controller's own write), and then there is nothing to decide: that
+    /// test is inlined into the handler, the decision itself is not.
+    #[inline]
     pub(super) fn reconcile_steps(&mut self, io: &mut Io, steps: &mut Steps) -> Option<State> {
         if self.pending.is_some() || steps.finishing {
             return None;
         }
+        self.reconcile_steps_now(io, steps)
+    }
+
+    /// [`Machine::reconcile_steps`] with nothing in flight and the steps not finishing.
+    #[inline(never)]
+    fn reconcile_steps_now(&mut self, io: &mut Io, steps: &mut Steps) -> Option<State> {
         if !self.is_controller() {
             return self.next_host_step(io, steps, None);
         }
         let me = self.me();
-        let (from, to) = (
-            self.snapshot.upgraded_to_version,
-            self.config.running.number,
-        );
+        // The upgrade under way is `upgradedToVersion -> running`, read where it is needed
+        // (`describes_this_upgrade`, the messages) rather than copied out up front: the two
+        // versions would be kept on the stack across every call below.
         // JUJU-REFERENCE.md, "HA", bugs to avoid: "a waiting controller that starts its
         // watcher after the primary finished waits forever (re-read the record after
         // subscribing)". The watch delivers the current view first; nothing is decided
@@ -533,9 +568,12 @@ impl Machine {
             Some(AbortReason::FallBack(cause)) => Some(cause),
             _ => None,
         };
-        let Some((record, revision)) = steps.record.current else {
+        // The record is read where it lies, not copied out at once: the view was written
+        // into `steps` by this very event, and a copy read back in other pieces than it was
+        // written in stalls on store forwarding. Copied only to be handed on.
+        let Some((record, revision)) = &steps.record.current else {
             if let Some(last) = steps.record.last_archived
-                && last.describes(from, to)
+                && self.describes_this_upgrade(&last)
             {
                 if last.controllers_done.contains(me) {
                     // Finished here already, whatever became of the record afterwards (a
@@ -550,6 +588,10 @@ impl Machine {
                     if self.database_steps_evidence(&steps.record).is_some() {
                         self.remember_database_steps(io);
                     }
+                    let (from, to) = (
+                        self.snapshot.upgraded_to_version,
+                        self.config.running.number,
+                    );
                     return Some(State::StepsFailed {
                         held: Box::new(Held::new(
                             format!("upgrade from {from} to {to} was aborted"),
@@ -567,7 +609,8 @@ impl Machine {
             self.create_record(io);
             return None;
         };
-        if !record.describes(from, to) {
+        let revision = *revision;
+        if !self.describes_this_upgrade(record) {
             if let Some(cause) = fall_back {
                 // Not this trial's record: the store check reads the archived one.
                 return self.fall_back_after_store_check(io, cause, &steps.record);
@@ -593,9 +636,13 @@ impl Machine {
                         self.controllers()
                     ),
                 );
-                self.abort_record(io, record, revision);
+                self.abort_record(io, *record, revision);
                 return None;
             }
+            let (from, to) = (
+                self.snapshot.upgraded_to_version,
+                self.config.running.number,
+            );
             return Some(State::StepsFailed {
                 held: Box::new(Held::new(
                     format!(
@@ -616,7 +663,7 @@ impl Machine {
                 // Not every controller is ready, so no database step ran: archive the record
                 // as aborted. The compare-and-set succeeding proves it stayed so; a conflict
                 // brings a newer view, and the decision is taken again.
-                self.abort_record(io, record, revision);
+                self.abort_record(io, *record, revision);
                 return None;
             }
             return self.fall_back_after_store_check(io, cause, &steps.record);
@@ -626,16 +673,16 @@ impl Machine {
                 // Every controller registered after all (the timer fired on an older view).
                 steps.abort = None;
             } else {
-                self.abort_record(io, record, revision);
+                self.abort_record(io, *record, revision);
                 return None;
             }
         }
         if !record.controllers_ready.contains(me) {
             let registered = UpgradeInfo {
                 controllers_ready: record.controllers_ready.with(me),
-                ..record
+                ..*record
             };
-            self.write_record(io, revision, &record, registered, None);
+            self.write_record(io, revision, record, registered, None);
             return None;
         }
         if !self.all_ready(&steps.record) {
@@ -652,11 +699,13 @@ impl Machine {
             }
             return None;
         }
-        io.cancel_timer(Timer::ControllersWait);
+        if io.timer_armed(Timer::ControllersWait) {
+            io.cancel_timer(Timer::ControllersWait);
+        }
         // Every controller is ready: the coordinator may run database steps from now on, so
         // falling back is no longer safe for a binary on trial. Persisted before anything
         // else happens here.
-        if self.mark_past_database_steps(io) {
+        if self.snapshot.trial.is_some() && self.mark_past_database_steps(io) {
             return None;
         }
         if steps.retry_wait {
@@ -664,18 +713,22 @@ impl Machine {
         }
         match record.status {
             UpgradeStatus::Pending => {
+                let record = *record;
                 self.coordinate(io, steps, record, revision);
                 None
             }
             UpgradeStatus::DbComplete => {
                 let running = UpgradeInfo {
                     status: UpgradeStatus::Running,
-                    ..record
+                    ..*record
                 };
-                self.write_record(io, revision, &record, running, None);
+                self.write_record(io, revision, record, running, None);
                 None
             }
-            UpgradeStatus::Running => self.next_host_step(io, steps, Some((record, revision))),
+            UpgradeStatus::Running => {
+                let current = Some((*record, revision));
+                self.next_host_step(io, steps, current)
+            }
             UpgradeStatus::Complete | UpgradeStatus::Aborted => {
                 unreachable!("views are normalized on receipt: a final record is never current")
             }
