@@ -262,7 +262,7 @@ impl ToolsEndpoint {
         let wait = std::time::Duration::from_millis(upgrader::DOWNLOAD_QUEUE_WAIT.0);
         match tokio::time::timeout(wait, &mut receiver).await {
             Ok(Ok(slot)) => Ok(slot),
-            // The sender goes only with the endpoint, or handed over: answered busy.
+            // The sender is dropped unsent only with the endpoint itself: answered busy.
             Ok(Err(_)) => Err(busy(
                 "busy: the controller stopped serving downloads".to_owned(),
                 upgrader::DOWNLOAD_BUSY_RETRY_AFTER,

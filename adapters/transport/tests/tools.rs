@@ -546,6 +546,19 @@ async fn download_gauges(fixture: &Fixture) -> (u64, u64) {
     )
 }
 
+/// A Ready fixture whose model allows one agent download at a time, and whose upstream
+/// fetch takes `fetch_delay`.
+async fn one_download_at_a_time(fetch_delay: Duration) -> Arc<Fixture> {
+    let fixture = Arc::new(start(Phase::Ready).await);
+    fixture
+        .state
+        .model_set(&json!({"config": {"max-agent-downloads": 1}}))
+        .await
+        .unwrap();
+    *fixture.backend.fetch_delay.lock().unwrap() = fetch_delay;
+    fixture
+}
+
 /// Machine agents (by their tags) that may download: each a machine, with
 /// [`AGENT_PASSWORD`] as its agent's password.
 fn agents(fixture: &Fixture, count: usize) -> Vec<String> {
@@ -562,18 +575,12 @@ fn agents(fixture: &Fixture, count: usize) -> Vec<String> {
 
 /// Under `max-agent-downloads` 1: the first agent holds the slot through a slow upstream
 /// fetch; the next four wait in the queue (four per slot) and are served one at a time in
-/// the order they came; a sixth finds the queue full and is answered busy at once; a user's
+/// the order they came; a sixth finds the queue full and is answered busy; a user's
 /// download is served beside them all, uncounted.
 #[tokio::test]
 async fn machine_agents_past_max_agent_downloads_wait_in_order_past_the_queue_are_busy_and_users_are_not_counted()
  {
-    let fixture = Arc::new(start(Phase::Ready).await);
-    fixture
-        .state
-        .model_set(&json!({"config": {"max-agent-downloads": 1}}))
-        .await
-        .unwrap();
-    *fixture.backend.fetch_delay.lock().unwrap() = Duration::from_secs(6);
+    let fixture = one_download_at_a_time(Duration::from_secs(6)).await;
     let binary = "2.9.44-ubuntu-amd64";
     let path = format!("/model/{MODEL_UUID}/tools/{binary}");
     let expected = tarball(&entry(binary, Stream::Released));
@@ -631,17 +638,11 @@ async fn machine_agents_past_max_agent_downloads_wait_in_order_past_the_queue_ar
 }
 
 /// A request that waits in the queue for `DOWNLOAD_QUEUE_WAIT` without a slot freed is
-/// answered busy, with `Retry-After`, and leaves the queue.
+/// answered busy, no sooner, and leaves the queue.
 #[tokio::test]
 async fn a_queued_download_without_a_slot_within_the_queues_wait_is_answered_busy() {
-    let fixture = Arc::new(start(Phase::Ready).await);
-    fixture
-        .state
-        .model_set(&json!({"config": {"max-agent-downloads": 1}}))
-        .await
-        .unwrap();
     let queue_wait = Duration::from_millis(lockstep_core::upgrader::DOWNLOAD_QUEUE_WAIT.0);
-    *fixture.backend.fetch_delay.lock().unwrap() = queue_wait + Duration::from_secs(5);
+    let fixture = one_download_at_a_time(queue_wait + Duration::from_secs(5)).await;
     let path = format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-amd64");
     let agents = agents(&fixture, 2);
     let holding = {

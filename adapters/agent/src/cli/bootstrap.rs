@@ -688,7 +688,7 @@ fn metadata_trust(options: &BootstrapOptions) -> Result<MetadataTrust, Bootstrap
 ///
 /// With `ahead` (`--auto-upgrade`, and the model's agent-stream), also fetches and installs,
 /// at the same time, the binary the controller will upgrade to at its first start: the
-/// core's choice ([`policy::select`] for [`Occasion::Bootstrap`] under
+/// core's choice ([`policy::select`] for [`policy::Occasion::Bootstrap`] under
 /// [`UpgradePolicy::AutoPatch`]) from the same verified catalogue. The controller stages a
 /// binary already installed with the catalogue's sha256 without downloading it again, so
 /// the upgrade's download overlaps bootstrap's own instead of following it.
