@@ -1120,8 +1120,10 @@ async fn stage_from_controller(
         error,
     })?;
     let tarball: PathBuf = data.cached_tarball_path(&plan.binary);
-    // A controller serving its bound of agent downloads answers 503 ("busy"): wait as the
-    // core's backoff says, with jitter, and ask again, for as long as BUSY_WAIT_MAX.
+    // Past its bound of agent downloads a controller holds the request in its queue (up to
+    // the core's DOWNLOAD_QUEUE_WAIT) and, with the queue full or no slot freed by then,
+    // answers 503 ("busy"): wait as the core's backoff says, with jitter, and ask again,
+    // for as long as BUSY_WAIT_MAX.
     let waiting_since = Instant::now();
     let mut busy = 0u32;
     loop {
