@@ -381,39 +381,19 @@ async fn main() {
         ));
         check_and_stop(&data, own, "bootstrap from the mirror").await;
 
-        let dir = tempfile::tempdir().unwrap();
-        let data = DataDir::new(dir.path().join("controller"));
-        through.push(bootstrap(
-            data.root(),
-            &[
-                "--auto-upgrade",
-                "--metadata-source",
-                &source,
-                "--metadata-key",
-                &public_key,
-            ],
-        ));
-        check_and_stop(&data, next, "bootstrap through an upgrade").await;
-
-        let dir = tempfile::tempdir().unwrap();
-        let data = DataDir::new(dir.path().join("controller"));
-        through_not_ahead.push(bootstrap(
-            data.root(),
-            &[
-                "--auto-upgrade",
-                "--no-fetch-ahead",
-                "--metadata-source",
-                &source,
-                "--metadata-key",
-                &public_key,
-            ],
-        ));
-        check_and_stop(
-            &data,
-            next,
-            "bootstrap through an upgrade, --no-fetch-ahead",
-        )
-        .await;
+        for (samples, fetch_ahead) in [
+            (&mut through, None),
+            (&mut through_not_ahead, Some("--no-fetch-ahead")),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let data = DataDir::new(dir.path().join("controller"));
+            let mut args = vec!["--auto-upgrade", "--metadata-source", &source];
+            args.extend(["--metadata-key", &public_key]);
+            args.extend(fetch_ahead);
+            samples.push(bootstrap(data.root(), &args));
+            let what = format!("bootstrap through an upgrade {args:?}");
+            check_and_stop(&data, next, &what).await;
+        }
 
         staging.push(download_verify_unpack(&metadata, &tools_url, &entry, next).await);
 

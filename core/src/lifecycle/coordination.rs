@@ -160,8 +160,10 @@ impl Machine {
     /// True when `record` describes the upgrade under way, `upgradedToVersion -> running`.
     #[inline]
     fn describes_this_upgrade(&self, record: &UpgradeInfo) -> bool {
-        record.previous_version == self.snapshot.upgraded_to_version
-            && record.target_version == self.config.running.number
+        record.describes(
+            self.snapshot.upgraded_to_version,
+            self.config.running.number,
+        )
     }
 
     /// True when host step `index` has its checkpoint in the snapshot.
@@ -515,7 +517,19 @@ impl Machine {
     ///
     /// JUJU-REFERENCE.md, "HA", bugs to avoid: "rolling the version back after database
     /// steps already ran is unsafe."
+    ///
+    /// Without a trial there is nothing to mark, which is known in line, without a call.
+    #[inline]
     fn mark_past_database_steps(&mut self, io: &mut Io) -> bool {
+        if self.snapshot.trial.is_none() {
+            return false;
+        }
+        self.mark_trial_past_database_steps(io)
+    }
+
+    /// [`Machine::mark_past_database_steps`] with a trial.
+    #[inline(never)]
+    fn mark_trial_past_database_steps(&mut self, io: &mut Io) -> bool {
         match &mut self.snapshot.trial {
             Some(trial) if trial.binary == self.config.running && !trial.past_database_steps => {
                 trial.past_database_steps = true;
@@ -699,13 +713,11 @@ impl Machine {
             }
             return None;
         }
-        if io.timer_armed(Timer::ControllersWait) {
-            io.cancel_timer(Timer::ControllersWait);
-        }
+        io.cancel_timer(Timer::ControllersWait);
         // Every controller is ready: the coordinator may run database steps from now on, so
         // falling back is no longer safe for a binary on trial. Persisted before anything
         // else happens here.
-        if self.snapshot.trial.is_some() && self.mark_past_database_steps(io) {
+        if self.mark_past_database_steps(io) {
             return None;
         }
         if steps.retry_wait {

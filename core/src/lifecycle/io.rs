@@ -233,7 +233,18 @@ impl Io {
         }
     }
 
+    /// Disarms `timer`. A timer not armed is left as it is in line, without a call: most
+    /// cancels are of such timers (RunningSteps cancels the controllers' wait on every
+    /// event).
+    #[inline]
     pub(crate) fn cancel_timer(&mut self, timer: Timer) {
+        if self.timers[timer as usize].is_some() {
+            self.cancel_armed_timer(timer);
+        }
+    }
+
+    #[inline(never)]
+    fn cancel_armed_timer(&mut self, timer: Timer) {
         let cancelled = self.timers[timer as usize].take();
         if cancelled.is_some() && cancelled == self.earliest {
             self.earliest = self.find_earliest();
