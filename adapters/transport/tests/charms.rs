@@ -56,6 +56,10 @@ async fn post(
     request.push_str("\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     stream.write_all(body).await.unwrap();
+    // tokio-rustls's write can return before the last records reach the socket: without
+    // the flush, the tail of a large body stays in the client's buffer while it waits for
+    // the reply, and the server waits for the tail (a hang seen in CI).
+    stream.flush().await.unwrap();
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response).await;
     let split = response

@@ -277,6 +277,7 @@ async fn a_throttled_charm_upload_gets_429_with_retry_after() {
             );
             let mut stream = tls(fixture, &[&rustls::version::TLS13]).await;
             stream.write_all(request.as_bytes()).await.unwrap();
+            stream.flush().await.unwrap();
             let mut response = Vec::new();
             let _ = stream.read_to_end(&mut response).await;
             String::from_utf8_lossy(&response).into_owned()

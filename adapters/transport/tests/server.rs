@@ -225,6 +225,7 @@ async fn http_get(fixture: &Fixture, path: &str) -> (u16, String) {
     let mut stream = tls(fixture, &[&rustls::version::TLS13]).await;
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response).await;
     let status = response[9..12].parse().unwrap();

@@ -52,6 +52,7 @@ async fn get_as(
         "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response).await;
     let split = response

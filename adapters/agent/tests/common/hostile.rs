@@ -200,6 +200,9 @@ impl Target {
             tls.write_all(request.as_bytes())
                 .await
                 .map_err(|error| format!("sending GET /metrics: {error}"))?;
+            tls.flush()
+                .await
+                .map_err(|error| format!("sending GET /metrics: {error}"))?;
             let mut response = Vec::new();
             // The server may end the TLS stream without close_notify: what arrived counts.
             let _ = tls.read_to_end(&mut response).await;

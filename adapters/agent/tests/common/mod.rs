@@ -378,6 +378,7 @@ impl Controller {
             "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
         );
         stream.write_all(request.as_bytes()).await.unwrap();
+        stream.flush().await.unwrap();
         let mut answer = Vec::new();
         // A server may close a TLS connection without close_notify once it has answered.
         let _ = stream.read_to_end(&mut answer).await;
