@@ -229,7 +229,8 @@ fn execute(
             // The store's rule, decided with the write: a current upgrade-info record refuses.
             let record = host.record.current.map(|(record, _)| record);
             let (current, stream) = (host.model.agent_version, host.model.stream);
-            match AgentVersionCheck::LIFECYCLE.check(current, stream, record.as_ref(), version) {
+            match AgentVersionCheck::LIFECYCLE.check(current, stream, record.as_ref(), version, &[])
+            {
                 Ok(_) => {
                     host.model.agent_version = version;
                     Input::Done { id }

@@ -777,6 +777,7 @@ impl World {
                     self.store.model.stream,
                     record.as_ref(),
                     version,
+                    &[],
                 ) {
                     Ok(_) => {
                         self.store.model.agent_version = version;

@@ -152,6 +152,18 @@ pub enum AgentVersionRefusal {
         /// The version asked for.
         requested: Version,
     },
+    /// The operator asked that every agent run the model's version before it changes
+    /// (Juju's check, which `Client.SetModelAgentVersion` runs unless `force`), and some do
+    /// not: Juju's `versionInconsistentError`.
+    AgentsBehind {
+        /// The model's agent-version.
+        current: Version,
+        /// The first [`AGENTS_BEHIND_NAMED_MAX`] agents behind, by tag in Juju's order
+        /// (sorted).
+        named: Vec<String>,
+        /// How many more are behind than are named.
+        unnamed: usize,
+    },
     /// The catalogue has no binary of that version in the streams the model searches for
     /// it (Juju's `no agent binaries found for version`).
     NoBinaries {
@@ -169,6 +181,8 @@ impl AgentVersionRefusal {
         match self {
             AgentVersionRefusal::UpgradeInProgress { .. } => crate::gate::UPGRADE_IN_PROGRESS,
             AgentVersionRefusal::Downgrade { .. } => "not supported",
+            // Juju's versionInconsistentError has no code of its own.
+            AgentVersionRefusal::AgentsBehind { .. } => "",
             AgentVersionRefusal::NoBinaries { .. } => "not found",
         }
     }
@@ -185,6 +199,21 @@ impl fmt::Display for AgentVersionRefusal {
                 "cannot change agent-version from {current} to the lower version \
                  {requested}: downgrades are not supported"
             ),
+            AgentVersionRefusal::AgentsBehind {
+                current,
+                named,
+                unnamed,
+            } => {
+                write!(
+                    f,
+                    "some agents have not upgraded to the current model version {current}: {}",
+                    named.join(", ")
+                )?;
+                if *unnamed > 0 {
+                    write!(f, ", and {unnamed} more")?;
+                }
+                Ok(())
+            }
             AgentVersionRefusal::NoBinaries { version, .. } => {
                 write!(f, "no agent binaries found for version {version}")
             }
@@ -246,6 +275,49 @@ pub fn check_binaries(
     }
 }
 
+/// The most agents an [`AgentVersionRefusal::AgentsBehind`] names; the rest are counted, so
+/// the refusal of a fleet that missed an upgrade stays one readable line.
+pub const AGENTS_BEHIND_NAMED_MAX: usize = 20;
+
+/// An agent as the agent-version check reads it: its tag and the version it last reported
+/// running (`None`: it never reported one).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AgentRunning<'a> {
+    /// `machine-1`, ...
+    pub tag: &'a str,
+    /// The version it runs, as it last reported.
+    pub running: Option<Version>,
+}
+
+/// Juju's check before an operator's upgrade (`checkCanUpgrade`): every agent runs the
+/// model's `current` version. An agent that reported none is behind too, as in Juju.
+/// Agents that were down through the last upgrade fail it; it runs only when the operator
+/// asks ([`AgentVersionCheck::agents_current`]): by default they catch up when they return.
+pub fn check_agents_current(
+    current: Version,
+    agents: &[AgentRunning<'_>],
+) -> Result<(), AgentVersionRefusal> {
+    let mut behind: Vec<&str> = agents
+        .iter()
+        .filter(|agent| agent.running != Some(current))
+        .map(|agent| agent.tag)
+        .collect();
+    if behind.is_empty() {
+        return Ok(());
+    }
+    behind.sort_unstable();
+    let unnamed = behind.len().saturating_sub(AGENTS_BEHIND_NAMED_MAX);
+    Err(AgentVersionRefusal::AgentsBehind {
+        current,
+        named: behind
+            .into_iter()
+            .take(AGENTS_BEHIND_NAMED_MAX)
+            .map(str::to_owned)
+            .collect(),
+        unnamed,
+    })
+}
+
 /// Everything a store needs to decide an `agent-version` write inside its transaction:
 /// who asks, and for an operator the catalogue read beforehand (the version must have a
 /// binary). The store reads the model's agent-version and agent-stream and the current
@@ -258,6 +330,10 @@ pub struct AgentVersionCheck<'a> {
     /// When set, a change (not a no-op) is refused unless this catalogue lists a binary of
     /// the version ([`check_binaries`]).
     pub catalogue: Option<&'a Catalogue>,
+    /// When set, a change is refused unless every agent runs the model's version
+    /// ([`check_agents_current`]); the store then reads the agents in the same transaction.
+    /// Off unless the operator asks: lagging agents do not block an upgrade by default.
+    pub agents_current: bool,
 }
 
 impl AgentVersionCheck<'static> {
@@ -266,6 +342,7 @@ impl AgentVersionCheck<'static> {
     pub const LIFECYCLE: AgentVersionCheck<'static> = AgentVersionCheck {
         requester: AgentVersionRequester::Lifecycle,
         catalogue: None,
+        agents_current: false,
     };
 }
 
@@ -275,21 +352,39 @@ impl<'a> AgentVersionCheck<'a> {
         AgentVersionCheck {
             requester: AgentVersionRequester::Operator,
             catalogue: Some(catalogue),
+            agents_current: false,
         }
     }
 
-    /// [`agent_version_change`], then, for a change, [`check_binaries`] when a catalogue
-    /// is given. `model_stream` is the model's `agent-stream`.
+    /// This check, also refusing a change while an agent runs another version than the
+    /// model's (Juju's default for `Client.SetModelAgentVersion`, which `force` skips).
+    pub fn with_agents_current(self) -> AgentVersionCheck<'a> {
+        AgentVersionCheck {
+            agents_current: true,
+            ..self
+        }
+    }
+
+    /// [`agent_version_change`], then, for a change, [`check_agents_current`] over
+    /// `agents` when [`AgentVersionCheck::agents_current`] is set, then [`check_binaries`]
+    /// when a catalogue is given. `model_stream` is the model's `agent-stream`; `agents`
+    /// is read only for that check (empty otherwise).
     pub fn check(
         &self,
         current: Version,
         model_stream: Option<Stream>,
         record: Option<&UpgradeInfo>,
         requested: Version,
+        agents: &[AgentRunning<'_>],
     ) -> Result<AgentVersionChange, AgentVersionRefusal> {
         let change = agent_version_change(current, record, requested, self.requester)?;
-        if let (AgentVersionChange::Changed { .. }, Some(catalogue)) = (change, self.catalogue) {
-            check_binaries(catalogue, requested, model_stream)?;
+        if let AgentVersionChange::Changed { .. } = change {
+            if self.agents_current {
+                check_agents_current(current, agents)?;
+            }
+            if let Some(catalogue) = self.catalogue {
+                check_binaries(catalogue, requested, model_stream)?;
+            }
         }
         Ok(change)
     }
@@ -565,14 +660,14 @@ mod tests {
         .unwrap();
         let operator = AgentVersionCheck::operator(&catalogue);
         assert_eq!(
-            operator.check(v("2.9.43"), None, None, v("2.9.44")),
+            operator.check(v("2.9.43"), None, None, v("2.9.44"), &[]),
             Ok(AgentVersionChange::Changed {
                 from: v("2.9.43"),
                 to: v("2.9.44")
             })
         );
         let refusal = operator
-            .check(v("2.9.43"), None, None, v("2.9.45"))
+            .check(v("2.9.43"), None, None, v("2.9.45"), &[])
             .unwrap_err();
         assert_eq!(
             refusal.to_string(),
@@ -580,7 +675,7 @@ mod tests {
         );
         assert_eq!(refusal.code(), "not found");
         assert_eq!(
-            operator.check(v("2.9.43"), Some(Stream::Proposed), None, v("2.9.45")),
+            operator.check(v("2.9.43"), Some(Stream::Proposed), None, v("2.9.45"), &[]),
             Ok(AgentVersionChange::Changed {
                 from: v("2.9.43"),
                 to: v("2.9.45")
@@ -588,17 +683,88 @@ mod tests {
         );
         // A no-op needs no binary (Juju accepts the current value back).
         assert_eq!(
-            operator.check(v("2.9.46"), None, None, v("2.9.46")),
+            operator.check(v("2.9.46"), None, None, v("2.9.46"), &[]),
             Ok(AgentVersionChange::Unchanged)
         );
         // The lifecycle's own write is not checked against a catalogue.
         assert!(
             AgentVersionCheck::LIFECYCLE
-                .check(v("2.9.43"), None, None, v("2.9.47"))
+                .check(v("2.9.43"), None, None, v("2.9.47"), &[])
                 .is_ok()
         );
         let in_progress = AgentVersionRefusal::UpgradeInProgress { record: record() };
         assert_eq!(in_progress.code(), "upgrade in progress");
+    }
+
+    #[test]
+    fn agents_behind_refuse_a_change_only_when_the_operator_asks() {
+        let catalogue = Catalogue::new(vec![CatalogueEntry {
+            binary: b("2.9.44-ubuntu-amd64"),
+            stream: Stream::Released,
+            size_bytes: 1024,
+            sha256: Sha256([1; 32]),
+            path: "agent/juju-2.9.44-ubuntu-amd64.tgz".into(),
+        }])
+        .unwrap();
+        let agents = [
+            AgentRunning {
+                tag: "machine-0",
+                running: Some(v("2.9.43")),
+            },
+            AgentRunning {
+                tag: "machine-2",
+                running: Some(v("2.9.42")),
+            },
+            AgentRunning {
+                tag: "machine-1",
+                running: None,
+            },
+        ];
+        let changed = Ok(AgentVersionChange::Changed {
+            from: v("2.9.43"),
+            to: v("2.9.44"),
+        });
+        // By default agents that lag do not block the next upgrade.
+        let operator = AgentVersionCheck::operator(&catalogue);
+        assert_eq!(
+            operator.check(v("2.9.43"), None, None, v("2.9.44"), &agents),
+            changed
+        );
+        // Asked for, they do, named in Juju's words and order; one that never reported
+        // is behind too.
+        let asked = operator.with_agents_current();
+        let refusal = asked
+            .check(v("2.9.43"), None, None, v("2.9.44"), &agents)
+            .unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "some agents have not upgraded to the current model version 2.9.43: \
+             machine-1, machine-2"
+        );
+        assert_eq!(refusal.code(), "");
+        assert_eq!(
+            asked.check(v("2.9.43"), None, None, v("2.9.44"), &agents[..1]),
+            changed
+        );
+        // The current value back is no change: nothing to check.
+        assert_eq!(
+            asked.check(v("2.9.43"), None, None, v("2.9.43"), &agents),
+            Ok(AgentVersionChange::Unchanged)
+        );
+        // A fleet that missed an upgrade is counted past the names.
+        let tags: Vec<String> = (0..25).map(|n| format!("machine-{n:02}")).collect();
+        let fleet: Vec<AgentRunning<'_>> = tags
+            .iter()
+            .map(|tag| AgentRunning { tag, running: None })
+            .collect();
+        let message = asked
+            .check(v("2.9.43"), None, None, v("2.9.44"), &fleet)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.ends_with("machine-18, machine-19, and 5 more"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -62,8 +62,10 @@ fn started_on(status: &Value, id: &str) -> Option<String> {
 /// The policy set and shown with `lockstep model-config`. A canary given a binary that fails
 /// its host steps halts the rollout with no other agent
 /// switched; the canary falls back to the binary it ran; `upgrade-model --abort` holds every
-/// agent on what it runs, the model's agent-version untouched; a fixed binary published and
-/// the model upgraded to it (`upgrade-model --agent-version`) do not lift the halt; `upgrade-model --resume` does, and the
+/// agent on what it runs, the model's agent-version untouched; with those agents behind,
+/// `upgrade-model --check-agent-versions` is refused naming them, and without the flag the
+/// model is upgraded to a fixed binary published meanwhile
+/// (`upgrade-model --agent-version`), which does not lift the halt; `upgrade-model --resume` does, and the
 /// fleet finishes on the fixed binary with at most `rollout-max-at-once` (1) agents
 /// receiving a binary at any moment, counted from the agents' own logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,6 +219,30 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
     lockstep_agent::cli::demo::generate(mirror.path(), mirror.key.as_ref())
         .expect("regenerate the mirror's metadata");
     let fixed_text = fixed.to_string();
+    // Asked to, the controller refuses an upgrade while agents lag (Juju's check, in Juju's
+    // words): the three held agents run the first binary, the model the bad one. The
+    // controller itself runs the model's version and is not named.
+    let checked = controller.run(&[
+        "upgrade-model",
+        "--agent-version",
+        &fixed_text,
+        "--check-agent-versions",
+    ]);
+    assert!(!checked.status.success(), "{}", text(&checked));
+    assert!(
+        text(&checked).contains(&format!(
+            "some agents have not upgraded to the current model version {bad_text}: \
+             machine-1, machine-2, machine-3"
+        )),
+        "{}",
+        text(&checked)
+    );
+    assert_eq!(
+        status_json(&controller)["model"]["version"],
+        bad_text,
+        "a refused upgrade changes nothing"
+    );
+    // Not asked to, lagging agents do not block it.
     // The controller reads its mirror again within its catalogue's freshness (30 s).
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {

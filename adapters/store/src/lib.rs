@@ -153,7 +153,9 @@ use lockstep_core::lifecycle::{
 };
 use lockstep_core::rollout::Rollout;
 use lockstep_core::steps::StepKey;
-pub use lockstep_core::upgrader::{AgentVersionChange, AgentVersionCheck, AgentVersionRefusal};
+pub use lockstep_core::upgrader::{
+    AgentRunning, AgentVersionChange, AgentVersionCheck, AgentVersionRefusal,
+};
 
 use crate::error::encode;
 
@@ -652,11 +654,26 @@ pub trait Store: Send + Sync + std::fmt::Debug {
             answer = None;
             let mut model = tx.model()?.ok_or(StoreError::NoModel)?;
             let record = tx.record()?;
+            // Read only when the operator asked for the agents check: what each alive
+            // machine's agent last reported running, as the rollout reads it.
+            let agents = if check.agents_current {
+                agents_running(tx)?
+            } else {
+                Vec::new()
+            };
+            let agents: Vec<AgentRunning<'_>> = agents
+                .iter()
+                .map(|(tag, running)| AgentRunning {
+                    tag,
+                    running: *running,
+                })
+                .collect();
             let decision = check.check(
                 model.agent_version,
                 model.agent_stream,
                 record.as_ref().map(|(record, _)| record),
                 version,
+                &agents,
             );
             match decision {
                 Ok(AgentVersionChange::Unchanged) => {
@@ -758,6 +775,29 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         })?;
         Ok(reported)
     }
+}
+
+/// Every machine agent that is not dead, controllers included, by tag (`machine-<id>`),
+/// with the version it last reported running: its last status's, else the binary it set
+/// with `Upgrader.SetTools` (how the rollout reads it too). For the agents check an operator
+/// may ask of an `agent-version` change ([`AgentVersionCheck::agents_current`]).
+fn agents_running(tx: &mut dyn Tx) -> Result<Vec<(String, Option<Version>)>, StoreError> {
+    let statuses: std::collections::HashMap<String, AgentStatus> =
+        tx.agent_statuses()?.into_iter().collect();
+    Ok(tx
+        .machines()?
+        .into_iter()
+        .filter(|machine| machine.life != Life::Dead)
+        .map(|machine| {
+            let tag = machine_tag(&machine.id);
+            let running = statuses
+                .get(&tag)
+                .and_then(|status| status.version.as_ref())
+                .or(machine.agent_binary.as_ref())
+                .map(|binary| binary.number);
+            (tag, running)
+        })
+        .collect())
 }
 
 /// The upgrade-info record as `tx` sees it.

@@ -1875,6 +1875,107 @@ pub(crate) fn an_operators_agent_version_is_checked_in_the_write<H: Harness>() {
     );
 }
 
+/// Agents that lag refuse an operator's change only when the check asks for them, read in
+/// the write's own transaction: the version each alive machine's agent last reported
+/// (status first, else its binary), containers by their tag, dead machines skipped.
+pub(crate) fn agents_behind_refuse_an_agent_version_change_only_when_asked<H: Harness>() {
+    let h = H::new();
+    let store = h.store();
+    assert!(store.create_model(&model()).unwrap());
+    let binary = |version: &str| lockstep_core::Binary::new(v(version), "ubuntu", "amd64");
+    let catalogue = Catalogue::new(vec![CatalogueEntry {
+        binary: binary("2.9.43").unwrap(),
+        stream: Stream::Released,
+        size_bytes: 1024,
+        sha256: Sha256([7; 32]),
+        path: "agent/juju-2.9.43-ubuntu-amd64.tgz".into(),
+    }])
+    .unwrap();
+    let machine = |id: &str, role: Role, running: Option<&str>, life: Life| Machine {
+        agent_binary: running.map(|version| binary(version).unwrap()),
+        life,
+        ..Machine::with_roles(id, Roles::of(&[role]))
+    };
+    let put = |machines: &[Machine], statuses: &[(&str, &str)]| {
+        h.store()
+            .transaction(None, &mut |tx| {
+                for machine in machines {
+                    tx.put_machine(machine)?;
+                }
+                let now = tx.now();
+                for (tag, version) in statuses {
+                    tx.put_agent_status(
+                        tag,
+                        &AgentStatus {
+                            status: "started".into(),
+                            info: String::new(),
+                            phase: "ready".into(),
+                            version: Some(binary(version).unwrap()),
+                            updated: now,
+                        },
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    };
+    put(
+        &[
+            machine("0", Role::Controller, Some("2.9.42"), Life::Alive),
+            // Its SetTools is older than the status it reported since.
+            machine("1", Role::HostMachine, Some("2.9.41"), Life::Alive),
+            machine("2", Role::HostMachine, Some("2.9.41"), Life::Alive),
+            machine("2/lxd/0", Role::HostMachine, None, Life::Alive),
+            machine("3", Role::HostMachine, Some("2.9.40"), Life::Dead),
+        ],
+        &[("machine-1", "2.9.42")],
+    );
+    let asked = AgentVersionCheck::operator(&catalogue).with_agents_current();
+    let revision = store.revision().unwrap();
+    match store.set_agent_version(v("2.9.43"), &asked).unwrap() {
+        AgentVersionSet::Refused { refusal, .. } => assert_eq!(
+            refusal.to_string(),
+            "some agents have not upgraded to the current model version 2.9.42: \
+             machine-2, machine-2-lxd-0"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        store.revision().unwrap(),
+        revision,
+        "a refusal writes nothing"
+    );
+    // Once they report the model's version, the same check lets the change through.
+    put(
+        &[],
+        &[("machine-2", "2.9.42"), ("machine-2-lxd-0", "2.9.42")],
+    );
+    assert!(matches!(
+        store.set_agent_version(v("2.9.43"), &asked).unwrap(),
+        AgentVersionSet::Set {
+            change: AgentVersionChange::Changed { .. },
+            ..
+        }
+    ));
+    // By default they do not block: now every agent lags behind 2.9.43, and a change
+    // without the check (to the same version back, then the lifecycle's) goes through.
+    assert!(matches!(
+        store
+            .set_agent_version(v("2.9.42"), &AgentVersionCheck::LIFECYCLE)
+            .unwrap(),
+        AgentVersionSet::Set { .. }
+    ));
+    assert!(matches!(
+        store
+            .set_agent_version(v("2.9.43"), &AgentVersionCheck::operator(&catalogue))
+            .unwrap(),
+        AgentVersionSet::Set {
+            change: AgentVersionChange::Changed { .. },
+            ..
+        }
+    ));
+}
+
 /// The rule and the write are one transaction: with one handle creating and archiving
 /// upgrade-info records and another changing agent-version as fast as they can, the event
 /// log (the commit order) never shows the model written while a record is current. A
@@ -2009,6 +2110,10 @@ macro_rules! suite {
             #[test]
             fn an_operators_agent_version_is_checked_in_the_write() {
                 super::an_operators_agent_version_is_checked_in_the_write::<$harness>();
+            }
+            #[test]
+            fn agents_behind_refuse_an_agent_version_change_only_when_asked() {
+                super::agents_behind_refuse_an_agent_version_change_only_when_asked::<$harness>();
             }
             #[test]
             fn agent_version_is_never_written_while_a_record_is_current() {

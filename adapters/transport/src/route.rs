@@ -75,6 +75,9 @@ pub(crate) async fn call(
         ("Pinger", "Ping") => pinger::ping(),
         ("Client", "FullStatus") => client::full_status(api, view).await,
         ("Client", "AbortCurrentUpgrade") => client::abort_current_upgrade(api),
+        ("Client", "SetModelAgentVersion") => {
+            client::set_model_agent_version(api, session, params).await
+        }
         ("Client" | "ModelConfig", "ModelGet") => model_config::model_get(api).await,
         ("Client" | "ModelConfig", "ModelSet") => {
             model_config::model_set(api, session, params).await

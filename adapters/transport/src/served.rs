@@ -35,6 +35,7 @@ pub const FACADES: &[(&str, &[u32], &[&str])] = &[
             "FullStatus",
             "FindTools",
             "AbortCurrentUpgrade",
+            "SetModelAgentVersion",
             "ModelGet",
             "ModelSet",
             "ModelUnset",

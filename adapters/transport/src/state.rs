@@ -111,11 +111,14 @@ pub trait SharedState: Send + Sync + 'static {
     /// Writes the model's agent-version as an operator's change, decided by the core's rule
     /// (`lockstep_core::upgrader::AgentVersionCheck::operator(catalogue)`: no upgrade-info
     /// record current, no downgrade, a binary of `version` in `catalogue` for the model's
-    /// streams) atomically with the write; a refusal carries the rule's message and code.
+    /// streams; with `agents_current`, also every agent on the model's version, read in the
+    /// same transaction) atomically with the write; a refusal carries the rule's message and
+    /// code.
     async fn set_agent_version(
         &self,
         version: Version,
         catalogue: &Catalogue,
+        agents_current: bool,
     ) -> Result<(), WireError>;
 
     // --- AllWatcher --------------------------------------------------------------------

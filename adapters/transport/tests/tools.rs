@@ -425,6 +425,67 @@ async fn model_set_checks_its_keys_and_the_catalogue_then_tells_the_backend() {
     );
 }
 
+/// Juju's `Client.SetModelAgentVersion`: without `force` (Juju's `IgnoreAgentVersions`)
+/// an agent on another version than the model's refuses the change in Juju's words and
+/// nothing changes; with `force` it goes through as `ModelSet` would; its params are checked
+/// naming the bad value, and `agent-stream` must be the model's.
+#[tokio::test]
+async fn set_model_agent_version_checks_the_agents_unless_forced() {
+    let fixture = start(Phase::Ready).await;
+    let machine = fixture.state.add_machine(Roles::of(&[Role::HostMachine]));
+    let mut socket = logged_in(&fixture).await;
+    let mut calls = 1..;
+    let mut set = async |params: Value| {
+        let id = calls.next().unwrap();
+        call(&mut socket, id, "Client", 1, "SetModelAgentVersion", params).await
+    };
+    let behind = set(json!({"version": "2.9.44"})).await;
+    assert_eq!(
+        behind["error"],
+        format!(
+            "some agents have not upgraded to the current model version 2.9.43: machine-{machine}"
+        ),
+        "{behind}"
+    );
+    let also = set(json!({"version": "2.9.44", "force": false, "agent-stream": ""})).await;
+    assert_eq!(also["error"], behind["error"], "{also}");
+    assert!(fixture.backend.versions_changed.lock().unwrap().is_empty());
+    for (params, expected) in [
+        (
+            json!({"version": 2}),
+            "params.version must be a string, got 2",
+        ),
+        (
+            json!({"version": "2.9.44", "force": "yes"}),
+            "params.force must be a boolean, got \"yes\"",
+        ),
+        (
+            json!({"version": "2.9.44", "agent-stream": 1}),
+            "params.agent-stream must be a string, got 1",
+        ),
+    ] {
+        let refused = set(params).await;
+        assert_eq!(refused["error"], expected, "{refused}");
+        assert_eq!(refused["error-code"], "bad request", "{refused}");
+    }
+    let stream = set(json!({"version": "2.9.44", "force": true, "agent-stream": "proposed"})).await;
+    assert_eq!(stream["error-code"], "not supported", "{stream}");
+    assert!(
+        stream["error"]
+            .as_str()
+            .unwrap()
+            .contains("\"proposed\" is not the model's (released)"),
+        "{stream}"
+    );
+    let forced = set(json!({"version": "2.9.44", "force": true, "agent-stream": "released"})).await;
+    assert_eq!(forced["response"], json!({}), "{forced}");
+    assert_eq!(
+        *fixture.backend.versions_changed.lock().unwrap(),
+        [Version::new(2, 9, 44)]
+    );
+    assert_eq!(fixture.state.model().agent_version, Version::new(2, 9, 44));
+}
+
 #[tokio::test]
 async fn an_anonymous_or_wrong_download_is_refused_and_fetches_nothing() {
     let fixture = start(Phase::Ready).await;

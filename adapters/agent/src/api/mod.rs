@@ -358,10 +358,13 @@ impl SharedState for StoreState {
         &self,
         version: Version,
         catalogue: &Catalogue,
+        agents_current: bool,
     ) -> Result<(), WireError> {
         let catalogue = catalogue.clone();
-        self.write(move |store| model_config::set_agent_version(store, version, &catalogue))
-            .await
+        self.write(move |store| {
+            model_config::set_agent_version(store, version, &catalogue, agents_current)
+        })
+        .await
     }
 
     async fn snapshot(&self, ids: &Identity) -> Result<Snapshot, WireError> {

@@ -151,7 +151,9 @@ pub fn refusal_error(refusal: &AgentVersionRefusal) -> WireError {
             "target-version": record.target_version.to_string(),
             "status": record.status.to_string(),
         })),
-        AgentVersionRefusal::Downgrade { .. } | AgentVersionRefusal::NoBinaries { .. } => None,
+        AgentVersionRefusal::Downgrade { .. }
+        | AgentVersionRefusal::AgentsBehind { .. }
+        | AgentVersionRefusal::NoBinaries { .. } => None,
     };
     WireError {
         message: refusal.to_string(),
@@ -193,14 +195,20 @@ pub fn agent_version_change(
 
 /// Writes the model's agent-version as an operator's change: the store decides by the
 /// core's rule ([`AgentVersionCheck::operator`]: no current record, no downgrade, a binary
-/// of `version` in `catalogue`) inside the transaction that writes it.
+/// of `version` in `catalogue`; with `agents_current`, every agent on the model's version,
+/// [`AgentVersionCheck::with_agents_current`]) inside the transaction that writes it.
 pub fn set_agent_version(
     store: &dyn Store,
     version: Version,
     catalogue: &Catalogue,
+    agents_current: bool,
 ) -> Result<(), WireError> {
+    let mut check = AgentVersionCheck::operator(catalogue);
+    if agents_current {
+        check = check.with_agents_current();
+    }
     match store
-        .set_agent_version(version, &AgentVersionCheck::operator(catalogue))
+        .set_agent_version(version, &check)
         .map_err(store_error)?
     {
         AgentVersionSet::Set { model, .. } => {

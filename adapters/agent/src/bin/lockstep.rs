@@ -175,6 +175,11 @@ enum Command {
         agent_version: Option<Version>,
         #[arg(long, conflicts_with_all = ["resume", "abort"])]
         dry_run: bool,
+        /// Refuse the upgrade while any agent runs another version than the model's (Juju's
+        /// check before every upgrade; lockstep lets agents that were down catch up
+        /// instead, unless asked).
+        #[arg(long, conflicts_with_all = ["resume", "abort"])]
+        check_agent_versions: bool,
         /// Lift a halted rollout: the failed machine agents go again, then the rest.
         #[arg(long, conflicts_with = "abort")]
         resume: bool,
@@ -348,6 +353,7 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
                 agent_version,
                 dry_run,
                 reset_previous_upgrade,
+                false,
             )
             .await?;
             Ok(())
@@ -356,9 +362,18 @@ async fn run(args: Args, timeout: Duration) -> Result<(), CliError> {
         Command::UpgradeModel {
             agent_version,
             dry_run,
+            check_agent_versions,
             resume,
             abort,
-        } => Ok(commands::upgrade_model(&session()?, agent_version, resume, abort, dry_run).await?),
+        } => Ok(commands::upgrade_model(
+            &session()?,
+            agent_version,
+            resume,
+            abort,
+            dry_run,
+            check_agent_versions,
+        )
+        .await?),
         Command::ModelConfig { settings } => {
             Ok(commands::model_config(&session()?, &settings).await?)
         }

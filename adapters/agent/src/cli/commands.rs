@@ -352,11 +352,15 @@ pub async fn upgrade_model(
     resume: bool,
     abort: bool,
     dry_run: bool,
+    check_agent_versions: bool,
 ) -> Result<(), CommandError> {
     let method = match (resume, abort) {
         (true, _) => "ResumeRollout",
         (_, true) => "AbortRollout",
-        _ => return upgrade_controller(session, version, dry_run, false).await,
+        _ => {
+            return upgrade_controller(session, version, dry_run, false, check_agent_versions)
+                .await;
+        }
     };
     session.wait_ready().await?;
     let rollout = session.mutate("Upgrade", 1, method, json!({})).await?;
@@ -419,12 +423,16 @@ pub async fn model_config(session: &Session, settings: &[String]) -> Result<(), 
 }
 
 /// `upgrade-controller`: sets the model's agent-version to `version`, or to the newest
-/// published patch of the running major.minor.
+/// published patch of the running major.minor. With `check_agent_versions` the write is
+/// Juju's `Client.SetModelAgentVersion` without `force`, which the controller refuses while
+/// an agent runs another version than the model's (in the transaction that would write
+/// it); otherwise `ModelConfig.ModelSet`, which every lockstep controller serves.
 pub async fn upgrade_controller(
     session: &Session,
     version: Option<Version>,
     dry_run: bool,
     reset_previous: bool,
+    check_agent_versions: bool,
 ) -> Result<(), CommandError> {
     if reset_previous {
         // As Juju does: the previous (incomplete) upgrade is aborted, then the upgrade is
@@ -490,14 +498,25 @@ pub async fn upgrade_controller(
         ));
         return Ok(());
     }
-    session
-        .call(
-            "ModelConfig",
-            MODEL_CONFIG_VERSION,
-            "ModelSet",
-            json!({"config": {"agent-version": target.to_string()}}),
-        )
-        .await?;
+    if check_agent_versions {
+        session
+            .call(
+                "Client",
+                CLIENT_VERSION,
+                "SetModelAgentVersion",
+                json!({"version": target.to_string(), "force": false}),
+            )
+            .await?;
+    } else {
+        session
+            .call(
+                "ModelConfig",
+                MODEL_CONFIG_VERSION,
+                "ModelSet",
+                json!({"config": {"agent-version": target.to_string()}}),
+            )
+            .await?;
+    }
     say(&format!("started upgrade to {target}"));
     Ok(())
 }

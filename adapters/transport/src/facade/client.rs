@@ -1,13 +1,16 @@
-//! `Client`: `FullStatus`, `FindTools`, `AbortCurrentUpgrade`, `ModelGet`, `ModelSet` and
-//! `ModelUnset` (Juju 2.0's, for python-jujuclient; the same as `ModelConfig`'s),
-//! `AddMachines` and `WatchAll`.
+//! `Client`: `FullStatus`, `FindTools`, `AbortCurrentUpgrade`, `SetModelAgentVersion`,
+//! `ModelGet`, `ModelSet` and `ModelUnset` (Juju 2.0's, for python-jujuclient; the same as
+//! `ModelConfig`'s), `AddMachines` and `WatchAll`.
 
 use lockstep_core::gate::GateView;
 use lockstep_core::lifecycle::Revision;
 use serde_json::{Value, json};
 
+use lockstep_core::policy::Stream;
+
 use crate::api::Api;
 use crate::backend::LifecycleStatus;
+use crate::facade::model_config;
 use crate::limits::Refusal;
 use crate::session::Session;
 use crate::state::{Status, detailed_status};
@@ -135,6 +138,57 @@ pub fn abort_current_upgrade(api: &Api) -> Result<Value, WireError> {
         .abort_current_upgrade()
         .map(|()| json!({}))
         .map_err(|message| WireError::new("", message))
+}
+
+/// `Client.SetModelAgentVersion {"version", "agent-stream"?, "force"?}`, Juju's
+/// `params.SetModelAgentVersion` (`force` is its `IgnoreAgentVersions`, the CLI's
+/// `--ignore-agent-versions`): the model's agent-version changed as `ModelConfig.ModelSet`
+/// changes it, and, as in Juju, unless `force`, refused while an agent runs another version
+/// than the model's. `agent-stream`, when given, must be the model's (lockstep chooses it
+/// at bootstrap). An admin's write, like `agent-version` in `ModelSet`.
+pub async fn set_model_agent_version(
+    api: &Api,
+    session: &Session,
+    params: &Value,
+) -> Result<Value, WireError> {
+    model_config::check_writer(session.model_access(), "agent-version")?;
+    let version = model_config::agent_version_param(
+        "params.version",
+        params.get("version").unwrap_or(&Value::Null),
+    )?;
+    let force = match params.get("force") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(force)) => *force,
+        Some(other) => {
+            return Err(WireError::new(
+                "bad request",
+                format!("params.force must be a boolean, got {other}"),
+            ));
+        }
+    };
+    match params.get("agent-stream") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(stream)) if stream.is_empty() => {}
+        Some(Value::String(stream)) => {
+            let model = api.state.agent_stream().await?.unwrap_or(Stream::Released);
+            if stream != model.as_str() {
+                return Err(WireError::new(
+                    "not supported",
+                    format!(
+                        "agent-stream {stream:?} is not the model's ({model}): lockstep \
+                         chooses it at bootstrap (lockstep bootstrap --agent-stream)"
+                    ),
+                ));
+            }
+        }
+        Some(other) => {
+            return Err(WireError::new(
+                "bad request",
+                format!("params.agent-stream must be a string, got {other}"),
+            ));
+        }
+    }
+    model_config::change_agent_version(api, version, !force, "Client.SetModelAgentVersion").await
 }
 
 /// `Client.WatchAll {"after-revision"?: R}`: a new watcher on this connection. Without

@@ -242,20 +242,37 @@ pub async fn model_unset(api: &Api, session: &Session, params: &Value) -> Result
     api.state.model_unset(params).await
 }
 
-/// `ModelSet` of `agent-version`. Refused while an upgrade-info record is current (Juju's
-/// message), for a lower version, and for a version the catalogue has no binary of in the
-/// model's streams (Juju's `no agent binaries found for version`). The current version
-/// back is accepted and changes nothing. On success the shared state holds the new
-/// version and the backend is told ([`crate::backend::Backend::agent_version_changed`]).
+/// `ModelSet` of `agent-version`: [`change_agent_version`] without the agents check.
 async fn set_agent_version(api: &Api, value: &Value) -> Result<Value, WireError> {
+    let version = agent_version_param("agent-version", value)?;
+    change_agent_version(api, version, false, "ModelConfig.ModelSet").await
+}
+
+/// The version an operator's `name` param holds: a string in Juju's grammar.
+pub(crate) fn agent_version_param(name: &str, value: &Value) -> Result<Version, WireError> {
     let text = value.as_str().ok_or_else(|| {
         WireError::new(
             "bad request",
-            format!("agent-version must be a string, got {value}"),
+            format!("{name} must be a string, got {value}"),
         )
     })?;
-    let version =
-        Version::parse(text).map_err(|error| WireError::new("bad request", error.to_string()))?;
+    Version::parse(text).map_err(|error| WireError::new("bad request", error.to_string()))
+}
+
+/// An operator's change of the model's `agent-version` (by `via`, for the log). Refused
+/// while an upgrade-info record is current (Juju's message), for a lower version, with
+/// `agents_current` while an agent runs another version than the model's (Juju's
+/// `some agents have not upgraded to the current model version`), and for a version the
+/// catalogue has no binary of in the model's streams (Juju's `no agent binaries found for
+/// version`). The current version back is accepted and changes nothing. On success the
+/// shared state holds the new version and the backend is told
+/// ([`crate::backend::Backend::agent_version_changed`]).
+pub(crate) async fn change_agent_version(
+    api: &Api,
+    version: Version,
+    agents_current: bool,
+    via: &'static str,
+) -> Result<Value, WireError> {
     match api.state.agent_version_change(version).await? {
         AgentVersionChange::Unchanged => return Ok(json!({})),
         AgentVersionChange::Allowed => {}
@@ -269,8 +286,10 @@ async fn set_agent_version(api: &Api, value: &Value) -> Result<Value, WireError>
             ),
         )
     })?;
-    api.state.set_agent_version(version, &catalogue).await?;
-    tracing::info!(target: "lockstep::api", %version, "agent-version changed by ModelConfig.ModelSet");
+    api.state
+        .set_agent_version(version, &catalogue, agents_current)
+        .await?;
+    tracing::info!(target: "lockstep::api", %version, via, agents_current, "agent-version changed");
     api.backend.agent_version_changed(version);
     Ok(json!({}))
 }

@@ -671,10 +671,41 @@ impl SharedState for FakeState {
         &self,
         version: Version,
         catalogue: &Catalogue,
+        agents_current: bool,
     ) -> Result<(), WireError> {
         let model = self.model();
-        upgrader::AgentVersionCheck::operator(catalogue)
-            .check(model.agent_version, model.agent_stream, None, version)
+        let mut check = upgrader::AgentVersionCheck::operator(catalogue);
+        if agents_current {
+            check = check.with_agents_current();
+        }
+        let agents: Vec<(String, Option<Version>)> = self
+            .inner
+            .lock()
+            .unwrap()
+            .machines
+            .iter()
+            .map(|(id, (_, running))| {
+                (
+                    format!("machine-{id}"),
+                    running.as_ref().map(|binary| binary.number),
+                )
+            })
+            .collect();
+        let agents: Vec<upgrader::AgentRunning<'_>> = agents
+            .iter()
+            .map(|(tag, running)| upgrader::AgentRunning {
+                tag,
+                running: *running,
+            })
+            .collect();
+        check
+            .check(
+                model.agent_version,
+                model.agent_stream,
+                None,
+                version,
+                &agents,
+            )
             .map_err(|refusal| WireError::new(refusal.code(), refusal.to_string()))?;
         self.mutate(&Value::Null, |inner| {
             inner.model.agent_version = version;
