@@ -83,13 +83,35 @@ impl AsyncSource for DirectorySource {
         read_document(self, path, size_bytes_max)
     }
 
+    /// The copy and its sha256 are blocking file I/O and CPU work: they run on tokio's
+    /// blocking pool, never on a runtime thread (which they would hold for the whole file),
+    /// so two downloads run side by side; progress comes back over a channel.
     async fn download(
         &self,
         entry: &CatalogueEntry,
         destination: &Path,
         progress: &mut (dyn FnMut(DownloadProgress) + Send),
     ) -> Result<(), DownloadError> {
-        download(self, entry, destination, &mut |step| progress(step))
+        let (source, owned_entry, owned_destination) =
+            (self.clone(), entry.clone(), destination.to_owned());
+        let (sender, mut steps) = tokio::sync::mpsc::unbounded_channel();
+        let copying = tokio::task::spawn_blocking(move || {
+            download(&source, &owned_entry, &owned_destination, &mut |step| {
+                let _ = sender.send(step);
+            })
+        });
+        // Ends when the copy drops its sender, finished or not.
+        while let Some(step) = steps.recv().await {
+            progress(step);
+        }
+        match copying.await {
+            Ok(result) => result,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(error) => Err(DownloadError::Destination {
+                path: destination.display().to_string(),
+                problem: format!("the copy was cancelled: {error}"),
+            }),
+        }
     }
 }
 
