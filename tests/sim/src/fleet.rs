@@ -144,11 +144,13 @@ impl FleetRun {
         let at = |ms: Option<u64>| ms.map_or("never".to_owned(), crate::format_ms);
         let _ = writeln!(
             out,
-            "rollout: {} records written, {} read by the checker; {} agents admitted{}; {} crashes; first agent download admitted at {}, canaries passed at {}",
+            "rollout: {} records written, {} read by the checker; {} agents admitted{}, {} failed and held (tolerated: {}); {} crashes; first agent download admitted at {}, canaries passed at {}",
             figures.rollout_writes,
             figures.rollout_records_seen,
             figures.admitted,
             if figures.halted { ", HALTED" } else { "" },
+            figures.failed,
+            fleet.rollout.failures_tolerated,
             figures.crashes,
             at(figures.first_download_at),
             at(figures.canaries_passed_at)
@@ -168,7 +170,7 @@ impl FleetRun {
             (Some(upgrade), Some(ratio)) => {
                 let _ = write!(
                     out,
-                    "ratio: fleet upgrade {} (agent-version set at {}, last agent Ready at {}) / bound {} = {ratio:.2}x (target <= {RATIO_TARGET}x)",
+                    "ratio: fleet upgrade {} (agent-version set at {}, every agent Ready on it or failed at {}) / bound {} = {ratio:.2}x (target <= {RATIO_TARGET}x)",
                     crate::format_ms(upgrade),
                     crate::format_ms(figures.version_set_at.unwrap_or(0)),
                     crate::format_ms(figures.last_ready_at.unwrap_or(0)),

@@ -453,6 +453,20 @@ impl Sim {
         );
     }
 
+    /// A [`Message::VersionChanged`] reaches a machine agent: as lockstep-agent's machine
+    /// agent after its `WatchAPIVersion` watcher fired, it asks its desired version at once
+    /// (its 10 s poll stays, for a notification that was lost).
+    pub(super) fn version_changed(&mut self, host: usize, incarnation: u64) {
+        let ready = self.hosts[host]
+            .process
+            .as_ref()
+            .is_some_and(|process| process.phase() == Phase::Ready);
+        if self.current(host, incarnation) && ready {
+            let controller = self.pick_controller();
+            self.send_agent_call(host, incarnation, controller, AgentCall::Poll);
+        }
+    }
+
     /// [`Event::FeedVersion`]: the start spread is over.
     pub(super) fn feed_version(&mut self, host: usize, incarnation: u64, version: Version) {
         if self.current(host, incarnation) {

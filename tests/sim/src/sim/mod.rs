@@ -613,6 +613,9 @@ impl Sim {
                 incarnation,
                 agent_version,
             } => self.poll_reply(host, incarnation, agent_version),
+            Message::VersionChanged { host, incarnation } => {
+                self.version_changed(host, incarnation)
+            }
             Message::DownloadBusy {
                 host,
                 incarnation,

@@ -112,6 +112,9 @@ pub(super) enum Message {
         incarnation: u64,
         agent_version: Version,
     },
+    /// A machine agent's `Upgrader.WatchAPIVersion` watcher fires (its `NotifyWatcher.Next`
+    /// returns): its desired version may have changed, and it asks again.
+    VersionChanged { host: usize, incarnation: u64 },
     StreamRequest {
         host: usize,
         incarnation: u64,

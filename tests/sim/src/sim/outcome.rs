@@ -58,9 +58,14 @@ pub struct Report {
 pub struct FleetReport {
     /// When the model's `agent-version` was set to the target.
     pub version_set_at: Option<u64>,
-    /// When the last agent became Ready on the target for the first time: the fleet's
-    /// upgrade is done (faults stop then, and the run goes on to its goal).
+    /// When every agent had been Ready on the target, or was recorded failed by the
+    /// rollout (held after its trial, or fallen back): the fleet's upgrade is done (faults
+    /// stop then, and the run goes on to its goal).
     pub last_ready_at: Option<u64>,
+    /// Agents the rollout recorded failed and that never were Ready on the target then
+    /// (the crash faults can exhaust a trial's boots after its steps ran, which holds the
+    /// agent for its operator, by design).
+    pub failed: usize,
     /// The downloads.
     pub links: super::LinkStats,
     /// Rollout records the coordinators wrote.
@@ -90,10 +95,59 @@ impl Sim {
         }
         self.upgraded[host] = true;
         self.upgraded_count += 1;
-        if self.upgraded_count == self.hosts.len() {
+        self.fleet_settled();
+    }
+
+    /// A fleet run: the upgrade is done once every host has been Ready on the operator's
+    /// version or is one the rollout recorded failed (a failure the policy tolerates; past
+    /// them the rollout halts, which never settles). Called on every first Ready and after
+    /// every rollout record written.
+    pub(super) fn fleet_settled(&mut self) {
+        if self.scenario.fleet.is_none() || self.fleet.last_ready_at.is_some() {
+            return;
+        }
+        let failed = self.failed_short_of_the_target();
+        if self.upgraded_count + failed == self.hosts.len() {
+            self.fleet.failed = failed;
             self.fleet.last_ready_at = Some(self.queue.now);
             self.heal();
         }
+    }
+
+    /// Machine agents the rollout record lists as failed that never were Ready on the
+    /// operator's version.
+    fn failed_short_of_the_target(&self) -> usize {
+        let controllers = usize::from(self.scenario.controllers);
+        self.rollout_record().map_or(0, |record| {
+            record
+                .failed
+                .keys()
+                .filter_map(|id| id.parse::<usize>().ok())
+                .map(|id| id + controllers)
+                .filter(|host| *host < self.hosts.len() && !self.upgraded[*host])
+                .count()
+        })
+    }
+
+    /// Whether `host` is a machine agent the rollout recorded failed that stays where its
+    /// failure left it: held in `steps-failed` or `upgrade-failed` after its trial, or
+    /// Ready on the binary it fell back to; nothing in flight.
+    fn settled_as_failed(&self, host: usize) -> bool {
+        let state = &self.hosts[host];
+        if state.is_controller() || !state.awaiting.is_empty() {
+            return false;
+        }
+        let failed = self
+            .rollout_record()
+            .is_some_and(|record| record.failed.contains_key(&self.machine_id(host)));
+        failed
+            && state.process.as_ref().is_some_and(|process| {
+                process.awaiting().is_none()
+                    && matches!(
+                        process.phase(),
+                        Phase::StepsFailed | Phase::UpgradeFailed | Phase::Ready
+                    )
+            })
     }
 
     /// Shows `observation` to every checker; the first that objects fails the run.
@@ -138,17 +192,28 @@ impl Sim {
     /// A liveness failure, with where every party stands.
     pub(super) fn fail_liveness(&mut self, why: &str) {
         let mut message = why.to_owned();
-        for host in &self.hosts {
+        // A large fleet names the hosts short of the goal (not Ready on the model's
+        // version), at most a dozen, with how many there are.
+        let target = self.model().agent_version;
+        let short: Vec<_> = self
+            .hosts
+            .iter()
+            .filter(|host| {
+                self.hosts.len() <= 12
+                    || host.process.as_ref().map(Lifecycle::phase) != Some(Phase::Ready)
+                    || host.config.running.number != target
+            })
+            .collect();
+        if self.hosts.len() > 12 {
+            let _ = write!(message, "; {} hosts short of the goal", short.len());
+        }
+        for host in short.iter().take(12) {
             let phase = host.process.as_ref().map(Lifecycle::phase);
             let _ = write!(
                 message,
                 "; {} {:?} on {}",
                 host.name, phase, host.config.running.number
             );
-            if self.hosts.len() > 12 {
-                message.push_str("; ...");
-                break;
-            }
         }
         let model = self.model();
         let _ = write!(message, "; agent-version {}", model.agent_version);
@@ -194,19 +259,21 @@ impl Sim {
         }
     }
 
-    /// The goal: every agent Ready on the model's agent-version (at least the operator's),
-    /// no record current, every client finished; then the checkers' end-of-run halves.
+    /// The goal: every agent Ready on the model's agent-version (at least the operator's)
+    /// or, in a fleet run, recorded failed by the rollout and settled where its failure left
+    /// it, no record current, every client finished; then the checkers' end-of-run halves.
     fn check_live(&mut self) {
         let model = self.model();
         let version = model.agent_version;
         if self.intended().is_some_and(|target| version < target) {
             return;
         }
-        let hosts_done = self.hosts.iter().all(|host| {
-            host.process.as_ref().is_some_and(|process| {
+        let hosts_done = self.hosts.iter().enumerate().all(|(index, host)| {
+            (host.process.as_ref().is_some_and(|process| {
                 process.phase() == Phase::Ready && process.awaiting().is_none()
             }) && host.config.running.number == version
-                && host.awaiting.is_empty()
+                && host.awaiting.is_empty())
+                || (self.scenario.fleet.is_some() && self.settled_as_failed(index))
         });
         if !hosts_done {
             return;

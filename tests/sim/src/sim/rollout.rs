@@ -20,7 +20,7 @@ use lockstep_core::rollout::{self, AgentView, Health, Rollout, RolloutPolicy};
 use lockstep_core::{Phase, Timestamp, Version};
 use lockstep_store::{Abort, AgentStatus, Store, TxOutcome};
 
-use super::network::AgentCall;
+use super::network::{AgentCall, Message, Party};
 use super::{Event, Sim};
 
 /// An agent that has not reported for this long is down (lockstep-transport's
@@ -240,6 +240,7 @@ impl Sim {
         let Some(token) = store.acquire_lease(holder, ttl).expect("the store answers") else {
             return;
         };
+        let told_before = self.told_agents(target);
         let mut written = false;
         let mut read = None;
         let sim = &*self;
@@ -269,6 +270,52 @@ impl Sim {
             self.fleet.rollout_writes += 1;
         }
         self.scan_store();
+        if wrote {
+            self.notify_admitted(host, incarnation, target, &told_before);
+            self.fleet_settled();
+        }
+    }
+
+    /// The agents the rollout record (as the store's log last showed it) told `target`.
+    fn told_agents(&self, target: Version) -> std::collections::BTreeSet<String> {
+        self.executor
+            .rollout
+            .as_ref()
+            .filter(|record| record.target == target)
+            .map(|record| record.admitted.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The `WatchAPIVersion` watchers of the agents the record just written admitted fire:
+    /// their desired version changed. Each event crosses the network from the controller
+    /// that wrote the record (the agents' connections are spread over the controllers; the
+    /// watcher fires on whichever holds it, which the simulator does not track), and may be
+    /// lost or delayed like any message; the agent's poll finds what a lost one said.
+    fn notify_admitted(
+        &mut self,
+        controller: usize,
+        incarnation: u64,
+        target: Version,
+        before: &std::collections::BTreeSet<String>,
+    ) {
+        if !self.current(controller, incarnation) {
+            return;
+        }
+        let controllers = usize::from(self.scenario.controllers);
+        let admitted: Vec<usize> = self
+            .told_agents(target)
+            .difference(before)
+            .filter_map(|id| id.parse::<usize>().ok())
+            .map(|id| id + controllers)
+            .filter(|host| *host < self.hosts.len())
+            .collect();
+        for host in admitted {
+            let message = Message::VersionChanged {
+                host,
+                incarnation: self.hosts[host].incarnation,
+            };
+            self.send(Party::Host(controller), Party::Host(host), message);
+        }
     }
 
     /// The record the coordinator writes next (`None`: nothing to write), as
