@@ -141,6 +141,37 @@ impl FleetRun {
             crate::sim::agent_downloads_max(&fleet),
             utilisation * 100.0
         );
+        // The egress used in each 10 s from agent-version set to the end of the upgrade.
+        if let (Some(set), Some(end)) = (figures.version_set_at, figures.last_ready_at) {
+            let capacity = fleet.egress_bytes_per_second * u64::from(self.scenario.controllers);
+            let windows: Vec<String> = (set / 1000..=end / 1000)
+                .step_by(10)
+                .map(|start| {
+                    let start = start as usize;
+                    let sent: u64 = links.sent_by_second.iter().skip(start).take(10).sum();
+                    // `sent` is in bytes × 1000.
+                    format!("{:.0}", sent as f64 / 10.0 / (capacity * 10) as f64)
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "egress used in each 10 s from agent-version set, %: {}",
+                windows.join(" ")
+            );
+            let last: Vec<String> = links
+                .last_downloads
+                .iter()
+                .map(|(ended, admitted, link)| {
+                    format!(
+                        "admitted {} ended {} on {} Mbit/s",
+                        crate::format_ms(*admitted),
+                        crate::format_ms(*ended),
+                        link * 8 / 1_000_000
+                    )
+                })
+                .collect();
+            let _ = writeln!(out, "the last downloads: {}", last.join("; "));
+        }
         let at = |ms: Option<u64>| ms.map_or("never".to_owned(), crate::format_ms);
         let _ = writeln!(
             out,

@@ -107,6 +107,30 @@ pub struct LinkStats {
     pub upstream_fetches: u64,
     /// The most downloads one controller served at once.
     pub most_at_once: u32,
+    /// The last downloads to end: `(ended at, admitted at, the agent's link in bytes/s)`,
+    /// the latest last, at most [`LAST_DOWNLOADS_KEPT`].
+    pub last_downloads: Vec<(u64, u64, u64)>,
+    /// Bytes the controllers sent to agents in each second of virtual time (index: the
+    /// second), times 1000 (rates in bytes/s times milliseconds), for where the egress
+    /// stood idle.
+    pub sent_by_second: Vec<u64>,
+}
+
+/// How many of the last downloads [`LinkStats::last_downloads`] keeps.
+pub const LAST_DOWNLOADS_KEPT: usize = 5;
+
+/// Adds `rate` bytes/s over `[from, to)` ms to the per-second buckets (bytes × 1000).
+fn record_sent(buckets: &mut Vec<u64>, from: u64, to: u64, rate: u64) {
+    let mut at = from;
+    while rate > 0 && at < to {
+        let second = (at / 1000) as usize;
+        let end = ((at / 1000 + 1) * 1000).min(to);
+        if buckets.len() <= second {
+            buckets.resize(second + 1, 0);
+        }
+        buckets[second] += rate * (end - at);
+        at = end;
+    }
 }
 
 /// Every link of a fleet run.
@@ -195,11 +219,15 @@ impl Links {
     fn settle(&mut self, controller: usize, now: u64) {
         let link = &mut self.controllers[controller];
         let elapsed = u128::from(now.saturating_sub(link.updated_at));
+        let mut rate = 0;
         for download in link.downloads.iter_mut().filter(|d| !d.waiting) {
             let sent = u128::from(download.rate) * elapsed;
             download.remaining = download.remaining.saturating_sub(sent);
+            rate += download.rate;
         }
+        let from = link.updated_at;
         link.updated_at = now;
+        record_sent(&mut self.stats.sent_by_second, from, now, rate);
     }
 
     /// Shares `controller`'s egress among its downloads (max-min fair) and says when the
@@ -423,6 +451,11 @@ impl Sim {
         for download in &done {
             links.receiving[download.host] = None;
             links.stats.transfers_ms.push(now - download.admitted_at);
+            let last = &mut links.stats.last_downloads;
+            last.push((now, download.admitted_at, download.cap));
+            if last.len() > LAST_DOWNLOADS_KEPT {
+                last.remove(0);
+            }
         }
         let next = links.reshare(controller, now);
         self.schedule_link(controller, next);
