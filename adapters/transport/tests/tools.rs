@@ -428,7 +428,8 @@ async fn model_set_checks_its_keys_and_the_catalogue_then_tells_the_backend() {
 /// Juju's `Client.SetModelAgentVersion`: without `force` (Juju's `IgnoreAgentVersions`)
 /// an agent on another version than the model's refuses the change in Juju's words and
 /// nothing changes; with `force` it goes through as `ModelSet` would; its params are checked
-/// naming the bad value, and `agent-stream` must be the model's.
+/// naming the bad value, and `agent-stream` must be the model's; the gate refuses it while
+/// the controller is limited.
 #[tokio::test]
 async fn set_model_agent_version_checks_the_agents_unless_forced() {
     let fixture = start(Phase::Ready).await;
@@ -483,6 +484,11 @@ async fn set_model_agent_version_checks_the_agents_unless_forced() {
         *fixture.backend.versions_changed.lock().unwrap(),
         [Version::new(2, 9, 44)]
     );
+    assert_eq!(fixture.state.model().agent_version, Version::new(2, 9, 44));
+    // A write: refused by the gate while the controller is limited, forced or not.
+    fixture.gate.send(view(Phase::RunningSteps)).unwrap();
+    let limited = set(json!({"version": "2.9.45", "force": true})).await;
+    assert_eq!(limited["error-code"], "upgrade in progress", "{limited}");
     assert_eq!(fixture.state.model().agent_version, Version::new(2, 9, 44));
 }
 
