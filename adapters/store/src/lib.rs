@@ -654,8 +654,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
             answer = None;
             let mut model = tx.model()?.ok_or(StoreError::NoModel)?;
             let record = tx.record()?;
-            // Read only when the operator asked for the agents check: what each alive
-            // machine's agent last reported running, as the rollout reads it.
+            // Read only when the operator asked for the agents check: what the agent of
+            // each machine that is not dead last reported running, as the rollout reads it.
             let agents = if check.agents_current {
                 agents_running(tx)?
             } else {
