@@ -77,6 +77,19 @@ pub fn auth_tag(user: &str) -> String {
     }
 }
 
+/// The read buffer of the client's websocket: one TLS record's plaintext. tungstenite zeroes
+/// its whole read buffer before every read, so its default (128 KiB) costs a few
+/// microseconds per reply; a larger reply takes more reads, not a larger buffer.
+pub const READ_BUFFER_BYTES: usize = 16 << 10;
+
+/// The client's websocket settings: tungstenite's defaults, but a read buffer of
+/// [`READ_BUFFER_BYTES`].
+pub fn websocket_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    let mut config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
+    config.read_buffer_size = READ_BUFFER_BYTES;
+    config
+}
+
 /// A call that did not succeed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClientError {
@@ -138,9 +151,13 @@ impl Connection {
             Some(uuid) => format!("/model/{uuid}/api"),
             None => "/api".to_owned(),
         };
-        let (socket, _) = tokio_tungstenite::client_async(format!("wss://{address}{path}"), stream)
-            .await
-            .map_err(|error| format!("websocket with {address}: {error}"))?;
+        let (socket, _) = tokio_tungstenite::client_async_with_config(
+            format!("wss://{address}{path}"),
+            stream,
+            Some(websocket_config()),
+        )
+        .await
+        .map_err(|error| format!("websocket with {address}: {error}"))?;
         let (mut sink, mut stream) = socket.split();
         let (outgoing, mut queued) = mpsc::channel::<Message>(64);
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();

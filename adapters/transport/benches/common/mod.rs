@@ -85,7 +85,11 @@ pub async fn ping_client(port: u16, ca: &str, calls: usize) -> Vec<Duration> {
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let stream = connector.connect(name, tcp).await.unwrap();
     let url = format!("wss://localhost:{port}/api");
-    let (mut socket, _) = tokio_tungstenite::client_async(url, stream).await.unwrap();
+    // lockstep's own client's settings.
+    let config = lockstep_transport::client::websocket_config();
+    let (mut socket, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(config))
+        .await
+        .unwrap();
     let login = json!({"request-id": 1, "type": "Admin", "version": 3, "request": "Login",
                        "params": {"auth-tag": "user-admin", "credentials": "bench"}});
     socket
