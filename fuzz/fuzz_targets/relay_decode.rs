@@ -1,5 +1,6 @@
 //! Relay frames come from the other process of the controller, which may be a different
-//! version of lockstep (a newer worker under an older launcher): decoding must never panic,
+//! version of lockstep (a newer worker under an older launcher): decoding, in either relay
+//! version, must never panic,
 //! a decoded message that encodes within the bound must read back the same, and the operation-id stamped on
 //! any call it carries must be bounded and a function of the call alone.
 #![no_main]
@@ -9,6 +10,12 @@ use lockstep_transport::relay::{self, Message};
 use lockstep_transport::wire;
 
 fuzz_target!(|data: &[u8]| {
+    // Version 2's framing (an envelope, a newline, the raw frame) reads back the same too.
+    if let Ok(message) = relay::decode_in(2, data)
+        && let Ok(encoded) = relay::encode_in(2, &message)
+    {
+        assert_eq!(relay::decode_in(2, &encoded).as_ref(), Ok(&message));
+    }
     let Ok(message) = relay::decode(data) else {
         return;
     };

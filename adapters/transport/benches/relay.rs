@@ -14,6 +14,7 @@
 //! launcher's admission limits are not in front of it (nor in front of the direct port,
 //! which is served by `Api::serve` with its admission). `LOCKSTEP_BENCH_QUICK=1`: one round
 //! of a tenth of the calls, the same paths and checks (CI runs it).
+//! `LOCKSTEP_RELAY_BENCH_ONLY=direct` (or `front`) runs one path alone, to profile it.
 #![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 mod common;
@@ -72,6 +73,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+    let only = std::env::var("LOCKSTEP_RELAY_BENCH_ONLY").ok();
     let (rounds, calls) = if quick {
         (1, CALLS / 10)
     } else {
@@ -110,7 +112,12 @@ async fn main() {
             let (acceptor, door) = (acceptor.clone(), Arc::clone(&door));
             tokio::spawn(async move {
                 let tls = acceptor.accept(tcp).await.unwrap();
-                let socket = tokio_tungstenite::accept_async(tls).await.unwrap();
+                let socket = tokio_tungstenite::accept_async_with_config(
+                    tls,
+                    Some(lockstep_transport::front::websocket_config()),
+                )
+                .await
+                .unwrap();
                 door.serve_websocket(socket, peer, reached, "/api".to_owned(), None)
                     .await;
             });
@@ -134,6 +141,9 @@ async fn main() {
             ("direct", direct_port, &mut direct_rounds),
             ("front", front_port, &mut front_rounds),
         ] {
+            if only.as_deref().is_some_and(|only| only != name) {
+                continue;
+            }
             let measured = round(port, &credentials.ca_pem, calls).await;
             println!(
                 "{number:>5}  {name:<7} {:>9.0} {:>11.1} {:>9.1}",
@@ -148,6 +158,10 @@ async fn main() {
     relay_server.abort();
     front_server.abort();
 
+    if direct_rounds.is_empty() || front_rounds.is_empty() {
+        // One path only (LOCKSTEP_RELAY_BENCH_ONLY, for a profile of it): no ratio.
+        return;
+    }
     let summary = |rounds: &[Round]| {
         (
             median(rounds.iter().map(|r| r.calls_per_second).collect()),

@@ -123,6 +123,9 @@ pub struct FrontDoor {
     /// How long a login or read waits for a worker before it is refused as
     /// `upgrade in progress` (every Juju client retries that).
     pub wait_max: Duration,
+    /// The relay versions offered in `hello`: [`relay::VERSIONS`], unless a test makes this
+    /// launcher an older one ([`FrontDoor::speaking`]).
+    versions: Vec<u32>,
 }
 
 impl FrontDoor {
@@ -136,7 +139,16 @@ impl FrontDoor {
             connections: AtomicU64::new(1),
             listening: tokio::sync::watch::Sender::new(0),
             wait_max,
+            versions: relay::VERSIONS.to_vec(),
         }
+    }
+
+    /// This front door offering only `versions` in its `hello`: a launcher of an older
+    /// lockstep, for the tests of a newer worker under it.
+    #[must_use]
+    pub fn speaking(mut self, versions: &[u32]) -> FrontDoor {
+        self.versions = versions.to_vec();
+        self
     }
 
     /// A worker listens on the relay socket now (it said so to the launcher): every
@@ -483,7 +495,7 @@ impl FrontDoor {
         mut request: http::Request<axum::body::Body>,
     ) -> axum::response::Response {
         use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-        use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+        use tokio_tungstenite::tungstenite::protocol::Role;
         let bad = |why: &str| {
             http::Response::builder()
                 .status(http::StatusCode::BAD_REQUEST)
@@ -522,14 +534,10 @@ impl FrontDoor {
             let Ok(upgraded) = on_upgrade.await else {
                 return;
             };
-            let mut config = WebSocketConfig::default();
-            config.read_buffer_size = crate::connection::READ_BUFFER_BYTES;
-            config.max_message_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
-            config.max_frame_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
             let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
                 hyper_util::rt::TokioIo::new(upgraded),
                 Role::Server,
-                Some(config),
+                Some(websocket_config()),
             )
             .await;
             self.serve_websocket(socket, peer, reached, path, admitted)
@@ -632,26 +640,17 @@ impl FrontDoor {
         peer: SocketAddr,
         reached: Option<SocketAddr>,
     ) -> Result<hyper::client::conn::http1::SendRequest<axum::body::Body>, RelayError> {
-        let mut relay = self.welcomed().await.map_err(|opened| match opened {
+        let mut handshake = self.welcomed().await.map_err(|opened| match opened {
             Opened::NoWorker(why) | Opened::Refused(why) => RelayError(why),
         })?;
-        relay
+        handshake
             .send(&Message::Http(relay::HttpOpen {
                 connection: self.connections.fetch_add(1, Ordering::Relaxed),
                 peer,
                 reached,
             }))
             .await?;
-        let parts = relay.frames.into_parts();
-        if !parts.read_buf.is_empty() {
-            return Err(RelayError(
-                "the worker sent more than welcome before the request".to_owned(),
-            ));
-        }
-        let stream = parts
-            .io
-            .reunite(relay.sink.into_inner())
-            .map_err(|error| RelayError(format!("rejoining the stream: {error}")))?;
+        let stream = handshake.into_stream()?;
         let (sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
@@ -664,23 +663,38 @@ impl FrontDoor {
     /// client: this call's, or, when forwarding found the worker gone, those of the pings
     /// it had not answered.
     async fn client_sent(&self, connection: &mut Connection, frame: String) -> Vec<String> {
-        let request = match wire::decode(&frame) {
-            Ok(request) => request,
-            Err(error) => {
-                return vec![wire::encode_error(
-                    error.request_id.unwrap_or(0),
-                    error.framing,
-                    &WireError::new("bad request", error.message),
-                )];
-            }
+        // A read needs no stamp, so its head is all the launcher reads of it; anything
+        // else is decoded whole (its params are in its stamp), and what is not a request
+        // is answered here.
+        let (head, operation_id) = match wire::peek(&frame) {
+            Some(head) if gate::read_only(&head.facade, &head.method) => (head, None),
+            _ => match wire::decode(&frame) {
+                Ok(request) => {
+                    let stamp = relay::operation_id(&self.boot, connection.number, &request);
+                    let head = wire::Head {
+                        request_id: request.request_id,
+                        framing: request.framing,
+                        facade: request.facade,
+                        method: request.method,
+                    };
+                    (head, stamp)
+                }
+                Err(error) => {
+                    return vec![wire::encode_error(
+                        error.request_id.unwrap_or(0),
+                        error.framing,
+                        &WireError::new("bad request", error.message),
+                    )];
+                }
+            },
         };
         let call = Pending {
-            operation_id: relay::operation_id(&self.boot, connection.number, &request),
+            operation_id,
             frame,
-            request_id: request.request_id,
-            framing: request.framing,
-            facade: request.facade,
-            method: request.method,
+            request_id: head.request_id,
+            framing: head.framing,
+            facade: head.facade,
+            method: head.method,
             arrived: Instant::now(),
         };
         if connection.relay.is_some() {
@@ -699,8 +713,8 @@ impl FrontDoor {
             &call.method,
         ) {
             BetweenWorkers::Answer => vec![wire::encode_response(
-                request.request_id,
-                request.framing,
+                call.request_id,
+                call.framing,
                 json!({}),
             )],
             BetweenWorkers::Wait => {
@@ -708,34 +722,44 @@ impl FrontDoor {
                 Vec::new()
             }
             BetweenWorkers::Refuse(rejection) => vec![wire::encode_error(
-                request.request_id,
-                request.framing,
+                call.request_id,
+                call.framing,
                 &WireError::from(rejection),
             )],
         }
     }
 
-    /// A stream to the worker past `hello`: the worker welcomed this launcher's versions.
-    async fn welcomed(&self) -> Result<Relay, Opened> {
+    /// A stream to the worker past `hello`: the worker welcomed one of this launcher's
+    /// versions.
+    async fn welcomed(&self) -> Result<Handshake, Opened> {
         let stream = UnixStream::connect(&self.socket)
             .await
             .map_err(|error| Opened::NoWorker(format!("connecting to the worker: {error}")))?;
         let (reader, writer) = stream.into_split();
-        let mut relay = Relay {
+        let mut handshake = Handshake {
+            version: 1,
             frames: FramedRead::new(reader, relay::framing_to_launcher()),
             sink: FramedWrite::new(writer, relay::framing_to_worker()),
         };
         let hello = Message::Hello(Hello {
-            versions: relay::VERSIONS.to_vec(),
+            versions: self.versions.clone(),
             launcher: self.launcher.clone(),
             boot: self.boot.clone(),
         });
-        relay
+        handshake
             .send(&hello)
             .await
             .map_err(|error| Opened::NoWorker(error.0))?;
-        match next_message(&mut Some(&mut relay)).await {
-            Ok(Some(Message::Welcome(_))) => Ok(relay),
+        let answer = match handshake.frames.next().await {
+            None => Ok(None),
+            Some(Err(error)) => Err(RelayError(format!("reading from the worker: {error}"))),
+            Some(Ok(frame)) => relay::decode(&frame).map(Some),
+        };
+        match answer {
+            Ok(Some(Message::Welcome(welcome))) if self.versions.contains(&welcome.version) => {
+                handshake.version = welcome.version;
+                Ok(handshake)
+            }
             Ok(Some(Message::Refused(refused))) => Err(Opened::Refused(refused.reason)),
             other => Err(Opened::NoWorker(format!(
                 "the worker answered hello with {other:?}"
@@ -743,9 +767,10 @@ impl FrontDoor {
         }
     }
 
-    /// A stream to the worker, past `hello` and `open`.
+    /// A stream to the worker, past `hello` and `open` (and, from version 2, on the pipes
+    /// the worker handed over).
     async fn open(&self, connection: &Connection) -> Result<Relay, Opened> {
-        let mut relay = self.welcomed().await?;
+        let mut handshake = self.welcomed().await?;
         let open = Message::Open(Open {
             connection: connection.number,
             peer: connection.peer,
@@ -762,12 +787,62 @@ impl FrontDoor {
                 })
                 .collect(),
         });
-        relay
+        handshake
             .send(&open)
             .await
             .map_err(|error| Opened::NoWorker(error.0))?;
-        Ok(relay)
+        let version = handshake.version;
+        if version < relay::PIPES_VERSION {
+            return Ok(Relay {
+                version,
+                frames: FramedRead::new(
+                    Box::new(handshake.frames.into_inner()),
+                    relay::framing_to_launcher(),
+                ),
+                sink: FramedWrite::new(
+                    Box::new(handshake.sink.into_inner()),
+                    relay::framing_to_worker(),
+                ),
+                first: None,
+            });
+        }
+        let mut stream = handshake
+            .into_stream()
+            .map_err(|error| Opened::NoWorker(error.0))?;
+        match crate::pipes::receive(&mut stream).await {
+            Ok(Some(crate::pipes::AfterOpen::Pipes(ends))) => Ok(Relay {
+                version,
+                frames: FramedRead::new(Box::new(ends.replies), relay::framing_to_launcher()),
+                sink: FramedWrite::new(Box::new(ends.calls), relay::framing_to_worker()),
+                first: None,
+            }),
+            // A `close`: served as the stream's first message, as on version 1.
+            Ok(Some(crate::pipes::AfterOpen::Message(message))) => {
+                let (reader, writer) = stream.into_split();
+                Ok(Relay {
+                    version,
+                    frames: FramedRead::new(Box::new(reader), relay::framing_to_launcher()),
+                    sink: FramedWrite::new(Box::new(writer), relay::framing_to_worker()),
+                    first: Some(message),
+                })
+            }
+            Ok(None) => Err(Opened::NoWorker(
+                "the worker closed the stream after open".to_owned(),
+            )),
+            Err(error) => Err(Opened::NoWorker(error.0)),
+        }
     }
+}
+
+/// The websocket settings of a client connection the launcher serves: the worker's own
+/// (its read buffer, [`crate::connection::READ_BUFFER_BYTES`], which tungstenite zeroes on
+/// every read, and the API's frame bound).
+pub fn websocket_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    let mut config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
+    config.read_buffer_size = crate::connection::READ_BUFFER_BYTES;
+    config.max_message_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
+    config.max_frame_size = Some(crate::wire::FRAME_SIZE_BYTES_MAX);
+    config
 }
 
 /// The worker's `/metrics` with the launcher's connection counts added
@@ -827,14 +902,56 @@ struct Pending {
     arrived: Instant,
 }
 
-struct Relay {
+/// A stream to the worker during its handshake, on the relay socket.
+struct Handshake {
+    /// The version agreed on (1 until `welcome`).
+    version: u32,
     frames: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
     sink: FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>,
 }
 
-impl Relay {
+impl Handshake {
     async fn send(&mut self, message: &Message) -> Result<(), RelayError> {
         let bytes = relay::encode(message)?;
+        self.sink
+            .send(bytes.as_slice())
+            .await
+            .map_err(|error| RelayError(format!("writing to the worker: {error}")))
+    }
+
+    /// The socket itself, for what is not framed (plain HTTP, version 2's pipes): nothing
+    /// may be left in the frame reader's buffer.
+    fn into_stream(self) -> Result<UnixStream, RelayError> {
+        let parts = self.frames.into_parts();
+        if !parts.read_buf.is_empty() {
+            return Err(RelayError(
+                "the worker sent more than welcome before the request".to_owned(),
+            ));
+        }
+        parts
+            .io
+            .reunite(self.sink.into_inner())
+            .map_err(|error| RelayError(format!("rejoining the stream: {error}")))
+    }
+}
+
+/// What a connection's messages are read from and written to: the socket's halves
+/// (version 1) or the pipes (version 2).
+type RelayRead = Box<dyn tokio::io::AsyncRead + Send + Sync + Unpin>;
+type RelayWrite = Box<dyn tokio::io::AsyncWrite + Send + Sync + Unpin>;
+
+/// A connection's relay to the worker, past its handshake.
+struct Relay {
+    version: u32,
+    frames: FramedRead<RelayRead, LengthDelimitedCodec>,
+    sink: FramedWrite<RelayWrite, LengthDelimitedCodec>,
+    /// A message the worker sent during the handshake, read before the rest.
+    first: Option<Message>,
+}
+
+impl Relay {
+    async fn send(&mut self, message: &Message) -> Result<(), RelayError> {
+        let bytes = relay::encode_in(self.version, message)?;
         self.sink
             .send(bytes.as_slice())
             .await
@@ -843,16 +960,17 @@ impl Relay {
 }
 
 /// The next message from the worker; pending forever without a stream.
-async fn next_message<R: std::borrow::BorrowMut<Relay>>(
-    relay: &mut Option<R>,
-) -> Result<Option<Message>, RelayError> {
+async fn next_message(relay: &mut Option<Relay>) -> Result<Option<Message>, RelayError> {
     let Some(relay) = relay else {
         return std::future::pending().await;
     };
-    match relay.borrow_mut().frames.next().await {
+    if let Some(first) = relay.first.take() {
+        return Ok(Some(first));
+    }
+    match relay.frames.next().await {
         None => Ok(None),
         Some(Err(error)) => Err(RelayError(format!("reading from the worker: {error}"))),
-        Some(Ok(frame)) => relay::decode(&frame).map(Some),
+        Some(Ok(frame)) => relay::decode_in(relay.version, &frame).map(Some),
     }
 }
 
@@ -962,7 +1080,7 @@ impl Connection {
                 self.watchers.insert(watcher.id, watcher.revision);
             }
         }
-        if let Some(id) = request_id(&reply.frame)
+        if let Some(id) = reply.request_id.or_else(|| request_id(&reply.frame))
             && let Some(index) = self.forwarded.iter().position(|call| call.request_id == id)
         {
             self.forwarded.remove(index);

@@ -23,6 +23,8 @@
 //!   between two workers decided by the core's gate; plain HTTP requests relayed.
 //! - [`relayed`]: the worker's side of it: connections the launcher holds, served over a
 //!   unix socket, their logins and watchers carried over from the previous worker.
+//! - [`pipes`]: relay version 2's hand-over of a connection's two pipes from the worker to
+//!   the launcher (`SCM_RIGHTS` on the relay socket).
 //! - [`client`]: lockstep's own client, which retries through upgrades, waits for Ready by
 //!   subscription, reconnects and resumes watchers; its decisions are
 //!   [`lockstep_core::client`]'s.
@@ -62,7 +64,8 @@
 //! `connection` → `route` → `facade` → (`charms_endpoint`, `auth` → `api` → `session`) →
 //! (`logins`, `tools_endpoint` → (`tools`, `hold`), `probes`, `served`) → `admission` → `limits` →
 //! (`state` → `charm`, `backend`) → `wire`; `client` uses `tls` and `wire` only; `relay`
-//! uses `wire` only, and only `front` and `relayed` use `relay`.
+//! uses `wire` only, `pipes` uses `relay` only, and only `front` and `relayed` use `relay`
+//! and `pipes`.
 //!
 //! The transport makes no lifecycle decision: it reads the published [`GateView`] and asks
 //! [`lockstep_core::gate::admit`].
@@ -82,6 +85,7 @@ pub mod front;
 pub mod hold;
 pub mod limits;
 pub mod logins;
+pub mod pipes;
 pub mod probes;
 pub mod relay;
 pub mod relayed;

@@ -19,7 +19,17 @@ use crate::wire::{self, FRAME_SIZE_BYTES_MAX};
 
 /// The relay versions this build speaks, oldest first. A newer worker keeps speaking the
 /// version of the launcher it finds: a self-upgrade replaces the worker, never the launcher.
-pub const VERSIONS: &[u32] = &[1];
+///
+/// - 1: each connection's messages on its own stream of the socket, an API frame carried as
+///   a JSON string in `call` and `reply`.
+/// - 2: after `open`, the worker hands the launcher two pipes ([`Message::Pipes`]) and the
+///   connection's messages go over them (a pipe's round trip costs about half a unix
+///   socket's); `call` and `reply` carry their API frame raw after their envelope
+///   ([`encode_in`]), so it is neither escaped nor parsed on the way.
+pub const VERSIONS: &[u32] = &[1, 2];
+
+/// The first version in which a connection's messages go over pipes, their frames raw.
+pub const PIPES_VERSION: u32 = 2;
 
 /// The largest API reply a `reply` carries: the API's default bound on the reply bytes all
 /// connections may hold unwritten (`--max-reply-bytes`). A worker answers a call whose reply
@@ -67,7 +77,15 @@ pub enum Message {
     Reply(Reply),
     /// Worker → launcher: close the client's connection so.
     Close(Close),
+    /// Worker → launcher, version 2, answering `open`: two pipes ride with this frame as
+    /// `SCM_RIGHTS`, the write end of the launcher's calls and the read end of the worker's
+    /// replies; the connection's messages go over them from here on, and the stream ends.
+    Pipes(Pipes),
 }
+
+/// `pipes`: nothing but the two descriptors that ride with it.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Pipes {}
 
 /// `hello`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -162,8 +180,13 @@ pub const REPLAY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(
 
 /// `reply`: the frame the client gets, unchanged, and what the launcher keeps of it.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct Reply {
     pub frame: String,
+    /// The request id the frame answers, so that the launcher need not parse the frame for
+    /// it (a worker before this field left it out: the launcher reads the frame then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<u64>,
     /// On the reply to a successful `Admin.Login`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub login: Option<CarriedLogin>,
@@ -209,8 +232,160 @@ fn codec(max: usize) -> LengthDelimitedCodec {
 pub fn to_launcher(message: &Message) -> bool {
     matches!(
         message,
-        Message::Welcome(_) | Message::Refused(_) | Message::Reply(_) | Message::Close(_)
+        Message::Welcome(_)
+            | Message::Refused(_)
+            | Message::Reply(_)
+            | Message::Close(_)
+            | Message::Pipes(_)
     )
+}
+
+/// The bytes of one frame in relay version `version`: as [`encode`], except that from
+/// version 2 a `call` or a `reply` is its envelope without `frame`, a newline (`\n`, which
+/// compact JSON never holds outside a string), then the API frame's own bytes.
+pub fn encode_in(version: u32, message: &Message) -> Result<Vec<u8>, RelayError> {
+    if version < PIPES_VERSION {
+        return encode(message);
+    }
+    let (head, frame) = match message {
+        Message::Call(call) => (
+            serde_json::to_vec(&HeadRef::Call(CallHeadRef {
+                operation_id: call.operation_id.as_deref(),
+                replayed: call.replayed,
+            })),
+            call.frame.as_str(),
+        ),
+        Message::Reply(reply) => (
+            serde_json::to_vec(&HeadRef::Reply(ReplyHeadRef {
+                request_id: reply.request_id,
+                login: reply.login.as_ref(),
+                watcher: reply.watcher.as_ref(),
+            })),
+            reply.frame.as_str(),
+        ),
+        other => return encode(other),
+    };
+    let head = head.expect("relay envelopes serialize");
+    let mut bytes = Vec::with_capacity(head.len() + 1 + frame.len());
+    bytes.extend_from_slice(&head);
+    bytes.push(b'\n');
+    bytes.extend_from_slice(frame.as_bytes());
+    let max = if to_launcher(message) {
+        TO_LAUNCHER_FRAME_BYTES_MAX
+    } else {
+        TO_WORKER_FRAME_BYTES_MAX
+    };
+    if bytes.len() > max {
+        return Err(RelayError(format!(
+            "{} bytes encoded, over the limit of {max}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Reads one frame of relay version `version` ([`encode_in`]): one of the messages, within
+/// every bound; a raw API frame must be UTF-8 (it is checked as JSON where it is served).
+pub fn decode_in(version: u32, frame: &[u8]) -> Result<Message, RelayError> {
+    if version < PIPES_VERSION {
+        return decode(frame);
+    }
+    let Some(newline) = frame.iter().position(|&byte| byte == b'\n') else {
+        return match decode(frame)? {
+            message @ (Message::Call(_) | Message::Reply(_)) => Err(RelayError(format!(
+                "a {} in version {version} carries its frame after a newline",
+                if matches!(message, Message::Call(_)) {
+                    "call"
+                } else {
+                    "reply"
+                }
+            ))),
+            message => Ok(message),
+        };
+    };
+    if frame.len() > TO_LAUNCHER_FRAME_BYTES_MAX {
+        return Err(RelayError(format!(
+            "{} bytes, over the limit of {TO_LAUNCHER_FRAME_BYTES_MAX}",
+            frame.len()
+        )));
+    }
+    let (head, tail) = (&frame[..newline], &frame[newline + 1..]);
+    let head: Head = serde_json::from_slice(head)
+        .map_err(|error| RelayError(format!("not a relay envelope: {error}")))?;
+    let tail = std::str::from_utf8(tail)
+        .map_err(|error| RelayError(format!("an API frame that is not UTF-8: {error}")))?
+        .to_owned();
+    let message = match head {
+        Head::Call(head) => Message::Call(Call {
+            frame: tail,
+            operation_id: head.operation_id,
+            replayed: head.replayed,
+        }),
+        Head::Reply(head) => Message::Reply(Reply {
+            frame: tail,
+            request_id: head.request_id,
+            login: head.login,
+            watcher: head.watcher,
+        }),
+    };
+    validate(&message)?;
+    Ok(message)
+}
+
+/// A version 2 envelope, as written.
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum HeadRef<'a> {
+    Call(CallHeadRef<'a>),
+    Reply(ReplyHeadRef<'a>),
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct CallHeadRef<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    operation_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    replayed: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct ReplyHeadRef<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    login: Option<&'a CarriedLogin>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    watcher: Option<&'a WatcherPosition>,
+}
+
+/// A version 2 envelope, as read.
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Head {
+    Call(CallHead),
+    Reply(ReplyHead),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct CallHead {
+    #[serde(default)]
+    operation_id: Option<String>,
+    #[serde(default)]
+    replayed: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct ReplyHead {
+    #[serde(default)]
+    request_id: Option<u64>,
+    #[serde(default)]
+    login: Option<CarriedLogin>,
+    #[serde(default)]
+    watcher: Option<WatcherPosition>,
 }
 
 /// The bytes of one frame (without the length prefix); refused over the bound of its
@@ -317,7 +492,7 @@ fn validate(message: &Message) -> Result<(), RelayError> {
             }
             open.watchers.iter().try_for_each(watcher)?;
         }
-        Message::Http(_) => {}
+        Message::Http(_) | Message::Pipes(_) => {}
         Message::Call(call) => {
             frame(&call.frame, FRAME_SIZE_BYTES_MAX)?;
             if let Some(id) = &call.operation_id {
@@ -471,8 +646,8 @@ mod tests {
 
     #[test]
     fn the_spec_names_this_builds_versions_and_bounds() {
-        assert!(SPEC.contains("This document is version **1**."));
-        assert_eq!(VERSIONS, &[1]);
+        assert!(SPEC.contains("This document is version **2**."));
+        assert_eq!(VERSIONS, &[1, 2]);
         for bound in [
             "`TO_WORKER_FRAME_BYTES_MAX`",
             "`TO_LAUNCHER_FRAME_BYTES_MAX`",
@@ -491,12 +666,95 @@ mod tests {
     fn a_worker_chooses_the_highest_common_version_or_refuses_naming_both() {
         assert_eq!(choose(&[1]), Ok(1));
         assert_eq!(choose(&[0, 1, 7]), Ok(1));
-        let refused = choose(&[2, 3]).unwrap_err();
+        assert_eq!(choose(&[1, 2]), Ok(2));
+        assert_eq!(choose(&[2, 3]), Ok(2));
+        let refused = choose(&[3, 4]).unwrap_err();
         assert_eq!(refused.versions, VERSIONS);
         assert_eq!(
             refused.reason,
-            "the launcher speaks relay versions [2, 3], this worker [1]"
+            "the launcher speaks relay versions [3, 4], this worker [1, 2]"
         );
+    }
+
+    /// Every version 2 example of spec/relay.md (its `relay-v2` blocks, one frame a line,
+    /// the newline between envelope and frame written `⏎`).
+    fn spec_v2_examples() -> Vec<Vec<u8>> {
+        SPEC.split("```relay-v2\n")
+            .skip(1)
+            .filter_map(|block| block.split("\n```").next())
+            .flat_map(|block| {
+                block
+                    .lines()
+                    .map(|line| line.replacen('⏎', "\n", 1).into_bytes())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn version_2_carries_frames_raw_after_the_envelope_and_reads_back_the_same() {
+        let examples = spec_v2_examples();
+        assert!(examples.len() >= 3, "{} examples", examples.len());
+        for example in examples {
+            let message = decode_in(2, &example)
+                .unwrap_or_else(|error| panic!("{}: {error}", String::from_utf8_lossy(&example)));
+            assert_eq!(encode_in(2, &message).unwrap(), example);
+        }
+        let reply = Message::Reply(Reply {
+            frame: r#"{"request-id":8,"response":{"name":"a \"quoted\" name"}}"#.to_owned(),
+            request_id: Some(8),
+            login: None,
+            watcher: Some(WatcherPosition {
+                id: "3".to_owned(),
+                revision: Some(1057),
+                stopped: false,
+            }),
+        });
+        let bytes = encode_in(2, &reply).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(
+            text,
+            "{\"reply\":{\"request-id\":8,\"watcher\":{\"id\":\"3\",\"revision\":1057}}}\n\
+             {\"request-id\":8,\"response\":{\"name\":\"a \\\"quoted\\\" name\"}}",
+            "the frame follows the newline as it is, unescaped"
+        );
+        assert_eq!(decode_in(2, &bytes).unwrap(), reply);
+        // Version 1 is unchanged: the frame a JSON string.
+        assert_eq!(encode_in(1, &reply).unwrap(), encode(&reply).unwrap());
+        assert_eq!(decode_in(1, &encode(&reply).unwrap()).unwrap(), reply);
+        // Other messages are as in version 1.
+        let close = Message::Close(Close {
+            code: 1008,
+            reason: "over a limit".to_owned(),
+        });
+        assert_eq!(encode_in(2, &close).unwrap(), encode(&close).unwrap());
+        assert_eq!(decode_in(2, &encode(&close).unwrap()).unwrap(), close);
+    }
+
+    #[test]
+    fn a_version_2_frame_that_is_not_an_envelope_and_a_frame_is_refused() {
+        let cases: Vec<(&[u8], &str)> = vec![
+            (
+                br#"{"call":{"frame":"{}"}}"#,
+                "a call in version 2 carries its frame after a newline",
+            ),
+            (b"{\"open\":{}}\n{}", "not a relay envelope"),
+            (b"{\"call\":{}}\n\xff\xfe", "an API frame that is not UTF-8"),
+            (b"not json\n{}", "not a relay envelope"),
+        ];
+        for (frame, expected) in cases {
+            let error = decode_in(2, frame).unwrap_err();
+            assert!(
+                error.0.contains(expected),
+                "{}: {error}",
+                String::from_utf8_lossy(frame)
+            );
+        }
+        let oversized = format!(
+            "{{\"call\":{{}}}}\n{}",
+            "x".repeat(FRAME_SIZE_BYTES_MAX + 1)
+        );
+        let error = decode_in(2, oversized.as_bytes()).unwrap_err();
+        assert!(error.0.contains("an API frame of 1048577 bytes"), "{error}");
     }
 
     #[test]

@@ -17,18 +17,19 @@
 
 use std::sync::Arc;
 
+use futures_util::stream::FuturesUnordered;
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::gate::Login;
 use lockstep_core::lifecycle::Revision;
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{Semaphore, mpsc};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use crate::api::Api;
 use crate::auth;
-use crate::connection::{REPLIES_QUEUED_MAX, REQUESTS_IN_FLIGHT_MAX};
+use crate::connection::REQUESTS_IN_FLIGHT_MAX;
 use crate::relay::{
     self, CarriedLogin, Close, Message, Open, RelayError, Reply, WatcherPosition, Welcome,
 };
@@ -102,14 +103,17 @@ impl Api {
     }
 }
 
-type Frames = FramedRead<OwnedReadHalf, LengthDelimitedCodec>;
+type Frames<R = OwnedReadHalf> = FramedRead<R, LengthDelimitedCodec>;
 type Sink = FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>;
 
-async fn read(frames: &mut Frames) -> Result<Option<Message>, RelayError> {
+async fn read<R: AsyncRead + Unpin>(
+    frames: &mut Frames<R>,
+    version: u32,
+) -> Result<Option<Message>, RelayError> {
     match frames.next().await {
         None => Ok(None),
         Some(Err(error)) => Err(RelayError(format!("reading the stream: {error}"))),
-        Some(Ok(frame)) => relay::decode(&frame).map(Some),
+        Some(Ok(frame)) => relay::decode_in(version, &frame).map(Some),
     }
 }
 
@@ -124,7 +128,7 @@ async fn stream_served(api: Arc<Api>, stream: UnixStream) -> Result<(), RelayErr
     let (reader, writer) = stream.into_split();
     let mut frames = FramedRead::new(reader, relay::framing_to_worker());
     let mut sink = FramedWrite::new(writer, relay::framing_to_launcher());
-    let Some(Message::Hello(hello)) = read(&mut frames).await? else {
+    let Some(Message::Hello(hello)) = read(&mut frames, 1).await? else {
         return Err(RelayError("the first message is not hello".to_owned()));
     };
     let version = match relay::choose(&hello.versions) {
@@ -140,15 +144,45 @@ async fn stream_served(api: Arc<Api>, stream: UnixStream) -> Result<(), RelayErr
         worker: env!("CARGO_PKG_VERSION").to_owned(),
     };
     write(&mut sink, &Message::Welcome(welcome)).await?;
-    match read(&mut frames).await? {
-        Some(Message::Open(open)) => connection(api, open, frames, sink).await,
-        Some(Message::Http(open)) => http(api, open, frames, sink).await,
-        Some(other) => Err(RelayError(format!(
-            "expected open or http after welcome, got {}",
-            name(&other)
-        ))),
-        None => Ok(()),
+    let open = match read(&mut frames, 1).await? {
+        Some(Message::Open(open)) => open,
+        Some(Message::Http(open)) => return http(api, open, frames, sink).await,
+        Some(other) => {
+            return Err(RelayError(format!(
+                "expected open or http after welcome, got {}",
+                name(&other)
+            )));
+        }
+        None => return Ok(()),
+    };
+    let session = match restored(&api, &open).await {
+        Ok(session) => session,
+        Err(reason) => {
+            let close = Close {
+                code: 1008,
+                reason: format!("the connection cannot continue on this worker: {reason}"),
+            };
+            return write(&mut sink, &Message::Close(close)).await;
+        }
+    };
+    if version < relay::PIPES_VERSION {
+        return connection(&api, &session, version, frames, sink.into_inner()).await;
     }
+    // Version 2: the launcher sends nothing after `open` until it has its pipes.
+    let parts = frames.into_parts();
+    if !parts.read_buf.is_empty() {
+        return Err(RelayError(
+            "the launcher sent more than open before its pipes".to_owned(),
+        ));
+    }
+    let mut stream = parts
+        .io
+        .reunite(sink.into_inner())
+        .map_err(|error| RelayError(format!("rejoining the stream: {error}")))?;
+    let ends = crate::pipes::hand_over(&mut stream).await?;
+    drop(stream);
+    let calls = FramedRead::new(ends.calls, relay::framing_to_worker());
+    connection(&api, &session, version, calls, ends.replies).await
 }
 
 /// Serves HTTP/1.1 on the rest of the stream: what the launcher sent after `http` may be
@@ -240,6 +274,7 @@ fn name(message: &Message) -> &'static str {
         Message::Call(_) => "call",
         Message::Reply(_) => "reply",
         Message::Close(_) => "close",
+        Message::Pipes(_) => "pipes",
     }
 }
 
@@ -280,58 +315,55 @@ async fn restored(api: &Api, open: &Open) -> Result<Session, String> {
     Ok(session)
 }
 
-async fn connection(
-    api: Arc<Api>,
-    open: Open,
-    mut frames: Frames,
-    mut sink: Sink,
-) -> Result<(), RelayError> {
-    let session = match restored(&api, &open).await {
-        Ok(session) => Arc::new(session),
-        Err(reason) => {
-            let close = Close {
-                code: 1008,
-                reason: format!("the connection cannot continue on this worker: {reason}"),
-            };
-            return write(&mut sink, &Message::Close(close)).await;
-        }
-    };
-    let (replies, mut queued) = mpsc::channel::<Message>(REPLIES_QUEUED_MAX);
-    let writer = tokio::spawn(async move {
-        while let Some(message) = queued.recv().await {
-            if let Err(error) = write(&mut sink, &message).await {
-                tracing::debug!(target: "lockstep::relay", %error, "relay reply not written");
-                break;
+/// Bytes of encoded replies buffered for the launcher past which no more answers are taken
+/// until some are written (an answer is taken whole: one large reply goes over it).
+const REPLIES_BUFFERED_BYTES_MAX: usize = 256 << 10;
+
+/// Serves one connection's calls on this task: each call's answer is a future polled here
+/// (no task spawned per call), and the replies are written as they complete, those that
+/// complete together in one write. Reading, answering and writing never wait on each other:
+/// a reply the launcher is slow to take does not stop calls from being read, so neither
+/// side can block the other (the launcher never has more than [`REQUESTS_IN_FLIGHT_MAX`]
+/// calls unanswered, and so many are always read).
+async fn connection<R, W>(
+    api: &Api,
+    session: &Session,
+    version: u32,
+    mut frames: Frames<R>,
+    mut writer: W,
+) -> Result<(), RelayError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut out = tokio_util::bytes::BytesMut::new();
+    let mut answers = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            written = writer.write_buf(&mut out), if !out.is_empty() => match written {
+                Ok(0) => return Err(RelayError("writing the stream: closed".to_owned())),
+                Ok(_) => {}
+                Err(error) => return Err(RelayError(format!("writing the stream: {error}"))),
+            },
+            Some(reply) = answers.next(), if out.len() < REPLIES_BUFFERED_BYTES_MAX => {
+                let bytes = relay::encode_in(version, &Message::Reply(reply))?;
+                let length = u32::try_from(bytes.len()).expect("bounded by encode");
+                out.reserve(4 + bytes.len());
+                out.extend_from_slice(&length.to_be_bytes());
+                out.extend_from_slice(&bytes);
             }
+            call = read(&mut frames, version), if answers.len() < REQUESTS_IN_FLIGHT_MAX => match call {
+                Ok(Some(Message::Call(call))) => answers.push(answer(api, session, call)),
+                Ok(Some(other)) => {
+                    return Err(RelayError(format!("expected a call, got {}", name(&other))));
+                }
+                // The launcher went: what is in flight ends with the stream.
+                Ok(None) => return Ok(()),
+                Err(error) => return Err(error),
+            },
         }
-    });
-    let in_flight = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
-    let mut requests = tokio::task::JoinSet::new();
-    let ended = loop {
-        while requests.try_join_next().is_some() {}
-        let call = match read(&mut frames).await {
-            Ok(Some(Message::Call(call))) => call,
-            Ok(Some(other)) => {
-                break Err(RelayError(format!("expected a call, got {}", name(&other))));
-            }
-            Ok(None) => break Ok(()),
-            Err(error) => break Err(error),
-        };
-        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-            break Ok(());
-        };
-        let (api, session, replies) = (Arc::clone(&api), Arc::clone(&session), replies.clone());
-        requests.spawn(async move {
-            let reply = answer(&api, &session, call).await;
-            let _ = replies.send(Message::Reply(reply)).await;
-            drop(permit);
-        });
-    };
-    // The launcher went, or broke the protocol: what is in flight ends with the stream.
-    requests.shutdown().await;
-    drop(replies);
-    let _ = writer.await;
-    ended
+    }
 }
 
 /// Waits, at most [`relay::REPLAY_WAIT_MAX`], while this worker is not Ready and its gate
@@ -367,6 +399,7 @@ async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
             );
             return Reply {
                 frame,
+                request_id: error.request_id,
                 login: None,
                 watcher: None,
             };
@@ -387,6 +420,7 @@ async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
     let outcome = route::call(api, session, &request).await;
     let mut reply = Reply {
         frame: String::new(),
+        request_id: Some(id),
         login: None,
         watcher: None,
     };
@@ -440,6 +474,7 @@ async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
         );
         reply = Reply {
             frame: wire::encode_error(id, framing, &error),
+            request_id: Some(id),
             login: None,
             watcher: None,
         };

@@ -143,6 +143,69 @@ pub fn decode(text: &str) -> Result<Request, DecodeError> {
     })
 }
 
+/// What the launcher needs of a request to relay it ([`peek`]).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Head {
+    pub request_id: u64,
+    pub framing: Framing,
+    pub facade: String,
+    pub method: String,
+}
+
+/// A request's [`Head`], read without building its params or its other fields: for a
+/// frame [`decode`] accepts, the same id, framing, facade and method, or `None`; `None`
+/// for anything that is not plainly a request (text that is not JSON or not an object, a
+/// duplicate key, a head field of another type), which [`decode`] then names. A frame
+/// `decode` refuses may still have a head, when what is wrong is in a field the peek skips
+/// (a `version` that is not a number, params nested deeper than `decode` reads): the
+/// worker's `decode` answers such a frame `bad request`.
+pub fn peek(text: &str) -> Option<Head> {
+    /// Present, even as `null` (which `decode` refuses): absent and null differ here.
+    fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<Value>, D::Error> {
+        <Value as serde::Deserialize>::deserialize(value).map(Some)
+    }
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(rename = "request-id", default, deserialize_with = "present")]
+        current_id: Option<Value>,
+        #[serde(rename = "type", borrow, default)]
+        current_type: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "request", borrow, default)]
+        current_request: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "RequestId", default, deserialize_with = "present")]
+        legacy_id: Option<Value>,
+        #[serde(rename = "Type", borrow, default)]
+        legacy_type: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "Request", borrow, default)]
+        legacy_request: Option<std::borrow::Cow<'a, str>>,
+    }
+    // A struct reads from a JSON array too, positionally; a request is an object.
+    if text.len() > FRAME_SIZE_BYTES_MAX || !text.trim_start().starts_with('{') {
+        return None;
+    }
+    let peek: Peek<'_> = serde_json::from_str(text).ok()?;
+    let (id, facade, method, framing) = match peek.current_id {
+        Some(id) => (
+            id,
+            peek.current_type?,
+            peek.current_request?,
+            Framing::Current,
+        ),
+        None => (
+            peek.legacy_id?,
+            peek.legacy_type?,
+            peek.legacy_request?,
+            Framing::Legacy,
+        ),
+    };
+    Some(Head {
+        request_id: id.as_u64()?,
+        framing,
+        facade: facade.into_owned(),
+        method: method.into_owned(),
+    })
+}
+
 fn describe(value: Option<&Value>) -> String {
     match value {
         None => "nothing".to_owned(),
@@ -278,6 +341,67 @@ mod tests {
             ("Client", "FullStatus")
         );
         assert_eq!(legacy.params, json!({"patterns": []}));
+    }
+
+    /// [`peek`] is [`decode`]'s head or nothing, on frames of every shape.
+    #[test]
+    fn a_peek_agrees_with_the_decode_or_declines() {
+        let frames = [
+            r#"{"request-id": 3, "type": "Pinger", "version": 1, "request": "Ping"}"#,
+            r#"{"RequestId": 3, "Type": "Client", "Version": 1, "Request": "FullStatus", "Params": {}}"#,
+            r#"{"request-id": 4, "type": "AllWatcher", "Id": "7", "request": "Next"}"#,
+            r#"{"request-id": 5, "type": "Pin\u0067er", "request": "Ping"}"#,
+            r#"{"request-id": null, "RequestId": 5, "Type": "Pinger", "Request": "Ping"}"#,
+            r#"{"request-id": 5, "Type": "Pinger", "Request": "Ping"}"#,
+            r#"{"request-id": 5, "request-id": 6, "type": "Pinger", "request": "Ping"}"#,
+            r#"{"request-id": -1, "type": "Pinger", "request": "Ping"}"#,
+            r#"{"request-id": 1.0, "type": "Pinger", "request": "Ping"}"#,
+            r#"{"request-id": 1, "type": 7, "request": "Ping"}"#,
+            r#"{"request-id": 1, "type": "Pinger", "request": null}"#,
+            r#"{"request-id": 1, "type": "Pinger", "request": "Ping", "version": "x"}"#,
+            r#"[1, "Pinger", "Ping"]"#,
+            r#"{"request-id": 1, "type": "Pinger", "request": "Ping"} trailing"#,
+            r#"not json"#,
+            "",
+        ];
+        for frame in frames {
+            match (peek(frame), decode(frame)) {
+                (Some(head), Ok(request)) => {
+                    assert_eq!(
+                        head,
+                        Head {
+                            request_id: request.request_id,
+                            framing: request.framing,
+                            facade: request.facade,
+                            method: request.method,
+                        },
+                        "{frame}"
+                    );
+                }
+                (Some(head), Err(error)) => {
+                    // Only a field the launcher does not read may be wrong: the worker's
+                    // decode answers it, under the same id and framing.
+                    assert_eq!(error.request_id, Some(head.request_id), "{frame}");
+                    assert_eq!(error.framing, head.framing, "{frame}");
+                }
+                (None, _) => {}
+            }
+        }
+        assert_eq!(
+            peek(frames[0]).map(|head| head.method),
+            Some("Ping".to_owned())
+        );
+        assert_eq!(
+            peek(frames[1]).map(|head| head.framing),
+            Some(Framing::Legacy)
+        );
+        assert_eq!(
+            peek(frames[3]).map(|head| head.facade),
+            Some("Pinger".to_owned())
+        );
+        for declined in [4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15] {
+            assert_eq!(peek(frames[declined]), None, "{}", frames[declined]);
+        }
     }
 
     #[test]

@@ -147,6 +147,15 @@ fn door(controller: &Controller, wait_max: Duration) -> Arc<FrontDoor> {
     Arc::new(FrontDoor::new(controller.socket.clone(), "0.1.0", wait_max))
 }
 
+/// The launchers a worker of this build must serve: one of an older lockstep, which speaks
+/// relay version 1 only (a self-upgrade replaces the worker, never the launcher), and one
+/// of this build.
+const LAUNCHERS: [&[u32]; 2] = [&[1], relay::VERSIONS];
+
+fn door_speaking(controller: &Controller, wait_max: Duration, versions: &[u32]) -> Arc<FrontDoor> {
+    Arc::new(FrontDoor::new(controller.socket.clone(), "0.1.0", wait_max).speaking(versions))
+}
+
 fn full_status(request_id: u64) -> Value {
     json!({"request-id": request_id, "type": "Client", "version": 8, "request": "FullStatus", "params": {}})
 }
@@ -163,8 +172,14 @@ fn assert_served(reply: &Value) {
 
 #[tokio::test]
 async fn a_client_rides_through_worker_restarts_logged_in_on_the_same_connection() {
+    for versions in LAUNCHERS {
+        rides_through_restarts(versions).await;
+    }
+}
+
+async fn rides_through_restarts(versions: &[u32]) {
     let mut controller = Controller::new().await;
-    let door = door(&controller, Duration::from_secs(10));
+    let door = door_speaking(&controller, Duration::from_secs(10), versions);
     let mut client = Client::connect(&door);
     client.login().await;
     assert_served(&client.call(full_status(2)).await);
@@ -282,8 +297,14 @@ async fn a_write_replayed_on_a_worker_not_ready_yet_waits_for_ready_and_is_answe
 
 #[tokio::test]
 async fn a_write_the_worker_committed_and_died_on_is_answered_from_the_next_and_applied_once() {
+    for versions in LAUNCHERS {
+        committed_write_answered_once(versions).await;
+    }
+}
+
+async fn committed_write_answered_once(versions: &[u32]) {
     let mut controller = Controller::new().await;
-    let door = door(&controller, Duration::from_secs(10));
+    let door = door_speaking(&controller, Duration::from_secs(10), versions);
     let mut client = Client::connect(&door);
     client.login().await;
     let committed = commit_and_die(&mut controller, &client, 2).await;
@@ -302,8 +323,14 @@ async fn a_write_the_worker_committed_and_died_on_is_answered_from_the_next_and_
 
 #[tokio::test]
 async fn a_next_in_flight_continues_on_the_next_worker_with_no_delta_lost_or_repeated() {
+    for versions in LAUNCHERS {
+        next_continues(versions).await;
+    }
+}
+
+async fn next_continues(versions: &[u32]) {
     let mut controller = Controller::new().await;
-    let door = door(&controller, Duration::from_secs(10));
+    let door = door_speaking(&controller, Duration::from_secs(10), versions);
     let mut client = Client::connect(&door);
     client.login().await;
     let watch = client

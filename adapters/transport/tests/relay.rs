@@ -1,16 +1,21 @@
 //! The worker's side of the relay (`spec/relay.md`) on a real unix socket, with the test
 //! process as the launcher: the handshake, the launcher-only rule, the login reported and
 //! carried to a fresh stream without credentials, a stamped write replayed once, and a
-//! watcher carried over that continues from the revision delivered. (The shared state is
-//! the tests' in-memory one; the launcher's side and real processes come with it.)
+//! watcher carried over that continues from the revision delivered. Each scenario runs in
+//! every version this worker speaks: version 1 is a launcher of an older lockstep (one that
+//! speaks nothing newer), under which a newer worker must keep serving; version 2 goes over
+//! the pipes the worker hands over. (The shared state is the tests' in-memory one; the
+//! launcher's side and real processes come with it.)
 
 mod support;
 
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::Phase;
 use lockstep_core::gate::Login;
+use lockstep_transport::pipes::{self, AfterOpen};
 use lockstep_transport::relay::{
     self, Call, CarriedLogin, Hello, Message, Open, Reply, WatcherPosition,
 };
@@ -18,8 +23,7 @@ use lockstep_transport::relayed::{self, Launcher};
 use serde_json::{Value, json};
 use support::*;
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+use tokio_util::codec::{Framed, FramedRead, FramedWrite, LengthDelimitedCodec};
 
 const BOOT: &str = "9f1c04e2a7b35d68";
 
@@ -56,62 +60,116 @@ async fn worker(launcher: Launcher) -> Worker {
     }
 }
 
-/// The launcher's end of one stream.
+type Read = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type Write = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// The launcher's end of one stream: the socket, or from version 2 the pipes.
 struct Stream {
-    replies: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
-    calls: FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>,
+    version: u32,
+    replies: FramedRead<Read, LengthDelimitedCodec>,
+    calls: FramedWrite<Write, LengthDelimitedCodec>,
+    /// What the worker sent on the socket after `open` instead of pipes.
+    first: Option<Message>,
 }
 
 impl Stream {
     async fn connect(worker: &Worker) -> Stream {
-        let (reader, writer) = UnixStream::connect(&worker.socket)
-            .await
-            .unwrap()
-            .into_split();
+        Stream::over(UnixStream::connect(&worker.socket).await.unwrap(), 1)
+    }
+
+    fn over(socket: UnixStream, version: u32) -> Stream {
+        let (reader, writer) = socket.into_split();
         Stream {
-            replies: FramedRead::new(reader, relay::framing_to_launcher()),
-            calls: FramedWrite::new(writer, relay::framing_to_worker()),
+            version,
+            replies: FramedRead::new(Box::new(reader), relay::framing_to_launcher()),
+            calls: FramedWrite::new(Box::new(writer), relay::framing_to_worker()),
+            first: None,
         }
     }
 
     async fn send(&mut self, message: Message) {
-        let bytes = relay::encode(&message).unwrap();
+        let bytes = relay::encode_in(self.version, &message).unwrap();
         self.calls.send(bytes.as_slice()).await.unwrap();
     }
 
     /// The next message, or `None` once the worker closed the stream (or reset it, closing
     /// it with our frame unread).
     async fn receive(&mut self) -> Option<Message> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
         let frame = tokio::time::timeout(Duration::from_secs(10), self.replies.next())
             .await
             .expect("the worker answers within 10 s")?;
-        Some(relay::decode(&frame.ok()?).unwrap())
+        Some(relay::decode_in(self.version, &frame.ok()?).unwrap())
     }
 
-    /// A stream past `hello`/`welcome` and `open`.
+    /// A stream past `hello`/`welcome` in `version` and `open` (and, from version 2, on the
+    /// pipes the worker handed over).
     async fn open(
         worker: &Worker,
+        version: u32,
         connection: u64,
         login: Option<CarriedLogin>,
         watchers: Vec<WatcherPosition>,
     ) -> Stream {
-        let mut stream = Stream::connect(worker).await;
-        stream.hello(relay::VERSIONS).await;
-        match stream.receive().await {
-            Some(Message::Welcome(welcome)) => assert_eq!(welcome.version, 1),
+        let socket = UnixStream::connect(&worker.socket).await.unwrap();
+        // Both directions on one framing (the larger bound): the handshake's frames are
+        // small, and the socket is whole again afterwards.
+        let mut framed = Framed::new(socket, relay::framing_to_launcher());
+        let hello = Message::Hello(Hello {
+            versions: vec![version],
+            launcher: "0.1.0".to_owned(),
+            boot: BOOT.to_owned(),
+        });
+        framed
+            .send(relay::encode(&hello).unwrap().as_slice())
+            .await
+            .unwrap();
+        let welcome = framed.next().await.unwrap().unwrap();
+        match relay::decode(&welcome).unwrap() {
+            Message::Welcome(welcome) => assert_eq!(welcome.version, version),
             other => panic!("expected welcome, got {other:?}"),
         }
-        stream
-            .send(Message::Open(Open {
-                connection,
-                peer: "127.0.0.1:40000".parse().unwrap(),
-                reached: Some("127.0.0.1:17070".parse().unwrap()),
-                path: "/api".to_owned(),
-                login,
-                watchers,
-            }))
-            .await;
-        stream
+        let open = Message::Open(Open {
+            connection,
+            peer: "127.0.0.1:40000".parse().unwrap(),
+            reached: Some("127.0.0.1:17070".parse().unwrap()),
+            path: "/api".to_owned(),
+            login,
+            watchers,
+        });
+        framed
+            .send(relay::encode(&open).unwrap().as_slice())
+            .await
+            .unwrap();
+        let parts = framed.into_parts();
+        assert!(parts.read_buf.is_empty(), "the worker sent only welcome");
+        let mut socket = parts.io;
+        if version < relay::PIPES_VERSION {
+            return Stream::over(socket, version);
+        }
+        match pipes::receive(&mut socket).await.unwrap() {
+            Some(AfterOpen::Pipes(ends)) => {
+                // No process the launcher starts (the next worker) may inherit them.
+                for fd in [ends.replies.as_fd(), ends.calls.as_fd()] {
+                    let flags = rustix::io::fcntl_getfd(fd).unwrap();
+                    assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+                }
+                Stream {
+                    version,
+                    replies: FramedRead::new(Box::new(ends.replies), relay::framing_to_launcher()),
+                    calls: FramedWrite::new(Box::new(ends.calls), relay::framing_to_worker()),
+                    first: None,
+                }
+            }
+            Some(AfterOpen::Message(message)) => {
+                let mut stream = Stream::over(socket, version);
+                stream.first = Some(message);
+                stream
+            }
+            None => Stream::over(socket, version),
+        }
     }
 
     async fn hello(&mut self, versions: &[u32]) {
@@ -185,12 +243,20 @@ async fn the_worker_welcomes_its_launchers_version_and_refuses_one_it_does_not_s
         other => panic!("expected welcome, got {other:?}"),
     }
 
+    // A launcher of this build: the highest version both speak.
     let mut stream = Stream::connect(&worker).await;
-    stream.hello(&[2, 3]).await;
+    stream.hello(relay::VERSIONS).await;
+    match stream.receive().await {
+        Some(Message::Welcome(welcome)) => assert_eq!(welcome.version, 2),
+        other => panic!("expected welcome, got {other:?}"),
+    }
+
+    let mut stream = Stream::connect(&worker).await;
+    stream.hello(&[3, 4]).await;
     match stream.receive().await {
         Some(Message::Refused(refused)) => {
             assert_eq!(refused.versions, relay::VERSIONS);
-            assert!(refused.reason.contains("[2, 3]"), "{}", refused.reason);
+            assert!(refused.reason.contains("[3, 4]"), "{}", refused.reason);
         }
         other => panic!("expected refused, got {other:?}"),
     }
@@ -212,8 +278,14 @@ async fn a_stream_from_another_process_than_the_launcher_is_closed_unanswered() 
 
 #[tokio::test]
 async fn a_login_is_reported_then_carried_to_a_fresh_stream_without_credentials() {
+    for version in relay::VERSIONS.iter().copied() {
+        login_carried_in(version).await;
+    }
+}
+
+async fn login_carried_in(version: u32) {
     let worker = worker(this_process()).await;
-    let mut first = Stream::open(&worker, 1, None, Vec::new()).await;
+    let mut first = Stream::open(&worker, version, 1, None, Vec::new()).await;
     let (reply, value) = first.call(1, full_status(1)).await;
     assert_eq!(value["error-code"], "not implemented", "{value}");
     assert_eq!(reply.login, None);
@@ -222,7 +294,7 @@ async fn a_login_is_reported_then_carried_to_a_fresh_stream_without_credentials(
     assert_eq!(reply.login, Some(user_admin()));
 
     // The next worker's stream: the login comes with open, no password anywhere.
-    let mut carried = Stream::open(&worker, 1, Some(user_admin()), Vec::new()).await;
+    let mut carried = Stream::open(&worker, version, 1, Some(user_admin()), Vec::new()).await;
     let (reply, value) = carried.call(1, full_status(2)).await;
     assert!(value["response"]["model"].is_object(), "{value}");
     assert_eq!(reply.login, None, "only a login's reply reports it");
@@ -232,7 +304,7 @@ async fn a_login_is_reported_then_carried_to_a_fresh_stream_without_credentials(
         tag: "user-mallory".to_owned(),
         kind: Login::User,
     };
-    let mut refused = Stream::open(&worker, 2, Some(gone), Vec::new()).await;
+    let mut refused = Stream::open(&worker, version, 2, Some(gone), Vec::new()).await;
     match refused.receive().await {
         Some(Message::Close(close)) => {
             assert_eq!(close.code, 1008);
@@ -248,10 +320,16 @@ async fn a_login_is_reported_then_carried_to_a_fresh_stream_without_credentials(
 
 #[tokio::test]
 async fn a_stamped_write_replayed_on_the_next_stream_is_applied_once() {
+    for version in relay::VERSIONS.iter().copied() {
+        stamped_write_replayed_in(version).await;
+    }
+}
+
+async fn stamped_write_replayed_in(version: u32) {
     let worker = worker(this_process()).await;
     let add = json!({"request-id": 7, "type": "Client", "version": 8, "request": "AddMachines",
                      "params": {"params": [{"jobs": ["JobHostUnits"]}]}});
-    let mut first = Stream::open(&worker, 5, Some(user_admin()), Vec::new()).await;
+    let mut first = Stream::open(&worker, version, 5, Some(user_admin()), Vec::new()).await;
     let before = worker.fixture.state.revision();
     let (_, applied) = first.call(5, add.clone()).await;
     assert!(applied.get("error").is_none(), "{applied}");
@@ -260,7 +338,7 @@ async fn a_stamped_write_replayed_on_the_next_stream_is_applied_once() {
 
     // The worker died before the launcher got the reply: the launcher sends the same call,
     // under the same stamp, to the next worker.
-    let mut next = Stream::open(&worker, 5, Some(user_admin()), Vec::new()).await;
+    let mut next = Stream::open(&worker, version, 5, Some(user_admin()), Vec::new()).await;
     let (_, replayed) = next.call(5, add.clone()).await;
     assert_eq!(replayed, applied, "the replay answers what was applied");
     assert_eq!(worker.fixture.state.revision(), after, "applied once");
@@ -273,8 +351,14 @@ async fn a_stamped_write_replayed_on_the_next_stream_is_applied_once() {
 
 #[tokio::test]
 async fn a_watcher_carried_over_continues_from_the_revision_delivered() {
+    for version in relay::VERSIONS.iter().copied() {
+        watcher_carried_in(version).await;
+    }
+}
+
+async fn watcher_carried_in(version: u32) {
     let worker = worker(this_process()).await;
-    let mut first = Stream::open(&worker, 3, Some(user_admin()), Vec::new()).await;
+    let mut first = Stream::open(&worker, version, 3, Some(user_admin()), Vec::new()).await;
     let watch = json!({"request-id": 2, "type": "Client", "version": 8, "request": "WatchAll", "params": {}});
     let (reply, value) = first.call(3, watch).await;
     let id = value["response"]["watcher-id"].as_str().unwrap().to_owned();
@@ -304,7 +388,7 @@ async fn a_watcher_carried_over_continues_from_the_revision_delivered() {
         revision: Some(delivered),
         stopped: false,
     };
-    let mut second = Stream::open(&worker, 3, Some(user_admin()), vec![carried]).await;
+    let mut second = Stream::open(&worker, version, 3, Some(user_admin()), vec![carried]).await;
     let (reply, deltas) = second.call(3, next(5)).await;
     let revisions: Vec<u64> = deltas["response"]["revisions"]
         .as_array()
