@@ -183,6 +183,20 @@ fn main() -> ExitCode {
     lockstep_agent::datadir::private_umask();
     let args = Args::parse();
     logging::init(args.log_format);
+    match lockstep_agent::daemon::descriptors::raise_open_files_limit() {
+        Ok(raised) if raised.before != raised.after => tracing::debug!(
+            target: "lockstep::agent",
+            before = ?raised.before,
+            after = ?raised.after,
+            "raised the soft limit on open files to the hard limit"
+        ),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(
+            target: "lockstep::agent",
+            %error,
+            "cannot raise the soft limit on open files to the hard limit"
+        ),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -14,6 +14,8 @@
 //!   lease by whichever controller holds it.
 //! - [`memory`]: glibc's mmap threshold fixed at start, so that large transient buffers
 //!   (argon2's) go back to the system.
+//! - [`descriptors`]: the soft limit on open files raised to the hard one at start (a
+//!   relayed connection holds three descriptors in the launcher).
 //! - [`driver`]: one task owns the lifecycle core and executes its requests with the
 //!   store, streams and data-dir adapters.
 //! - [`restart`]: how a worker restarts into a new binary (re-exec or exit 3), and the exit
@@ -38,6 +40,7 @@
 pub mod api_limits;
 pub mod capabilities;
 pub mod catalogue;
+pub mod descriptors;
 pub mod driver;
 pub mod error;
 #[cfg(feature = "failpoints")]
