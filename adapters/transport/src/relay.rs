@@ -270,18 +270,7 @@ pub fn encode_in(version: u32, message: &Message) -> Result<Vec<u8>, RelayError>
     bytes.extend_from_slice(&head);
     bytes.push(b'\n');
     bytes.extend_from_slice(frame.as_bytes());
-    let max = if to_launcher(message) {
-        TO_LAUNCHER_FRAME_BYTES_MAX
-    } else {
-        TO_WORKER_FRAME_BYTES_MAX
-    };
-    if bytes.len() > max {
-        return Err(RelayError(format!(
-            "{} bytes encoded, over the limit of {max}",
-            bytes.len()
-        )));
-    }
-    Ok(bytes)
+    within_bound(message, bytes)
 }
 
 /// Reads one frame of relay version `version` ([`encode_in`]): one of the messages, within
@@ -393,6 +382,11 @@ struct ReplyHead {
 /// escaping at most doubles it).
 pub fn encode(message: &Message) -> Result<Vec<u8>, RelayError> {
     let bytes = serde_json::to_vec(message).expect("relay messages serialize");
+    within_bound(message, bytes)
+}
+
+/// `bytes`, the encoding of `message`, unless over the bound of its direction.
+fn within_bound(message: &Message, bytes: Vec<u8>) -> Result<Vec<u8>, RelayError> {
     let max = if to_launcher(message) {
         TO_LAUNCHER_FRAME_BYTES_MAX
     } else {
