@@ -6,8 +6,10 @@
 //! clients of `CALLS` sequential `Pinger.Ping` (logged in, each reply checked) against the
 //! direct port, then against the front door's; rounds alternate so that a noisy neighbour
 //! hits both. Prints per round calls per second (of the calls alone: connecting and the
-//! login's argon2 check are left out) and p50/p99, then the medians over rounds
-//! and, last, the front door's throughput as a ratio of the direct one and its added p50.
+//! login's argon2 check are left out), p50/p99 and the process's CPU time per call (from
+//! the moment every client had logged in; the in-process clients' share is in both paths),
+//! then the medians over rounds, the CPU per call the front door adds and, last, the front
+//! door's throughput as a ratio of the direct one and its added p50.
 //! Issue 19's targets: ratio at least 0.8, at most 30 µs added at p50.
 //!
 //! The front door here is `FrontDoor::serve_websocket` behind a plain TLS accept loop; the
@@ -37,18 +39,36 @@ struct Round {
     calls_per_second: f64,
     p50: Duration,
     p99: Duration,
+    /// The process's CPU time (every thread: clients, front door, worker) per call, from
+    /// the moment every client had logged in to the last reply.
+    cpu_per_call: Duration,
+}
+
+/// This process's CPU time, user and system, every thread.
+fn cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).expect("positive"),
+        u32::try_from(now.tv_nsec).expect("under a second"),
+    )
 }
 
 /// One round. Throughput counts the calls only: the clients call concurrently, so the
 /// calls took as long as the slowest client's round trips together (its connection and
-/// login, an argon2 check, are left out).
+/// login, an argon2 check, are left out; so is the CPU they take).
 async fn round(port: u16, ca: &str, calls: usize) -> Round {
+    let logged_in = std::sync::Arc::new(tokio::sync::Barrier::new(CONNECTIONS + 1));
     let clients: Vec<_> = (0..CONNECTIONS)
         .map(|_| {
             let ca = ca.to_owned();
-            tokio::spawn(async move { common::ping_client(port, &ca, calls).await })
+            let logged_in = std::sync::Arc::clone(&logged_in);
+            tokio::spawn(async move {
+                common::ping_client_after(port, &ca, calls, Some(logged_in)).await
+            })
         })
         .collect();
+    logged_in.wait().await;
+    let cpu_before = cpu_time();
     let mut all = Vec::new();
     let mut slowest = Duration::ZERO;
     for handle in clients {
@@ -56,12 +76,14 @@ async fn round(port: u16, ca: &str, calls: usize) -> Round {
         slowest = slowest.max(durations.iter().sum());
         all.extend(durations);
     }
+    let cpu = cpu_time() - cpu_before;
     assert_eq!(all.len(), CONNECTIONS * calls);
     all.sort();
     Round {
         calls_per_second: all.len() as f64 / slowest.as_secs_f64(),
         p50: common::percentile(&all, 0.5),
         p99: common::percentile(&all, 0.99),
+        cpu_per_call: cpu / u32::try_from(all.len()).expect("few calls"),
     }
 }
 
@@ -134,7 +156,7 @@ async fn main() {
             ""
         },
     );
-    println!("round  path      calls/s      p50 µs    p99 µs");
+    println!("round  path      calls/s      p50 µs    p99 µs   CPU µs/call");
     let (mut direct_rounds, mut front_rounds) = (Vec::new(), Vec::new());
     for number in 1..=rounds {
         for (name, port, results) in [
@@ -146,10 +168,11 @@ async fn main() {
             }
             let measured = round(port, &credentials.ca_pem, calls).await;
             println!(
-                "{number:>5}  {name:<7} {:>9.0} {:>11.1} {:>9.1}",
+                "{number:>5}  {name:<7} {:>9.0} {:>11.1} {:>9.1} {:>13.1}",
                 measured.calls_per_second,
                 measured.p50.as_secs_f64() * 1e6,
-                measured.p99.as_secs_f64() * 1e6
+                measured.p99.as_secs_f64() * 1e6,
+                measured.cpu_per_call.as_secs_f64() * 1e6
             );
             results.push(measured);
         }
@@ -167,14 +190,28 @@ async fn main() {
             median(rounds.iter().map(|r| r.calls_per_second).collect()),
             median(rounds.iter().map(|r| r.p50.as_secs_f64() * 1e6).collect()),
             median(rounds.iter().map(|r| r.p99.as_secs_f64() * 1e6).collect()),
+            median(
+                rounds
+                    .iter()
+                    .map(|r| r.cpu_per_call.as_secs_f64() * 1e6)
+                    .collect(),
+            ),
         )
     };
-    let (direct_rate, direct_p50, direct_p99) = summary(&direct_rounds);
-    let (front_rate, front_p50, front_p99) = summary(&front_rounds);
+    let (direct_rate, direct_p50, direct_p99, direct_cpu) = summary(&direct_rounds);
+    let (front_rate, front_p50, front_p99, front_cpu) = summary(&front_rounds);
     println!(
-        "median direct {direct_rate:.0} calls/s, p50 {direct_p50:.1} µs, p99 {direct_p99:.1} µs"
+        "median direct {direct_rate:.0} calls/s, p50 {direct_p50:.1} µs, p99 {direct_p99:.1} µs, \
+         CPU {direct_cpu:.1} µs/call"
     );
-    println!("median front  {front_rate:.0} calls/s, p50 {front_p50:.1} µs, p99 {front_p99:.1} µs");
+    println!(
+        "median front  {front_rate:.0} calls/s, p50 {front_p50:.1} µs, p99 {front_p99:.1} µs, \
+         CPU {front_cpu:.1} µs/call"
+    );
+    println!(
+        "CPU per call added by the front door: {:.1} µs (the clients' share included in both)",
+        front_cpu - direct_cpu
+    );
     println!(
         "ratio front door / direct throughput: {:.2}; p50 added: {:.1} µs",
         front_rate / direct_rate,

@@ -78,6 +78,18 @@ pub fn state() -> Arc<FakeState> {
 /// round trip was timed. The round trips.
 #[allow(dead_code)]
 pub async fn ping_client(port: u16, ca: &str, calls: usize) -> Vec<Duration> {
+    ping_client_after(port, ca, calls, None).await
+}
+
+/// [`ping_client`], whose calls start once every client holding `logged_in` has logged in
+/// (so that what is measured around the calls leaves the logins' argon2 checks out).
+#[allow(dead_code)]
+pub async fn ping_client_after(
+    port: u16,
+    ca: &str,
+    calls: usize,
+    logged_in_barrier: Option<std::sync::Arc<tokio::sync::Barrier>>,
+) -> Vec<Duration> {
     let connector =
         tokio_rustls::TlsConnector::from(client_config(ca, &[&rustls::version::TLS13]).unwrap());
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -105,6 +117,9 @@ pub async fn ping_client(port: u16, ca: &str, calls: usize) -> Vec<Duration> {
         logged_in["response"]["server-version"].is_string(),
         "{logged_in}"
     );
+    if let Some(everyone) = logged_in_barrier {
+        everyone.wait().await;
+    }
     let mut durations = Vec::with_capacity(calls);
     for id in 2..calls + 2 {
         let ping = json!({"request-id": id, "type": "Pinger", "version": 1, "request": "Ping"});
