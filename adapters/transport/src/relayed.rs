@@ -343,7 +343,12 @@ where
             biased;
             written = writer.write_buf(&mut out), if !out.is_empty() => match written {
                 Ok(0) => return Err(RelayError("writing the stream: closed".to_owned())),
-                Ok(_) => {}
+                Ok(_) => {
+                    // A large reply's room is not kept for the connection's life.
+                    if out.is_empty() && out.capacity() > REPLIES_BUFFERED_BYTES_MAX {
+                        out = tokio_util::bytes::BytesMut::new();
+                    }
+                }
                 Err(error) => return Err(RelayError(format!("writing the stream: {error}"))),
             },
             Some(reply) = answers.next(), if out.len() < REPLIES_BUFFERED_BYTES_MAX => {

@@ -424,3 +424,26 @@ async fn watcher_carried_in(version: u32) {
         })
     );
 }
+
+/// A reply far larger than a pipe's buffer (64 KiB) or the worker's reply buffer (256 KiB)
+/// crosses whole, in order with the replies after it, in every version.
+#[tokio::test]
+async fn a_reply_larger_than_the_pipes_crosses_whole_and_the_stream_goes_on() {
+    for version in relay::VERSIONS.iter().copied() {
+        let worker = worker(this_process()).await;
+        let mut stream = Stream::open(&worker, version, 9, Some(user_admin()), Vec::new()).await;
+        let method = "x".repeat(600_000);
+        let call = json!({"request-id": 2, "type": "Pinger", "version": 1, "request": method});
+        let (reply, value) = stream.call(9, call).await;
+        assert_eq!(reply.request_id, Some(2));
+        assert_eq!(value["error-code"], "not implemented", "version {version}");
+        let message = value["error"].as_str().unwrap();
+        assert!(
+            message.contains(&method),
+            "version {version}: {} bytes",
+            message.len()
+        );
+        let (_, status) = stream.call(9, full_status(3)).await;
+        assert!(status["response"]["model"].is_object(), "{status}");
+    }
+}
