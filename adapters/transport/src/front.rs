@@ -920,13 +920,15 @@ impl Handshake {
     }
 
     /// The socket itself, for what is not framed (plain HTTP, version 2's pipes): nothing
-    /// may be left in the frame reader's buffer.
+    /// may be left in the frame reader's buffer, since the worker sends nothing after
+    /// `welcome` until the launcher's next message (`http`'s request, or `open`).
     fn into_stream(self) -> Result<UnixStream, RelayError> {
         let parts = self.frames.into_parts();
         if !parts.read_buf.is_empty() {
-            return Err(RelayError(
-                "the worker sent more than welcome before the request".to_owned(),
-            ));
+            return Err(RelayError(format!(
+                "the worker sent {} bytes after welcome unasked",
+                parts.read_buf.len()
+            )));
         }
         parts
             .io
