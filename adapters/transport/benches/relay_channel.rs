@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::pipe;
 use tokio::sync::{Mutex, mpsc};
@@ -38,34 +38,16 @@ fn cpu_time() -> Duration {
     )
 }
 
-async fn socket_pairs(round_trips: usize) {
+/// `round_trips` sequential round trips on each of the clients' channels: a client writes
+/// a message on its first writer and reads the answer on its first reader; an echo task
+/// reads it on the second reader and answers on the second writer.
+async fn echo_pairs<R, W>(channels: Vec<((W, R), (W, R))>, round_trips: usize)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let (mut near, mut far) = UnixStream::pair().unwrap();
-        tokio::spawn(async move {
-            let mut message = [0_u8; MESSAGE_BYTES];
-            while far.read_exact(&mut message).await.is_ok() {
-                far.write_all(&message).await.unwrap();
-            }
-        });
-        clients.push(tokio::spawn(async move {
-            let mut message = [0_u8; MESSAGE_BYTES];
-            for _ in 0..round_trips {
-                near.write_all(&message).await.unwrap();
-                near.read_exact(&mut message).await.unwrap();
-            }
-        }));
-    }
-    for client in clients {
-        client.await.unwrap();
-    }
-}
-
-async fn pipe_pairs(round_trips: usize) {
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let (mut calls, mut called) = pipe::pipe().unwrap();
-        let (mut answer, mut answers) = pipe::pipe().unwrap();
+    for ((mut calls, mut answers), (mut answer, mut called)) in channels {
         tokio::spawn(async move {
             let mut message = [0_u8; MESSAGE_BYTES];
             while called.read_exact(&mut message).await.is_ok() {
@@ -83,6 +65,31 @@ async fn pipe_pairs(round_trips: usize) {
     for client in clients {
         client.await.unwrap();
     }
+}
+
+/// A unix socket pair per client, each end split into its halves.
+async fn socket_pairs(round_trips: usize) {
+    let channels = (0..CLIENTS)
+        .map(|_| {
+            let (near, far) = UnixStream::pair().unwrap();
+            let (near_read, near_write) = near.into_split();
+            let (far_read, far_write) = far.into_split();
+            ((near_write, near_read), (far_write, far_read))
+        })
+        .collect();
+    echo_pairs(channels, round_trips).await;
+}
+
+/// Two pipes per client: one for its messages, one for the answers.
+async fn pipe_pairs(round_trips: usize) {
+    let channels = (0..CLIENTS)
+        .map(|_| {
+            let (calls, called) = pipe::pipe().unwrap();
+            let (answer, answers) = pipe::pipe().unwrap();
+            ((calls, answers), (answer, called))
+        })
+        .collect();
+    echo_pairs(channels, round_trips).await;
 }
 
 async fn shared_socket(round_trips: usize) {

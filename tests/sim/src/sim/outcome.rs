@@ -117,14 +117,12 @@ impl Sim {
     /// Machine agents the rollout record lists as failed that never were Ready on the
     /// operator's version.
     fn failed_short_of_the_target(&self) -> usize {
-        let controllers = usize::from(self.scenario.controllers);
         self.rollout_record().map_or(0, |record| {
             record
                 .failed
                 .keys()
-                .filter_map(|id| id.parse::<usize>().ok())
-                .map(|id| id + controllers)
-                .filter(|host| *host < self.hosts.len() && !self.upgraded[*host])
+                .filter_map(|id| self.host_of_machine(id))
+                .filter(|host| !self.upgraded[*host])
                 .count()
         })
     }

@@ -59,19 +59,27 @@ impl Sim {
         (host - usize::from(self.scenario.controllers)).to_string()
     }
 
+    /// The host of the machine agent with id `id` ([`Sim::machine_id`]'s inverse), if there
+    /// is one.
+    pub(super) fn host_of_machine(&self, id: &str) -> Option<usize> {
+        id.parse::<usize>()
+            .ok()
+            .map(|id| id + usize::from(self.scenario.controllers))
+            .filter(|host| *host < self.hosts.len())
+    }
+
     /// Every machine agent as the rollout reads it, from the agents' `statuses` in the store
     /// at `now` and the binaries they reported.
     fn agent_views(&self, statuses: &[(String, AgentStatus)], now: Timestamp) -> Vec<AgentView> {
-        // Machine agents' tags are `machine-<id>`, host `controllers + id`.
+        // Machine agents' tags are `machine-<id>`.
         let controllers = usize::from(self.scenario.controllers);
         let mut by_host: Vec<Option<&AgentStatus>> = vec![None; self.hosts.len()];
         for (tag, status) in statuses {
             let host = tag
                 .strip_prefix("machine-")
-                .and_then(|id| id.parse::<usize>().ok())
-                .map(|id| id + controllers);
-            if let Some(slot) = host.and_then(|host| by_host.get_mut(host)) {
-                *slot = Some(status);
+                .and_then(|id| self.host_of_machine(id));
+            if let Some(host) = host {
+                by_host[host] = Some(status);
             }
         }
         (controllers..self.hosts.len())
@@ -301,13 +309,10 @@ impl Sim {
         if !self.current(controller, incarnation) {
             return;
         }
-        let controllers = usize::from(self.scenario.controllers);
         let admitted: Vec<usize> = self
             .told_agents(target)
             .difference(before)
-            .filter_map(|id| id.parse::<usize>().ok())
-            .map(|id| id + controllers)
-            .filter(|host| *host < self.hosts.len())
+            .filter_map(|id| self.host_of_machine(id))
             .collect();
         for host in admitted {
             let message = Message::VersionChanged {
