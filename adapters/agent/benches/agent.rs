@@ -215,7 +215,7 @@ async fn start_to_ready(data: &DataDir, version: Version) -> Started {
         let mut buffer = [0u8; 4096];
         loop {
             let length = notify.recv(&mut buffer).await.unwrap();
-            if lockstep_agent::daemon::notify::Notification::parse(&buffer[..length]).ready {
+            if lockstep_agent::notify::Notification::parse(&buffer[..length]).ready {
                 return started.elapsed();
             }
         }

@@ -1,7 +1,7 @@
 //! lockstep's agent: the `lockstepd` daemon and the `lockstep` CLI, two parts of one crate
 //! that share what describes a controller on disk.
 //!
-//! - [`daemon`]: `lockstepd` (launcher, worker, driver, step runner, sd_notify).
+//! - [`daemon`]: `lockstepd` (launcher, worker, driver, step runner).
 //! - [`cli`]: `lockstep` (bootstrap, the commands, enable-ha, bundles, status, demo).
 //! - [`api`]: the API's shared state over the store (the transport's `SharedState`), one
 //!   module per facade's share of it; the daemon serves it.
@@ -13,6 +13,8 @@
 //! - [`store`]: which engine holds the shared state (SQLite, or etcd with feature `etcd`),
 //!   from `agent.conf` and the flags; `open`.
 //! - [`metadata`]: the model's agent-binary metadata source (directory or HTTP mirror).
+//! - [`notify`]: both ends of systemd's notification protocol: the worker tells the
+//!   launcher, the launcher tells systemd, or `lockstep bootstrap`, which waits on it.
 //! - [`local_provider`]: machine agents started on the controller's host (by `add-machine`
 //!   or by the controller's provisioner).
 //! - [`steps`]: the steps this build carries and the versions it plays (N, N+1).
@@ -30,6 +32,7 @@ pub mod datadir;
 pub mod local_provider;
 pub mod logging;
 pub mod metadata;
+pub mod notify;
 pub mod paths;
 pub mod process;
 pub mod quote;

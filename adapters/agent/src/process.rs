@@ -27,6 +27,17 @@ pub const SUPERVISION_ENVIRONMENT: &[&str] = &[
 /// tag read from `agent.conf` (`machine-0` before there is one). Returns its pid; a thread
 /// waits for it, so it leaves no zombie however long the caller runs.
 pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, DataDirError> {
+    spawn_daemon_notifying(data, extra_args, None)
+}
+
+/// [`spawn_daemon`], with `NOTIFY_SOCKET` set to `notify` (a [`crate::notify::Listener`]'s
+/// address) when given: the launcher forwards its worker's `READY=1` and `STATUS=` there,
+/// as it would to systemd.
+pub fn spawn_daemon_notifying(
+    data: &DataDir,
+    extra_args: &[String],
+    notify: Option<&str>,
+) -> Result<u32, DataDirError> {
     use std::os::unix::process::CommandExt;
     let logs = data.logs_dir();
     std::fs::create_dir_all(&logs).map_err(DataDirError::io(&logs, "create the directory"))?;
@@ -54,6 +65,9 @@ pub fn spawn_daemon(data: &DataDir, extra_args: &[String]) -> Result<u32, DataDi
         .process_group(0);
     for name in SUPERVISION_ENVIRONMENT {
         command.env_remove(name);
+    }
+    if let Some(notify) = notify {
+        command.env(crate::notify::NOTIFY_SOCKET, notify);
     }
     let mut child = command.spawn().map_err(DataDirError::io(&exe, "start"))?;
     let pid = child.id();

@@ -869,6 +869,30 @@ impl Progress {
         }
     }
 
+    /// The progress a launcher's `STATUS=` line gives (the same facts as `Upgrade.Status`
+    /// but the download's bytes); `last_failure` is carried from `before` unless the line
+    /// reports a failure itself, as the controller keeps it.
+    pub fn from_status(line: &crate::notify::StatusLine, before: &Progress) -> Progress {
+        let failed = [
+            lockstep_core::Phase::StepsFailed.as_str(),
+            lockstep_core::Phase::UpgradeFailed.as_str(),
+        ]
+        .contains(&line.phase.as_str());
+        let (step, steps) = line.steps.unwrap_or((0, 0));
+        Progress {
+            phase: line.phase.clone(),
+            step,
+            steps,
+            target: line.target.clone(),
+            message: line.message.clone(),
+            download: None,
+            last_failure: match &line.message {
+                Some(message) if failed => Some(message.clone()),
+                _ => before.last_failure.clone(),
+            },
+        }
+    }
+
     /// What the controller is doing, or `nothing` when it has not said yet.
     pub fn describe_or(&self, nothing: &str) -> String {
         if self.phase.is_empty() {
@@ -897,6 +921,72 @@ impl Progress {
             line.push_str(&format!(": {message}"));
         }
         line
+    }
+}
+
+/// How long bootstrap listens for the launcher's first notification before it waits
+/// through the API instead (for a launcher that forwards none).
+pub const NOTIFY_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits for `READY=1` from the launcher `pid` on `listener` (its `NOTIFY_SOCKET`), calling
+/// `on_change` with each new progress its `STATUS=` lines give. Datagrams from any other
+/// process are ignored. `Ok(None)` when nothing came from the launcher within `grace`.
+/// Fails when `pid` dies, or at `deadline`, naming the phase it was in.
+pub async fn wait_notified(
+    listener: &crate::notify::Listener,
+    pid: u32,
+    deadline: Duration,
+    grace: Duration,
+    mut on_change: impl FnMut(&Progress),
+) -> Result<Option<Progress>, WaitError> {
+    let started = Instant::now();
+    let mut last = Progress::default();
+    let mut heard = false;
+    let mut buffer = [0u8; 4096];
+    loop {
+        let waited = started.elapsed();
+        if waited >= deadline {
+            return Err(WaitError::Timeout {
+                deadline,
+                last: Box::new(last),
+            });
+        }
+        if !heard && waited >= grace {
+            return Ok(None);
+        }
+        if !crate::process::alive(pid) {
+            return Err(WaitError::Exited {
+                pid,
+                last: Box::new(last),
+            });
+        }
+        // Woken at least every 100 ms to look at the launcher and the clock.
+        let received =
+            tokio::time::timeout(Duration::from_millis(100), listener.receive(&mut buffer)).await;
+        let (length, sender) = match received {
+            Ok(Ok(received)) => received,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "reading the launcher's notifications");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if sender != Some(pid) {
+            continue;
+        }
+        heard = true;
+        let notification = crate::notify::Notification::parse(&buffer[..length]);
+        if let Some(status) = &notification.status {
+            let now = Progress::from_status(&crate::notify::StatusLine::parse(status), &last);
+            if now != last {
+                on_change(&now);
+                last = now;
+            }
+        }
+        if notification.ready {
+            return Ok(Some(last));
+        }
     }
 }
 
@@ -1015,7 +1105,24 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
         )),
         None => {}
     }
-    let pid = spawn_daemon(&prepared.data, &[])?;
+    // The launcher tells bootstrap, as it would tell systemd, what its worker's lifecycle
+    // does (`STATUS=`) and when it is Ready (`READY=1`). Bootstrap waits on that without
+    // logging in, so no password check (argon2: tens of milliseconds of CPU by design,
+    // done again on the new worker when a login is in flight across its restart) stands
+    // between the controller's Ready and the end of bootstrap. The API is the fallback.
+    let listener = crate::notify::Listener::bind("lockstep-bootstrap")
+        .inspect_err(|error| {
+            tracing::debug!(%error, "no notification socket; waiting through the API");
+        })
+        .ok();
+    let pid = crate::process::spawn_daemon_notifying(
+        &prepared.data,
+        &[],
+        listener
+            .as_ref()
+            .map(crate::notify::Listener::address)
+            .as_deref(),
+    )?;
     on_line(&format!(
         "Started lockstepd (pid {pid}) on {}; waiting for its API",
         prepared.controller.api_endpoints[0]
@@ -1039,7 +1146,7 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
     bar.enable_steady_tick(Duration::from_millis(120));
     let terminal = !bar.is_hidden();
     let mut seen = Vec::new();
-    let result = wait_until_ready(&client, Some(pid), timeout, |progress| {
+    let mut show = |progress: &Progress| {
         bar.set_message(progress.describe());
         let line = format!(" - {}", progress.describe());
         let new_phase = seen.last().map(|last: &Progress| &last.phase) != Some(&progress.phase);
@@ -1050,11 +1157,44 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
             crate::logging::complain(&line);
         }
         seen.push(progress.clone());
-    })
-    .await;
+    };
+    let started = Instant::now();
+    let notified = match &listener {
+        Some(listener) => wait_notified(listener, pid, timeout, NOTIFY_GRACE, &mut show).await,
+        None => Ok(None),
+    };
+    let result = match notified {
+        Ok(Some(last)) => Ok(Some(last)),
+        Ok(None) => {
+            let left = timeout.saturating_sub(started.elapsed());
+            wait_until_ready(&client, Some(pid), left, &mut show)
+                .await
+                .map(|_| None)
+        }
+        Err(error) => Err(error),
+    };
     bar.finish_and_clear();
     match result {
-        Ok(_) => {
+        Ok(Some(last)) => {
+            // Ready as the launcher said: the binary it runs is the one its link names.
+            let initial = prepared.binary.number.to_string();
+            let running = match prepared.data.current_binary(AGENT_TAG)? {
+                Some(binary) => binary.number.to_string(),
+                None => initial.clone(),
+            };
+            if let Some(failure) = last.last_failure {
+                on_line(&format!("Note: {failure}"));
+            }
+            Ok(Outcome {
+                pid,
+                data: prepared.data,
+                controller: prepared.controller,
+                upgraded: (running != initial).then(|| (initial, running.clone())),
+                agent_version: running,
+                progress: seen,
+            })
+        }
+        Ok(None) => {
             let status = client
                 .call("Upgrade", 1, "Status", json!({}), Duration::from_secs(10))
                 .await
@@ -1085,5 +1225,94 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
                 tail: log_tail(&prepared.data, 15),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notify::{Listener, Notifier};
+
+    /// A notifier that reaches `listener`, as the launcher's does once bootstrap sets its
+    /// `NOTIFY_SOCKET`.
+    fn notifier_of(listener: &Listener) -> Notifier {
+        Notifier::to(&listener.address()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_launchers_status_lines_are_shown_and_ready_ends_the_wait() {
+        let listener = Listener::bind("lockstep-test-bootstrap").unwrap();
+        let launcher = notifier_of(&listener);
+        launcher.status("checking-agent-version");
+        launcher.status("upgrade-failed 0/1 to 2.9.43: the download failed");
+        launcher.status("running-steps 1/2 to 2.9.43: record agent binaries");
+        launcher.ready();
+        let mut shown = Vec::new();
+        let last = wait_notified(
+            &listener,
+            std::process::id(),
+            Duration::from_secs(10),
+            NOTIFY_GRACE,
+            |progress| shown.push(progress.describe()),
+        )
+        .await
+        .unwrap()
+        .expect("the launcher was heard");
+        assert_eq!(
+            shown,
+            [
+                "checking-agent-version",
+                "upgrade-failed step 0/1 to 2.9.43: the download failed",
+                "running-steps step 1/2 to 2.9.43: record agent binaries",
+                "ready",
+            ]
+        );
+        assert_eq!(last.phase, "ready");
+        // What went wrong last is kept after moving on, as `Upgrade.Status` keeps it.
+        assert_eq!(last.last_failure.as_deref(), Some("the download failed"));
+    }
+
+    #[tokio::test]
+    async fn a_notification_from_another_process_is_ignored_and_silence_past_the_grace_is_none() {
+        let mut launcher = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let listener = Listener::bind("lockstep-test-bootstrap").unwrap();
+        // Sent by this process, not the launcher: ignored, as anyone's would be.
+        notifier_of(&listener).ready();
+        let started = Instant::now();
+        let waited = wait_notified(
+            &listener,
+            launcher.id(),
+            Duration::from_secs(10),
+            Duration::from_millis(300),
+            |_| {},
+        )
+        .await;
+        launcher.kill().unwrap();
+        launcher.wait().unwrap();
+        assert!(matches!(waited, Ok(None)), "{waited:?}");
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[tokio::test]
+    async fn a_launcher_that_exits_ends_the_wait_naming_its_pid() {
+        let mut launcher = std::process::Command::new("true").spawn().unwrap();
+        let pid = launcher.id();
+        launcher.wait().unwrap();
+        let listener = Listener::bind("lockstep-test-bootstrap").unwrap();
+        let waited = wait_notified(
+            &listener,
+            pid,
+            Duration::from_secs(10),
+            NOTIFY_GRACE,
+            |_| {},
+        )
+        .await;
+        assert!(
+            matches!(waited, Err(WaitError::Exited { pid: exited, .. }) if exited == pid),
+            "{waited:?}"
+        );
     }
 }

@@ -31,10 +31,10 @@ use lockstep_streams::{DownloadError, LookupError, SourceError};
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::capabilities::CapabilitySource;
-use crate::daemon::notify::Notifier;
 use crate::daemon::step_runner::{self, HostContext};
 use crate::datadir::{DataDir, DataDirError, DownloadedTools};
 use crate::metadata::{MetadataSource, MetadataTrust, unix_now};
+use crate::notify::Notifier;
 use crate::quote::quote;
 
 /// What the lifecycle shows the API and the operator, besides the gate.
@@ -324,7 +324,7 @@ impl Driver {
                             "{}", report.message
                         );
                     }
-                    self.notifier.status(&status_line(&report));
+                    self.notifier.status(&crate::notify::status_line(&report));
                     let upgrade_available = self.core.upgrade_available();
                     let failure = matches!(report.phase, Phase::StepsFailed | Phase::UpgradeFailed)
                         && !report.message.is_empty();
@@ -746,25 +746,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
-}
-
-/// One line for `sd_notify`'s `STATUS=` and the launcher's log.
-pub fn status_line(report: &StatusReport) -> String {
-    let mut line = report.phase.as_str().to_owned();
-    if report.progress.total > 0 {
-        line.push_str(&format!(
-            " {}/{}",
-            report.progress.done, report.progress.total
-        ));
-    }
-    if let Some(target) = report.progress.target {
-        line.push_str(&format!(" to {target}"));
-    }
-    if !report.message.is_empty() {
-        line.push_str(": ");
-        line.push_str(&report.message);
-    }
-    line
 }
 
 /// Why the catalogue at the model's metadata source could not be read.

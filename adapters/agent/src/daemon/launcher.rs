@@ -23,20 +23,18 @@
 //! - SIGTERM or SIGINT: the worker gets SIGTERM, then SIGKILL after `--stop-timeout`.
 
 use std::os::fd::AsRawFd;
-use std::os::linux::net::SocketAddrExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UnixDatagram;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::daemon::error::DaemonError;
-use crate::daemon::notify::{self, NOTIFY_SOCKET, Notification, Notifier};
 use crate::daemon::worker::{EXIT_RESTART, LAUNCHER_PID, LISTEN_FD, RELAY_SOCKET};
 use crate::datadir::{DataDir, DataDirError};
+use crate::notify::{self, NOTIFY_SOCKET, Notification, Notifier};
 
 /// The launcher's settings.
 #[derive(Clone, Debug)]
@@ -164,22 +162,8 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             (None, None, Some((listener, fd)))
         }
     };
-    let notify_name = format!("lockstepd-{}-{}", std::process::id(), random_suffix());
-    let notify_address = std::os::unix::net::SocketAddr::from_abstract_name(notify_name.as_bytes())
-        .map_err(DaemonError::system("name the notification socket"))?;
-    let notify_std = std::os::unix::net::UnixDatagram::bind_addr(&notify_address)
+    let notify = notify::Listener::bind("lockstepd")
         .map_err(DaemonError::system("open the notification socket"))?;
-    crate::daemon::notify::pass_credentials(&notify_std).map_err(DaemonError::system(
-        "ask for the notification senders' credentials",
-    ))?;
-    notify_std
-        .set_nonblocking(true)
-        .map_err(DaemonError::system(
-            "make the notification socket non-blocking",
-        ))?;
-    let notify = UnixDatagram::from_std(notify_std).map_err(DaemonError::system(
-        "register the notification socket with tokio",
-    ))?;
     let systemd = Notifier::from_env();
     tracing::info!(
         target: "lockstep::launcher",
@@ -198,7 +182,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
         command
             .args(&options.worker_args)
             .arg("worker")
-            .env(NOTIFY_SOCKET, format!("@{notify_name}"))
+            .env(NOTIFY_SOCKET, notify.address())
             .env(LAUNCHER_PID, std::process::id().to_string())
             .kill_on_drop(true);
         match &listen_fd {
@@ -225,7 +209,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
             let hung_at = last_ping + options.watchdog;
             tokio::select! {
                 status = child.wait() => break Ended::Exited(status.map_err(DaemonError::system("wait for the worker"))?),
-                received = notify::receive(&notify, &mut buffer) => {
+                received = notify.receive(&mut buffer) => {
                     let Ok((length, sender)) = received else { continue };
                     if sender != Some(pid) {
                         // Another local process (the socket is abstract): ignored, so that
@@ -430,11 +414,6 @@ async fn stop(child: &mut Child, timeout: Duration) {
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
-}
-
-fn random_suffix() -> u64 {
-    use rand_core::RngCore;
-    rand_core::OsRng.next_u64()
 }
 
 #[cfg(test)]

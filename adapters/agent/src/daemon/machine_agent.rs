@@ -45,10 +45,10 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::error::DaemonError;
-use crate::daemon::notify::Notifier;
 use crate::daemon::restart::{self, RestartMode};
 use crate::daemon::step_runner::{self, HostContext};
 use crate::datadir::{AgentConf, DataDir, DataDirError, DownloadedTools};
+use crate::notify::Notifier;
 use crate::quote::{QUOTE_LENGTH_MAX, quote};
 
 /// How often the agent reports its status even when nothing changed (its heartbeat): the
@@ -853,8 +853,7 @@ impl MachineDriver {
         if !report.message.is_empty() {
             tracing::info!(target: "lockstep::agent", phase = report.phase.as_str(), "{}", report.message);
         }
-        self.notifier
-            .status(&crate::daemon::driver::status_line(report));
+        self.notifier.status(&crate::notify::status_line(report));
         self.status.send_modify(|reported| {
             reported.phase = report.phase;
             reported.message = report.message.clone();

@@ -30,7 +30,6 @@
 //! - [`api_limits`]: the flags for the API's limits on connections, logins, replies and
 //!   watchers.
 //! - [`error`]: [`DaemonError`](error::DaemonError), why `lockstepd` cannot start or go on.
-//! - [`notify`]: both ends of systemd's notification protocol.
 //! - `failpoints` (feature `failpoints`, test builds only): `LOCKSTEPD_FAILPOINT_*`.
 //!
 //! **Architecture Invariant:** nothing here imports [`crate::cli`]: the daemon is the same
@@ -48,7 +47,6 @@ pub mod failpoints;
 pub mod launcher;
 pub mod machine_agent;
 pub mod memory;
-pub mod notify;
 pub mod provisioner;
 pub mod restart;
 pub mod rollout;

@@ -28,9 +28,9 @@ use crate::api::StoreState;
 use crate::daemon::catalogue::CatalogueCache;
 use crate::daemon::driver::{self, AgentStatus, Driver, DriverConfig, Exit};
 use crate::daemon::error::{DaemonError, ListenFdProblem};
-use crate::daemon::notify::Notifier;
 use crate::datadir::{self, AgentConf, DataDir, DataDirError};
 use crate::metadata::{MetadataSource, MetadataTrust};
+use crate::notify::Notifier;
 use crate::store::StoreSetupError;
 
 use crate::daemon::restart::restart_into;
@@ -610,7 +610,7 @@ mod tests {
             LAUNCHER_PID,
             RELAY_SOCKET,
             LISTEN_FD,
-            crate::daemon::notify::NOTIFY_SOCKET,
+            crate::notify::NOTIFY_SOCKET,
         ] {
             assert!(
                 crate::process::SUPERVISION_ENVIRONMENT.contains(&name),

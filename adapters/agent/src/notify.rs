@@ -3,14 +3,18 @@
 //! The worker sends `READY=1`, `STATUS=...`, `RELOADING=1` (before it restarts into a new
 //! binary) and `WATCHDOG=1` (every second from the driver's loop) to `$NOTIFY_SOCKET`. The
 //! launcher listens on a socket of its own, which it hands its worker as `NOTIFY_SOCKET`,
-//! and forwards `READY=1` and `STATUS=` to systemd's socket when it runs under systemd.
-//! No socket configured: nothing is sent.
+//! and forwards `READY=1` and `STATUS=` to its own `$NOTIFY_SOCKET`: systemd's when it runs
+//! under systemd, `lockstep bootstrap`'s when bootstrap started it (bootstrap waits for
+//! `READY=1` there, as systemd would). No socket configured: nothing is sent.
 //!
-//! The launcher's socket is abstract (no file), so any local process could send to it: the
-//! launcher therefore reads each datagram with the sender's credentials, which the kernel
-//! attaches (`SO_PASSCRED`; the sender cannot forge them), and acts only on those from its
-//! current worker's pid ([`receive`]), as systemd does with `NotifyAccess=main`. Otherwise
-//! a hung trial binary could be kept alive, or declared Ready, from outside.
+//! Listening sockets ([`Listener`]) are abstract (no file), so any local process could send
+//! to one: each datagram is therefore read with the sender's credentials, which the kernel
+//! attaches (`SO_PASSCRED`; the sender cannot forge them), and only those from the process
+//! listened to count ([`Listener::receive`]), as systemd does with `NotifyAccess=main`.
+//! Otherwise a hung trial binary could be kept alive, or declared Ready, from outside.
+//!
+//! `STATUS=` lines are [`status_line`]'s: `<phase>[ <done>/<total>][ to <version>][:
+//! <message>]`, which [`StatusLine::parse`] reads back.
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -39,15 +43,22 @@ impl Notifier {
             return Notifier::none();
         };
         let text = text.to_string_lossy().into_owned();
-        match socket_address(&text).and_then(|address| Ok((UnixDatagram::unbound()?, address))) {
-            Ok(target) => Notifier {
-                target: Some(target),
-            },
+        match Notifier::to(&text) {
+            Ok(notifier) => notifier,
             Err(error) => {
                 tracing::warn!(target: "lockstep::agent", socket = %text, %error, "NOTIFY_SOCKET unusable; not notifying");
                 Notifier::none()
             }
         }
+    }
+
+    /// A notifier for the socket `text` names (a path, or `@name`), as `NOTIFY_SOCKET`
+    /// would.
+    pub fn to(text: &str) -> std::io::Result<Notifier> {
+        let address = socket_address(text)?;
+        Ok(Notifier {
+            target: Some((UnixDatagram::unbound()?, address)),
+        })
     }
 
     pub fn none() -> Notifier {
@@ -131,6 +142,104 @@ pub async fn receive(
 }
 
 /// One parsed notification.
+/// A notification socket of one's own: abstract, named `<prefix>-<pid>-<random>` (not
+/// guessable, and gone with the socket), receiving each datagram with its sender's pid.
+#[derive(Debug)]
+pub struct Listener {
+    socket: tokio::net::UnixDatagram,
+    name: String,
+}
+
+impl Listener {
+    /// Binds a new socket; must be called within a tokio runtime.
+    pub fn bind(prefix: &str) -> std::io::Result<Listener> {
+        use rand_core::RngCore;
+        let name = format!(
+            "{prefix}-{}-{:016x}",
+            std::process::id(),
+            rand_core::OsRng.next_u64()
+        );
+        let socket = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
+        pass_credentials(&socket)?;
+        socket.set_nonblocking(true)?;
+        Ok(Listener {
+            socket: tokio::net::UnixDatagram::from_std(socket)?,
+            name,
+        })
+    }
+
+    /// The value of `NOTIFY_SOCKET` that reaches this socket (`@name`).
+    pub fn address(&self) -> String {
+        format!("@{}", self.name)
+    }
+
+    /// The next datagram into `buffer`: its length and its sender's pid ([`receive`]).
+    pub async fn receive(&self, buffer: &mut [u8]) -> std::io::Result<(usize, Option<u32>)> {
+        receive(&self.socket, buffer).await
+    }
+}
+
+/// One line for `sd_notify`'s `STATUS=` and the launcher's log:
+/// `<phase>[ <done>/<total>][ to <version>][: <message>]`.
+pub fn status_line(report: &lockstep_core::lifecycle::StatusReport) -> String {
+    let mut line = report.phase.as_str().to_owned();
+    if report.progress.total > 0 {
+        line.push_str(&format!(
+            " {}/{}",
+            report.progress.done, report.progress.total
+        ));
+    }
+    if let Some(target) = report.progress.target {
+        line.push_str(&format!(" to {target}"));
+    }
+    if !report.message.is_empty() {
+        line.push_str(": ");
+        line.push_str(&report.message);
+    }
+    line
+}
+
+/// A [`status_line`] read back (by `lockstep bootstrap`, from the launcher's `STATUS=`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusLine {
+    /// The phase's name (`running-steps`).
+    pub phase: String,
+    /// Steps done and planned, when there are steps.
+    pub steps: Option<(u64, u64)>,
+    /// The version the phase moves to, as written.
+    pub target: Option<String>,
+    /// What the agent said, if anything.
+    pub message: Option<String>,
+}
+
+impl StatusLine {
+    /// Reads `line`; words it does not expect before the message are left out, so a line
+    /// of a later format still yields its phase.
+    pub fn parse(line: &str) -> StatusLine {
+        let (head, message) = match line.split_once(": ") {
+            Some((head, message)) => (head, Some(message.to_owned())),
+            None => (line, None),
+        };
+        let mut words = head.split(' ');
+        let phase = words.next().unwrap_or("").to_owned();
+        let mut status = StatusLine {
+            phase,
+            message,
+            ..StatusLine::default()
+        };
+        while let Some(word) = words.next() {
+            if word == "to" {
+                status.target = words.next().map(str::to_owned);
+            } else if let Some((done, total)) = word.split_once('/')
+                && let (Ok(done), Ok(total)) = (done.parse(), total.parse())
+            {
+                status.steps = Some((done, total));
+            }
+        }
+        status
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Notification {
     pub ready: bool,
@@ -200,6 +309,59 @@ mod tests {
         notifier.ready();
         let length = listener.recv(&mut buffer).unwrap();
         assert!(Notification::parse(&buffer[..length]).ready);
+    }
+
+    #[test]
+    fn a_status_line_reads_back_as_it_was_written() {
+        use lockstep_core::lifecycle::StatusReport;
+        use lockstep_core::{Phase, Version};
+        let report = StatusReport {
+            phase: Phase::RunningSteps,
+            progress: lockstep_core::phase::Progress {
+                done: 1,
+                total: 2,
+                target: Some(Version::new(2, 9, 43)),
+            },
+            message: "record agent binaries: done: next".to_owned(),
+        };
+        let line = status_line(&report);
+        assert_eq!(
+            line,
+            "running-steps 1/2 to 2.9.43: record agent binaries: done: next"
+        );
+        assert_eq!(
+            StatusLine::parse(&line),
+            StatusLine {
+                phase: "running-steps".to_owned(),
+                steps: Some((1, 2)),
+                target: Some("2.9.43".to_owned()),
+                message: Some("record agent binaries: done: next".to_owned()),
+            }
+        );
+        assert_eq!(
+            StatusLine::parse("ready"),
+            StatusLine {
+                phase: "ready".to_owned(),
+                ..StatusLine::default()
+            }
+        );
+        // Words of a later format before the message are skipped, the phase kept.
+        let later = StatusLine::parse("upgrading 3/4 via mirror to 2.9.44");
+        assert_eq!(later.phase, "upgrading");
+        assert_eq!(later.steps, Some((3, 4)));
+        assert_eq!(later.target.as_deref(), Some("2.9.44"));
+    }
+
+    #[tokio::test]
+    async fn a_listener_receives_what_a_notifier_of_its_address_sends_with_the_senders_pid() {
+        let listener = Listener::bind("lockstep-test-listener").unwrap();
+        let address = listener.address();
+        assert!(address.starts_with("@lockstep-test-listener-"), "{address}");
+        Notifier::to(&address).unwrap().ready();
+        let mut buffer = [0u8; 64];
+        let (length, pid) = listener.receive(&mut buffer).await.unwrap();
+        assert!(Notification::parse(&buffer[..length]).ready);
+        assert_eq!(pid, Some(std::process::id()));
     }
 
     #[test]
