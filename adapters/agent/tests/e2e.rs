@@ -255,6 +255,52 @@ async fn auto_upgrade_fetches_the_new_binary_ahead_unless_told_not_to() {
     }
 }
 
+/// Bootstrap waits for the `READY=1` its launcher forwards to bootstrap's own notification
+/// socket, showing the launcher's status lines; a launcher that forwards nothing (the
+/// failpoint: as one from before it forwarded them) is waited for through the API. Both
+/// end on N+1, Ready, with bootstrap saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_waits_for_the_launchers_ready_and_through_the_api_when_it_says_nothing() {
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let source = mirror.source();
+    let key = mirror.key();
+    let upgraded = format!("upgraded {} -> {}", common::own(), next());
+    for silent in [false, true] {
+        let env: &[(&str, &str)] = if silent {
+            &[("LOCKSTEPD_FAILPOINT_SILENT_LAUNCHER", "1")]
+        } else {
+            &[]
+        };
+        let args = [
+            "--auto-upgrade",
+            "--metadata-source",
+            &source,
+            "--metadata-key",
+            &key,
+        ];
+        let controller = Controller::bootstrap(&args, env);
+        controller.assert_bootstrapped();
+        let said = text(&controller.bootstrap);
+        assert_eq!(
+            said.contains(
+                "Note: lockstepd sent no notification within 2s; waiting through its API"
+            ),
+            silent,
+            "silent {silent}: {said}"
+        );
+        assert!(said.contains(&upgraded), "silent {silent}: {said}");
+        // Through the notifications, the launcher's status lines: N's switch, N+1's steps.
+        if !silent {
+            assert!(said.contains(" - restarting"), "{said}");
+            assert!(
+                said.contains(&format!(" - running-steps step 0/2 to {}", next())),
+                "{said}"
+            );
+        }
+        controller.wait_running(next(), READY_WITHIN).await;
+    }
+}
+
 /// `--restart=exit`: the worker exits with status 3 and the launcher starts the new binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_by_exit_for_a_supervisor_also_lands_on_the_new_binary() {

@@ -1124,7 +1124,7 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
             .as_deref(),
     )?;
     on_line(&format!(
-        "Started lockstepd (pid {pid}) on {}; waiting for its API",
+        "Started lockstepd (pid {pid}) on {}; waiting until it is ready",
         prepared.controller.api_endpoints[0]
     ));
     // Clients may connect from now on (and are served reads while it is limited), as
@@ -1166,6 +1166,13 @@ pub async fn bootstrap<E: std::error::Error + Send + Sync + 'static>(
     let result = match notified {
         Ok(Some(last)) => Ok(Some(last)),
         Ok(None) => {
+            if listener.is_some() {
+                let line = format!(
+                    "Note: lockstepd sent no notification within {}s; waiting through its API",
+                    NOTIFY_GRACE.as_secs()
+                );
+                bar.suspend(|| on_line(&line));
+            }
             let left = timeout.saturating_sub(started.elapsed());
             wait_until_ready(&client, Some(pid), left, &mut show)
                 .await

@@ -31,6 +31,16 @@ pub fn machine_host_steps_fail(running: lockstep_core::Version) -> bool {
 /// so that a test can kill or cut off the coordinator while a database step is under way.
 pub const PAUSE_DATABASE_STEP_MS: &str = "LOCKSTEPD_FAILPOINT_DB_STEP_PAUSE_MS";
 
+/// When this variable is set, the launcher forwards none of its worker's notifications to
+/// its own `NOTIFY_SOCKET` (as a launcher from before they were forwarded): `lockstep
+/// bootstrap` then waits through the API.
+pub const SILENT_LAUNCHER: &str = "LOCKSTEPD_FAILPOINT_SILENT_LAUNCHER";
+
+/// Whether [`SILENT_LAUNCHER`] is set.
+pub fn launcher_silent() -> bool {
+    std::env::var_os(SILENT_LAUNCHER).is_some()
+}
+
 /// Whether [`FAIL_HOST_STEPS`] is set.
 pub fn host_steps_fail() -> bool {
     std::env::var_os(FAIL_HOST_STEPS).is_some()

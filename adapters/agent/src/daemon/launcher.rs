@@ -165,6 +165,13 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
     let notify = notify::Listener::bind("lockstepd")
         .map_err(DaemonError::system("open the notification socket"))?;
     let systemd = Notifier::from_env();
+    #[cfg(feature = "failpoints")]
+    let systemd = if crate::daemon::failpoints::launcher_silent() {
+        tracing::warn!(target: "lockstep::launcher", variable = crate::daemon::failpoints::SILENT_LAUNCHER, "failpoint: forwarding no notifications");
+        Notifier::none()
+    } else {
+        systemd
+    };
     tracing::info!(
         target: "lockstep::launcher",
         pid = std::process::id(),
