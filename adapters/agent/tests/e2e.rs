@@ -283,7 +283,7 @@ async fn bootstrap_waits_for_the_launchers_ready_and_through_the_api_when_it_say
         let said = text(&controller.bootstrap);
         assert_eq!(
             said.contains(
-                "Note: lockstepd sent no notification within 2s; waiting through its API"
+                "Note: lockstepd sent no notification within 10s; waiting through its API"
             ),
             silent,
             "silent {silent}: {said}"

@@ -835,7 +835,8 @@ pub fn log_tail(data: &DataDir, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// How far the controller has got, from `Upgrade.WatchProgress`/`Status`.
+/// How far the controller has got, from `Upgrade.WatchProgress`/`Status`, or from the
+/// launcher's `STATUS=` lines ([`Progress::from_status`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Progress {
     pub phase: String,
@@ -925,8 +926,10 @@ impl Progress {
 }
 
 /// How long bootstrap listens for the launcher's first notification before it waits
-/// through the API instead (for a launcher that forwards none).
-pub const NOTIFY_GRACE: Duration = Duration::from_secs(2);
+/// through the API instead (for a launcher that forwards none). A launcher that forwards
+/// them does so within milliseconds of its worker's start; the margin is for a loaded
+/// machine, where falling back early would put the login's argon2 check back in the way.
+pub const NOTIFY_GRACE: Duration = Duration::from_secs(10);
 
 /// Waits for `READY=1` from the launcher `pid` on `listener` (its `NOTIFY_SOCKET`), calling
 /// `on_change` with each new progress its `STATUS=` lines give. Datagrams from any other
