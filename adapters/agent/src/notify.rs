@@ -141,7 +141,6 @@ pub async fn receive(
         .await
 }
 
-/// One parsed notification.
 /// A notification socket of one's own: abstract, named `<prefix>-<pid>-<random>` (not
 /// guessable, and gone with the socket), receiving each datagram with its sender's pid.
 #[derive(Debug)]
@@ -240,6 +239,7 @@ impl StatusLine {
     }
 }
 
+/// One parsed notification.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Notification {
     pub ready: bool,
