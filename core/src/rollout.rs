@@ -15,7 +15,7 @@
 //! [`resume`] and [`abort`] are the operator's verbs. Like the rest of the crate, this
 //! performs no I/O and reads no clock; the record is bounded by the fleet the caller passes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +68,9 @@ pub struct AgentView {
     pub running: Option<Version>,
     /// Its health, from its last status report.
     pub health: Health,
+    /// Bytes per second its last agent-binary download ran at, first byte to last, as the
+    /// agent reported it (`data.download-rate` in its status); `None` when it never said.
+    pub download_rate: Option<u64>,
 }
 
 /// An agent's health, from its last status report (`Machiner.SetStatus`).
@@ -154,6 +157,66 @@ impl Rollout {
     }
 }
 
+/// In an admission order, one agent in this many is taken from the slow end of the known
+/// download rates ([`admission_order`]); the others from the fast end.
+pub const SLOW_LINK_EVERY: usize = 9;
+
+/// The order in which `candidates` (in machine-id order) are admitted, after
+/// `admitted_before` agents were (the canaries included): the turns are counted over the
+/// whole rollout, so the share holds however many each coordinator pass admits.
+///
+/// An agent on a slow link takes many times longer than the others to download its binary
+/// whenever it is admitted; admitted late, it keeps the fleet's upgrade going long after the
+/// controllers' egress has gone quiet. So the agents whose last download was slowest go
+/// early. Not all at once, though: a controller bounds the downloads it serves at a time
+/// (`max-agent-downloads`), and slow transfers holding every slot leave its egress idle.
+/// So one admission in [`SLOW_LINK_EVERY`] (the first, the tenth, ...) goes to the slowest
+/// agent not yet taken and the others to the fastest; agents whose rate is unknown count as the fastest (in machine-id
+/// order among themselves). With no rate known, this is machine-id order. The simulator's
+/// fleet (`tests/sim`, BENCHMARKS.md) chose the share: 1 in 4 left a third of the egress
+/// idle for the first 40 s, 1 in 9 kept it full.
+pub fn admission_order<'a>(
+    candidates: &[&'a AgentView],
+    admitted_before: usize,
+) -> Vec<&'a AgentView> {
+    let (mut known, unknown): (Vec<&AgentView>, Vec<&AgentView>) = candidates
+        .iter()
+        .copied()
+        .partition(|agent| agent.download_rate.is_some());
+    // Fastest first; the sort is stable, so machine-id order stays among equal rates.
+    known.sort_by_key(|agent| std::cmp::Reverse(agent.download_rate));
+    // The unknown first, then the known from the fastest: the front is the fast end, the
+    // back the slowest known.
+    let mut line: VecDeque<&AgentView> = unknown.into_iter().chain(known).collect();
+    let mut order = Vec::with_capacity(line.len());
+    while !line.is_empty() {
+        let slow_turn = (admitted_before + order.len()).is_multiple_of(SLOW_LINK_EVERY)
+            && line
+                .back()
+                .is_some_and(|agent| agent.download_rate.is_some());
+        let next = if slow_turn {
+            line.pop_back()
+        } else {
+            line.pop_front()
+        };
+        order.extend(next);
+    }
+    order
+}
+
+/// The order in which canaries are chosen among `candidates` (in machine-id order): the
+/// fastest known download rates first, then the agents whose rate is unknown, in
+/// machine-id order. A canary is there to try the binary, which a slow link does not try
+/// any better, and every other agent waits until the last canary is Ready: a canary on a
+/// slow link would hold the whole fleet back. With no rate known, machine-id order.
+pub fn canary_order<'a>(candidates: &[&'a AgentView]) -> Vec<&'a AgentView> {
+    let mut order = candidates.to_vec();
+    // Stable: machine-id order among equal rates, and among the unknown (`None` sorts
+    // below every rate, so the unknown go after the known).
+    order.sort_by_key(|agent| std::cmp::Reverse(agent.download_rate));
+    order
+}
+
 /// True when `agent` reported running `target` and is Ready.
 fn healthy_on(agent: &AgentView, target: Version) -> bool {
     agent.running == Some(target) && agent.health == Health::Ready
@@ -162,10 +225,11 @@ fn healthy_on(agent: &AgentView, target: Version) -> bool {
 /// One step of the rollout: the record to write after reading what every agent reported
 /// at `now`. Records failures (an admitted agent that reported one; a canary not healthy
 /// on the target within [`RolloutPolicy::canary_deadline`]), halts when a canary failed or
-/// more than [`RolloutPolicy::failures_tolerated`] agents did, and otherwise admits agents
-/// in id order: the canaries first (chosen now if not yet chosen, among agents that are
-/// not down and do not run the target already), nobody else until every canary is healthy
-/// on the target, then as many as [`RolloutPolicy::max_at_once`] leaves room for. An agent
+/// more than [`RolloutPolicy::failures_tolerated`] agents did, and otherwise admits agents:
+/// the canaries first (in [`canary_order`], chosen now if not yet chosen, among agents
+/// that are not down and do not run the target already), nobody else until every canary
+/// is healthy on the target, then, in [`admission_order`], as many as
+/// [`RolloutPolicy::max_at_once`] leaves room for. An agent
 /// down is not admitted (it catches up once it is back) and blocks nothing; an agent that
 /// already runs the target needs no admission. Calling it again with the same inputs
 /// changes nothing more.
@@ -226,7 +290,7 @@ pub fn advance(
         .filter(|agent| agent.running != Some(next.target))
         .collect();
     if policy.canaries > 0 && !next.canaries_passed && next.canaries.is_empty() {
-        next.canaries = candidates
+        next.canaries = canary_order(&candidates)
             .iter()
             .take(policy.canaries as usize)
             .map(|agent| agent.id.clone())
@@ -243,8 +307,8 @@ pub fn advance(
         0 => usize::MAX,
         max => (max as usize).saturating_sub(next.in_flight(agents)),
     };
-    let admit: Vec<String> = candidates
-        .iter()
+    let admit: Vec<String> = admission_order(&candidates, next.admitted.len())
+        .into_iter()
         .filter(|agent| canaries_healthy || next.canaries.contains(&agent.id))
         .take(room)
         .map(|agent| agent.id.clone())
@@ -494,6 +558,7 @@ mod tests {
             id: id.to_owned(),
             running: Some(v(running)),
             health,
+            download_rate: None,
         }
     }
 
@@ -789,7 +854,155 @@ mod tests {
         ]
     }
 
+    fn ids<'a>(order: &[&'a AgentView]) -> Vec<&'a str> {
+        order.iter().map(|agent| agent.id.as_str()).collect()
+    }
+
+    #[test]
+    fn with_no_download_rate_known_agents_are_admitted_in_machine_id_order() {
+        let agents = fleet(12, "3.6.1");
+        let candidates: Vec<&AgentView> = agents.iter().collect();
+        assert_eq!(
+            ids(&admission_order(&candidates, 3)),
+            ids(&candidates),
+            "machine-id order, as before any download was measured"
+        );
+    }
+
+    #[test]
+    fn the_slowest_known_links_go_early_one_admission_in_nine() {
+        // Agents 01..=20: 03, 07 and 15 are slow (their rates 5, 1 and 9), 11's rate is
+        // unknown, the others fast (100 + id).
+        let mut agents = fleet(20, "3.6.1");
+        for (i, agent) in agents.iter_mut().enumerate() {
+            let id = i as u64 + 1;
+            agent.download_rate = match id {
+                3 => Some(5),
+                7 => Some(1),
+                15 => Some(9),
+                11 => None,
+                _ => Some(100 + id),
+            };
+        }
+        let candidates: Vec<&AgentView> = agents.iter().collect();
+        let order = ids(&admission_order(&candidates, 0));
+        assert_eq!(order.len(), 20);
+        // Turn 0: the slowest (07); turns 1-8: the unknown (11), then the fastest known;
+        // turn 9: the next slowest (03); turn 18: the last slow one (15).
+        assert_eq!(
+            order,
+            [
+                "07", "11", "20", "19", "18", "17", "16", "14", "13", "03", "12", "10", "09", "08",
+                "06", "05", "04", "02", "15", "01"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_canaries_are_the_fastest_known_and_take_the_first_turns() {
+        let policy = RolloutPolicy {
+            canaries: 1,
+            max_at_once: 2,
+            ..RolloutPolicy::default()
+        };
+        let mut agents = fleet(6, "3.6.1");
+        // 05 is slow, 03 the fastest, 06's rate unknown, the others in between. The canary
+        // is the fastest, and it takes turn 0: with six agents there is no turn 9, and 05
+        // goes last.
+        for agent in &mut agents {
+            agent.download_rate = match agent.id.as_str() {
+                "05" => Some(10),
+                "03" => Some(5_000),
+                "06" => None,
+                _ => Some(1_000),
+            };
+        }
+        let mut rollout = advance(&policy, &Rollout::new(v("3.6.2")), &agents, Timestamp(0));
+        assert_eq!(rollout.canaries.iter().collect::<Vec<_>>(), ["03"]);
+        upgrade(&mut agents, &rollout);
+        rollout = advance(&policy, &rollout, &agents, Timestamp(1));
+        assert_eq!(
+            rollout.admitted.keys().collect::<Vec<_>>(),
+            ["01", "03", "06"],
+            "after the canary (turn 0), turns 1 and 2 go to the fast end: the unknown (06) \
+             first, then the fastest known, in id order among equals (01)"
+        );
+    }
+
+    #[test]
+    fn the_slow_turns_are_counted_over_the_whole_rollout() {
+        // One admission per pass (max-at-once 1): the slow agent gets turn 0, then eight
+        // fast ones go before the next slow one, as if all were admitted in one pass.
+        let policy = RolloutPolicy {
+            max_at_once: 1,
+            ..RolloutPolicy::default()
+        };
+        let mut agents = fleet(12, "3.6.1");
+        for agent in &mut agents {
+            agent.download_rate = Some(match agent.id.as_str() {
+                "04" => 10,
+                "07" => 20,
+                _ => 1_000,
+            });
+        }
+        let mut rollout = Rollout::new(v("3.6.2"));
+        let mut order = Vec::new();
+        for round in 0..12 {
+            let next = advance(&policy, &rollout, &agents, Timestamp(round));
+            for id in next.admitted.keys() {
+                if !rollout.admitted.contains_key(id) {
+                    order.push(id.clone());
+                }
+            }
+            rollout = next;
+            upgrade(&mut agents, &rollout);
+        }
+        assert_eq!(
+            order,
+            [
+                "04", "01", "02", "03", "05", "06", "08", "09", "10", "07", "11", "12"
+            ]
+        );
+    }
+
     proptest! {
+        /// Whatever the rates, the admission order is the candidates, each once; the slow
+        /// end never takes an agent whose rate is unknown, so those keep machine-id order.
+        #[test]
+        fn the_admission_order_is_a_permutation_that_keeps_unknown_rates_in_id_order(
+            rates in proptest::collection::vec(proptest::option::of(1u64..50), 0..40),
+        ) {
+            let mut agents = fleet(rates.len(), "3.6.1");
+            for (agent, rate) in agents.iter_mut().zip(&rates) {
+                agent.download_rate = *rate;
+            }
+            let candidates: Vec<&AgentView> = agents.iter().collect();
+            let order = admission_order(&candidates, 0);
+            let mut sorted = ids(&order);
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, ids(&candidates));
+            let unknown: Vec<&str> = order
+                .iter()
+                .filter(|agent| agent.download_rate.is_none())
+                .map(|agent| agent.id.as_str())
+                .collect();
+            let mut in_id_order = unknown.clone();
+            in_id_order.sort_unstable();
+            prop_assert_eq!(unknown, in_id_order);
+            // Every slow turn that found a known rate took the slowest not yet taken.
+            let mut left: Vec<u64> = rates.iter().flatten().copied().collect();
+            left.sort_unstable();
+            for (turn, agent) in order.iter().enumerate() {
+                if let Some(rate) = agent.download_rate {
+                    if turn.is_multiple_of(SLOW_LINK_EVERY) {
+                        prop_assert_eq!(rate, left[0]);
+                    }
+                    let at = left.iter().position(|r| *r == rate).expect("not taken twice");
+                    left.remove(at);
+                }
+            }
+        }
+
         /// Whatever the agents report, round after round: no admission takes the agents in
         /// flight past max_at_once,
         /// no agent but a canary admitted before every canary is healthy, nothing admitted
@@ -800,6 +1013,7 @@ mod tests {
             max_at_once in 0u32..5,
             failures_tolerated in 0u32..4,
             rounds in proptest::collection::vec(proptest::collection::vec(health(), 8), 1..12),
+            rates in proptest::collection::vec(proptest::option::of(1u64..1_000), 8),
         ) {
             let policy = RolloutPolicy {
                 canaries,
@@ -808,6 +1022,9 @@ mod tests {
                 failures_tolerated,
             };
             let mut agents = fleet(8, "3.6.1");
+            for (agent, rate) in agents.iter_mut().zip(rates) {
+                agent.download_rate = rate;
+            }
             let mut rollout = Rollout::new(v("3.6.2"));
             for (round, healths) in rounds.into_iter().enumerate() {
                 for (agent, health) in agents.iter_mut().zip(healths) {

@@ -261,6 +261,7 @@ async fn download_verify_unpack(
         url: format!("{url}/{}", entry.path),
         sha256: entry.sha256,
         size_bytes: entry.size_bytes,
+        download_rate: None,
     };
     let started = Instant::now();
     source

@@ -621,6 +621,7 @@ fn tarball(dir: &Path, binary: &Binary, script: &[u8], mode: u32) -> (PathBuf, D
         url: format!("https://streams.example/agents/juju-{binary}.tgz"),
         sha256: sha256_of(&bytes),
         size_bytes: bytes.len() as u64,
+        download_rate: None,
     };
     (path, tools)
 }
@@ -1136,6 +1137,7 @@ fn an_identified_binary_installs_as_its_identity_with_its_digest_and_force_versi
             url: format!("file://{}", fs::canonicalize(&exe).unwrap().display()),
             sha256: identity.sha256,
             size_bytes: identity.size_bytes,
+            download_rate: None,
         }
     );
     assert_eq!(
@@ -1254,6 +1256,25 @@ fn downloaded_tools_keep_jujus_format_and_a_malformed_digest_names_the_file_and_
     // Such a directory counts as broken: installing the tarball again replaces it.
     data.install_tarball(&b, &path, &tools).unwrap();
     assert_eq!(data.read_downloaded_tools(&b).unwrap(), Some(tools));
+
+    // A download from a controller adds lockstep's `download-rate` after Juju's keys, and
+    // reads back; Juju's file without it reads as no rate (above).
+    let b2 = binary("2.9.45-ubuntu-amd64");
+    let (path, tools2) = tarball(temporary.path(), &b2, b"#!/bin/sh\n", 0o755);
+    let measured2 = DownloadedTools {
+        download_rate: Some(117_000_000),
+        ..tools2
+    };
+    data.install_tarball(&b2, &path, &measured2).unwrap();
+    let text = fs::read_to_string(data.binary_dir(&b2).join("downloaded-tools.txt")).unwrap();
+    assert!(
+        text.ends_with(&format!(
+            ",\"size\":{},\"download-rate\":117000000}}",
+            measured2.size_bytes
+        )),
+        "{text}"
+    );
+    assert_eq!(data.read_downloaded_tools(&b2).unwrap(), Some(measured2));
 }
 
 /// `cacert` is written as a literal block only when one reads back unchanged; the values a

@@ -10,7 +10,7 @@ use lockstep_agent::datadir::host_binary;
 use serde_json::Value;
 
 use crate::common::{Controller, LOCKSTEPD, Mirror, Published, later_patch, next, own, text};
-use crate::common::{agents_download_windows, most_at_once};
+use crate::common::{agents_download_windows, download_windows, most_at_once};
 use crate::machine_agents::{agent_logs, wait_for_agents};
 
 /// How long a controller may take to reach Ready (through an upgrade included).
@@ -304,4 +304,176 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
     let windows = agents_download_windows(&controller.data());
     assert_eq!(windows.len(), 4, "1 bad download and 3 fixed: {windows:?}");
     assert_eq!(most_at_once(&windows), 1, "{windows:?}");
+}
+
+/// Machine agents measure the download that brought their binary and report its rate
+/// (`data.download-rate`, shown by `lockstep status`), and the next rollout admits the
+/// slowest of them first and then the fastest (`rollout::admission_order`): three agents
+/// upgraded once under Juju's policy report a rate; given records of 50, 1 and 20 MB/s
+/// (loopback makes them all fast) and restarted, they report those, and upgraded again
+/// with `rollout-max-at-once=1` they receive the second binary one after the other, the
+/// slowest first, then the fastest, read from their own logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_report_their_download_rate_and_the_next_rollout_admits_the_slowest_first() {
+    let (first, second) = (next(), later_patch(2));
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &mirror.source(),
+            "--metadata-key",
+            &mirror.key(),
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    let add = controller.run(&["add-machine", "-n", "3"]);
+    assert!(add.status.success(), "{}", text(&add));
+    wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+    // Provisioned from the controller's own binary, no agent has downloaded anything.
+    let status = status_json(&controller);
+    for id in ["1", "2", "3"] {
+        assert!(
+            status["machines"][id]["agent-status"]["data"]
+                .get("download-rate")
+                .is_none(),
+            "machine {id}:\n{status:#}"
+        );
+    }
+
+    // Juju's policy: every agent at once. Each then reports the rate it measured.
+    let upgrade = controller.run(&["upgrade-controller", "--agent-version", &first.to_string()]);
+    assert!(upgrade.status.success(), "{}", text(&upgrade));
+    controller.wait_running(first, READY_WITHIN).await;
+    wait_for_agents(&controller, 3, first, Duration::from_secs(300)).await;
+    let rate = |status: &Value, id: &str| {
+        status["machines"][id]["agent-status"]["data"]["download-rate"].as_u64()
+    };
+    let measured = wait_for_status(
+        &controller,
+        "every agent's download rate reported",
+        Duration::from_secs(60),
+        |status| ["1", "2", "3"].iter().all(|id| rate(status, id).is_some()),
+    )
+    .await;
+    assert!(
+        ["1", "2", "3"]
+            .iter()
+            .all(|id| rate(&measured, id).is_some_and(|rate| rate > 0)),
+        "{measured:#}"
+    );
+    // `lockstep status` shows it too.
+    let tabular = controller.run(&["status"]);
+    let shown = String::from_utf8_lossy(&tabular.stdout).into_owned();
+    assert!(
+        shown.contains("Download") && shown.contains("B/s"),
+        "{shown}"
+    );
+
+    // Loopback gives every agent about the same rate; give them links of their own: each
+    // agent's record of its download says 50, 1 and 20 MB/s, and its worker, killed -9 and
+    // restarted by its launcher, reports that.
+    let links = [("1", 50_000_000u64), ("2", 1_000_000), ("3", 20_000_000)];
+    for dir in controller.data().machine_agent_dirs() {
+        let tag = dir.read_agent_conf().unwrap().unwrap().tag;
+        let id = tag.strip_prefix("machine-").expect("a machine tag");
+        let (_, link) = links
+            .iter()
+            .find(|(of, _)| *of == id)
+            .expect("machines 1-3");
+        let binary = host_binary(first);
+        let mut tools = dir
+            .read_downloaded_tools(&binary)
+            .unwrap()
+            .expect("downloaded");
+        assert!(
+            tools.url.contains("/tools/"),
+            "downloaded from {}",
+            tools.url
+        );
+        tools.download_rate = Some(*link);
+        std::fs::write(
+            dir.binary_dir(&binary).join("downloaded-tools.txt"),
+            serde_json::to_vec(&tools).unwrap(),
+        )
+        .unwrap();
+        let launcher = crate::common::pid_in(&dir.pid_path()).expect("a launcher pid");
+        let worker = lockstep_agent::cli::demo::worker_pid(launcher).expect("a worker");
+        let target = rustix::process::Pid::from_raw(worker as i32).unwrap();
+        rustix::process::kill_process(target, rustix::process::Signal::KILL).unwrap();
+    }
+    wait_for_status(
+        &controller,
+        "the agents' new rates reported",
+        Duration::from_secs(60),
+        |status| {
+            links
+                .iter()
+                .all(|(id, link)| rate(status, id) == Some(*link))
+        },
+    )
+    .await;
+    // Turn 0 goes to the slowest (2), the others to the fastest first (1, then 3): not
+    // machine-id order, nor fastest or slowest first.
+    let expected = ["2", "1", "3"];
+
+    // One agent at a time, so each receives its binary only once the one before is Ready.
+    let set = controller.run(&["model-config", "rollout-max-at-once=1"]);
+    assert!(set.status.success(), "{}", text(&set));
+    lockstep_agent::cli::demo::publish(
+        mirror.path(),
+        second,
+        std::path::Path::new(LOCKSTEPD),
+        true,
+    )
+    .expect("publish the second binary");
+    lockstep_agent::cli::demo::generate(mirror.path(), mirror.key.as_ref())
+        .expect("regenerate the mirror's metadata");
+    // The controller reads its mirror again within its catalogue's freshness (30 s).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let upgrade = controller.run(&["upgrade-model", "--agent-version", &second.to_string()]);
+        if upgrade.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && text(&upgrade).contains("no agent binaries"),
+            "{}",
+            text(&upgrade)
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    controller.wait_running(second, READY_WITHIN).await;
+    wait_for_agents(&controller, 3, second, Duration::from_secs(300)).await;
+
+    // Each agent's second window (first byte to last, from its own log), in time order.
+    let mut second_windows: Vec<(u64, u64, String)> = controller
+        .data()
+        .machine_agent_dirs()
+        .iter()
+        .map(|dir| {
+            let tag = dir.read_agent_conf().unwrap().unwrap().tag;
+            let log =
+                std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap_or_default();
+            let windows = download_windows(&log, &tag);
+            assert_eq!(windows.len(), 2, "{tag}: two downloads: {windows:?}");
+            let id = tag
+                .strip_prefix("machine-")
+                .expect("a machine tag")
+                .to_owned();
+            (windows[1].0, windows[1].1, id)
+        })
+        .collect();
+    second_windows.sort_unstable();
+    let order: Vec<&str> = second_windows
+        .iter()
+        .map(|(_, _, id)| id.as_str())
+        .collect();
+    assert_eq!(
+        order, expected,
+        "admitted slowest first, then fastest; windows {second_windows:?}"
+    );
+    for pair in second_windows.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "one at a time: {second_windows:?}");
+    }
 }

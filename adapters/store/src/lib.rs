@@ -104,7 +104,8 @@
 //! - The SQLite schema is versioned in its own `schema_version` table (not `user_version`,
 //!   so that a stray tool cannot reset it silently); version 1 is the schema before seed 004
 //!   (machines with jobs only), version 2 adds roles and capabilities, version 3 settings
-//!   and charms, version 4 agents' credentials and status.
+//!   and charms, version 4 agents' credentials and status, version 5 the rate of an
+//!   agent's last binary download in its status.
 //!
 //! ## Sync, not async
 //!

@@ -688,6 +688,7 @@ mod tests {
             info: String::new(),
             phase: phase.to_owned(),
             version: None,
+            download_rate: None,
             updated: START,
         };
         let mut runs = 0;

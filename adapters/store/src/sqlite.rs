@@ -31,7 +31,7 @@ use crate::{
 };
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The upgrade-info record's id in the event log.
 pub(crate) const RECORD_CURRENT: &str = "current";
@@ -115,6 +115,9 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
          version TEXT,
          updated INTEGER NOT NULL
      );",
+    // 4 → 5: the rate of an agent's last binary download, as it reports it (the staged
+    // rollout admits slow links early); NULL when it did not say.
+    "ALTER TABLE agent_status ADD COLUMN download_rate INTEGER;",
 ];
 
 /// How to open a store.
@@ -725,9 +728,17 @@ fn decode_text<T: serde::de::DeserializeOwned>(what: &str, text: String) -> Resu
 
 type MachineRow = (String, String, String, Option<String>, String);
 
-type AgentStatusRow = (String, String, String, String, Option<String>, i64);
+type AgentStatusRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    i64,
+);
 
-const AGENT_STATUS_COLUMNS: &str = "tag, status, info, phase, version, updated";
+const AGENT_STATUS_COLUMNS: &str = "tag, status, info, phase, version, download_rate, updated";
 
 fn agent_status_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<AgentStatusRow> {
     Ok((
@@ -737,11 +748,12 @@ fn agent_status_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<AgentStatusRow>
         row.get(3)?,
         row.get(4)?,
         row.get(5)?,
+        row.get(6)?,
     ))
 }
 
 fn agent_status_from_row(row: AgentStatusRow) -> Result<(String, AgentStatus), StoreError> {
-    let (tag, status, info, phase, version, updated) = row;
+    let (tag, status, info, phase, version, download_rate, updated) = row;
     let version = SqliteTx::text_column(&format!("agent status {tag:?}"), version)?;
     Ok((
         tag,
@@ -750,6 +762,8 @@ fn agent_status_from_row(row: AgentStatusRow) -> Result<(String, AgentStatus), S
             info,
             phase,
             version,
+            // Written from a u64 as i64's bit pattern; read back the same way.
+            download_rate: download_rate.map(|rate| rate as u64),
             updated: Timestamp(updated as u64),
         },
     ))
@@ -1140,7 +1154,7 @@ impl Tx for SqliteTx<'_> {
         let result = self.tx.execute(
             &format!(
                 "INSERT OR REPLACE INTO agent_status ({AGENT_STATUS_COLUMNS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
             ),
             params![
                 tag,
@@ -1148,6 +1162,7 @@ impl Tx for SqliteTx<'_> {
                 status.info,
                 status.phase,
                 status.version.as_ref().map(ToString::to_string),
+                status.download_rate.map(|rate| rate as i64),
                 status.updated.0 as i64,
             ],
         );
@@ -1421,8 +1436,8 @@ mod tests {
             .connection()
             .query_row("SELECT version FROM schema_version", [], |row| row.get(0))
             .unwrap();
-        assert_eq!(version, 4);
-        assert_eq!(SCHEMA_VERSION, 4);
+        assert_eq!(version, 5);
+        assert_eq!(SCHEMA_VERSION, 5);
         let model = store.load_model().unwrap().unwrap();
         assert_eq!(model.agent_version, v("2.9.42"));
         let (machine, settings, operation) = store
@@ -1449,6 +1464,7 @@ mod tests {
             info: String::new(),
             phase: "ready".to_owned(),
             version: machine_binary(),
+            download_rate: Some(117_000_000),
             updated: START,
         };
         let (hash, statuses) = store

@@ -1164,6 +1164,7 @@ fn agent_status(status: &str, info: &str, phase: &str, version: Option<&str>) ->
         phase: phase.to_owned(),
         version: version
             .map(|text| lockstep_core::Binary::new(v(text), "ubuntu", "amd64").expect("a binary")),
+        download_rate: None,
         updated: START,
     }
 }
@@ -1282,7 +1283,11 @@ where
 {
     let mut h = H::new();
     let before = h.store().revision().unwrap();
-    let started = agent_status("started", "", "ready", Some("2.9.43"));
+    // The download rate is kept, up to the largest u64 (SQLite's column is signed).
+    let started = AgentStatus {
+        download_rate: Some(u64::MAX),
+        ..agent_status("started", "", "ready", Some("2.9.43"))
+    };
     let failed = agent_status(
         "error",
         "hook failed: \"install\" (exit 1)\nsecond line é",
@@ -1911,6 +1916,7 @@ pub(crate) fn agents_behind_refuse_an_agent_version_change_only_when_asked<H: Ha
                             info: String::new(),
                             phase: "ready".into(),
                             version: Some(binary(version).unwrap()),
+                            download_rate: None,
                             updated: now,
                         },
                     )?;

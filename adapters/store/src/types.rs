@@ -157,6 +157,10 @@ pub struct AgentStatus {
     pub phase: String,
     /// The agent binary it says it runs.
     pub version: Option<Binary>,
+    /// Bytes per second its last agent-binary download ran at (first byte to last), as it
+    /// says; `None` when it did not say. The staged rollout admits slow links early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_rate: Option<u64>,
     /// The store's clock (`tx.now()`) when written.
     pub updated: Timestamp,
 }

@@ -266,6 +266,9 @@ pub struct AgentStatusReport {
     pub phase: String,
     /// lockstep's `data.version`: the binary the agent runs, when sent.
     pub version: Option<Binary>,
+    /// lockstep's `data.download-rate`: bytes per second of the agent's last binary
+    /// download, first byte to last, when sent.
+    pub download_rate: Option<u64>,
 }
 
 /// What `Client.FullStatus` shows of the state, each entity already as Juju's status

@@ -32,7 +32,11 @@ pub fn run_fleet(seed: u64, agents: u32, fleet: Fleet) -> FleetRun {
 
 /// [`run_fleet`] with `options` (`record_timeline` for `lockstep-sim --fleet --timeline`).
 pub fn run_fleet_with(seed: u64, agents: u32, fleet: Fleet, options: RunOptions) -> FleetRun {
-    let scenario = Scenario::fleet(seed, agents, fleet);
+    run_fleet_scenario(Scenario::fleet(seed, agents, fleet), options)
+}
+
+/// Runs a fleet `scenario` ([`Scenario::fleet`], perhaps with some faults turned off).
+pub fn run_fleet_scenario(scenario: Scenario, options: RunOptions) -> FleetRun {
     let started = Instant::now();
     let report = run(scenario.clone(), options);
     FleetRun {

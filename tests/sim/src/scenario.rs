@@ -178,7 +178,8 @@ impl Faults {
         }
     }
 
-    fn disable(&mut self, kind: FaultKind) {
+    /// Turns fault `kind` off.
+    pub fn disable(&mut self, kind: FaultKind) {
         match kind {
             FaultKind::Crash => self.crash_interval_ms = None,
             FaultKind::PersistCrash => self.persist_crash_per_million = 0,
@@ -327,12 +328,17 @@ pub struct Fleet {
     pub max_agent_downloads: Option<u64>,
     /// The model's `rollout-*` settings.
     pub rollout: RolloutPolicy,
+    /// The fleet went through an earlier upgrade: each agent's status says how fast the
+    /// download of the binary it runs was (its link, with jitter), so the rollout admits
+    /// slow links early (`rollout::admission_order`). `false`: a fleet's first rollout,
+    /// which knows no rate and goes in machine-id order.
+    pub rates_known: bool,
 }
 
 impl Default for Fleet {
     /// A data centre: 60 MB binaries, controllers on 10 Gbit/s, agents on 1 Gbit/s (5% of
     /// them on 10–100 Mbit/s), a 1 Gbit/s stream; 5 canaries, then at most 1,000 agents at
-    /// once, halted past 50 failures.
+    /// once, halted past 50 failures; each agent's last download rate known.
     fn default() -> Fleet {
         Fleet {
             binary_bytes: 60_000_000,
@@ -348,6 +354,7 @@ impl Default for Fleet {
                 failures_tolerated: 50,
                 ..RolloutPolicy::default()
             },
+            rates_known: true,
         }
     }
 }
@@ -647,7 +654,7 @@ impl fmt::Display for Scenario {
         if let Some(fleet) = &self.fleet {
             write!(
                 f,
-                "\n  fleet: binary {} MB, controller egress {} Mbit/s, upstream {} Mbit/s, agent links {} Mbit/s ({} per million slow, jitter {} per mille), max-agent-downloads {}, rollout {:?}",
+                "\n  fleet: binary {} MB, controller egress {} Mbit/s, upstream {} Mbit/s, agent links {} Mbit/s ({} per million slow, jitter {} per mille), max-agent-downloads {}, rollout {:?}, {}",
                 fleet.binary_bytes / 1_000_000,
                 fleet.egress_bytes_per_second * 8 / 1_000_000,
                 fleet.upstream_bytes_per_second * 8 / 1_000_000,
@@ -657,7 +664,12 @@ impl fmt::Display for Scenario {
                 fleet
                     .max_agent_downloads
                     .map_or("unset".to_owned(), |max| max.to_string()),
-                fleet.rollout
+                fleet.rollout,
+                if fleet.rates_known {
+                    "each agent's last download rate known (an earlier upgrade's)"
+                } else {
+                    "no download rate known (a first rollout)"
+                }
             )?;
         }
         Ok(())

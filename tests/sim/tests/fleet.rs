@@ -67,7 +67,7 @@ fn ten_thousand_machine_agents_upgrade_with_faults_and_replay_exactly() {
 }
 
 #[test]
-fn a_small_fleet_upgrades_under_juju_s_policy_and_under_a_tight_rollout() {
+fn a_small_fleet_upgrades_under_juju_s_policy_and_under_a_tight_rollout_with_and_without_rates() {
     let juju = Fleet {
         rollout: RolloutPolicy::default(),
         ..Fleet::default()
@@ -83,7 +83,16 @@ fn a_small_fleet_upgrades_under_juju_s_policy_and_under_a_tight_rollout() {
         },
         ..Fleet::default()
     };
-    for (name, fleet) in [("juju", juju), ("tight", tight)] {
+    // A fleet's first rollout knows no agent's download rate: machine-id order.
+    let first_rollout = Fleet {
+        rates_known: false,
+        ..tight
+    };
+    for (name, fleet) in [
+        ("juju", juju),
+        ("tight", tight),
+        ("tight, first rollout", first_rollout),
+    ] {
         let run = run_fleet(SEED, 120, fleet);
         let summary = run.summary();
         assert_eq!(run.report.failure, None, "{name}: {summary}");
@@ -104,6 +113,7 @@ fn agent(id: &str, running: Version, health: Health) -> AgentView {
         id: id.to_owned(),
         running: Some(running),
         health,
+        download_rate: None,
     }
 }
 

@@ -98,6 +98,7 @@ pub fn set_agent_statuses(
                         info: report.info.clone(),
                         phase: report.phase.clone(),
                         version: report.version.clone(),
+                        download_rate: report.download_rate,
                         updated: now,
                     },
                 )?;

@@ -64,6 +64,7 @@ pub fn agent_views(
                     .or(machine.agent_binary.as_ref())
                     .map(|binary| binary.number),
                 health: health(report, now),
+                download_rate: report.and_then(|report| report.download_rate),
             }
         })
         .collect()
@@ -387,6 +388,7 @@ mod tests {
             },
             phase: phase.to_owned(),
             version: Some(binary(version)),
+            download_rate: None,
             updated: Timestamp(at),
         }
     }

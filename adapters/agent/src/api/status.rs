@@ -54,7 +54,8 @@ pub fn machine_statuses(
 
 /// A machine's agent status as `FullStatus` shows it, Juju's `DetailedStatus`, from what
 /// its agent last reported (`Machiner.SetStatus`) at the store's clock `now`: the status,
-/// message and time it reported, with lockstep's `data.phase` and the version it reported
+/// message and time it reported, with lockstep's `data.phase` (and `data.download-rate`,
+/// bytes per second of the download that brought its binary, when it said) and the version it reported
 /// (else the one of [`machine_statuses`]); `down` (Juju's words) once the report is older
 /// than [`AGENT_DOWN_AFTER`]. `None` when its agent never reported a status.
 pub fn reported_agent_status(
@@ -79,6 +80,9 @@ pub fn reported_agent_status(
     let mut detail = detailed_status(status, info, Some(&since), &version);
     if !reported.phase.is_empty() {
         detail["data"] = json!({"phase": reported.phase});
+    }
+    if let Some(rate) = reported.download_rate {
+        detail["data"]["download-rate"] = json!(rate);
     }
     Some(detail)
 }
@@ -392,6 +396,7 @@ mod tests {
             info: "".into(),
             phase: "upgrading".into(),
             version: None,
+            download_rate: None,
             updated: Timestamp(1_000_000),
         };
         let at = |after_ms: u64| {
@@ -409,5 +414,14 @@ mod tests {
         assert_eq!(silent["info"], "agent is not communicating with the server");
         assert_eq!(silent["since"], "1970-01-01T00:16:40Z");
         assert_eq!(reported_agent_status(&machine, None, Timestamp(0)), None);
+        let measured = AgentStatus {
+            download_rate: Some(117_000_000),
+            ..reported
+        };
+        let shown = reported_agent_status(&machine, Some(&measured), Timestamp(1_000_000)).unwrap();
+        assert_eq!(
+            shown["data"],
+            json!({"phase": "upgrading", "download-rate": 117_000_000})
+        );
     }
 }

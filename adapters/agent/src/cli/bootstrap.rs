@@ -771,6 +771,7 @@ async fn fetch_and_install(
         url: format!("{}/{}", url.trim_end_matches('/'), entry.path),
         sha256: entry.sha256,
         size_bytes: entry.size_bytes,
+        download_rate: None,
     };
     let data = data.clone();
     let binary = entry.binary;

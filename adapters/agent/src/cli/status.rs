@@ -301,6 +301,12 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
                             .and_then(|status| status.get("data"))
                             .and_then(|data| data.get("phase")),
                     ),
+                    machine
+                        .get("agent-status")
+                        .and_then(|status| status.get("data"))
+                        .and_then(|data| data.get("download-rate"))
+                        .and_then(Value::as_u64)
+                        .map_or_else(|| DASH.to_owned(), bytes_per_second),
                     base(machine.get("base")),
                     jobs,
                 ]
@@ -309,7 +315,9 @@ pub fn render_tabular(status: &Value, controller: Option<&str>) -> Result<String
         out.push('\n');
         table(
             &mut out,
-            &["Machine", "State", "Version", "Phase", "Base", "Jobs"],
+            &[
+                "Machine", "State", "Version", "Phase", "Download", "Base", "Jobs",
+            ],
             rows,
         );
         // What the controller that answered says of itself: which agent-binary metadata
@@ -607,6 +615,18 @@ fn charm_name(value: Option<&Value>) -> String {
 
 /// Appends a table: a header and rows, each column as wide as its widest cell, two spaces
 /// between columns, no trailing spaces.
+/// A rate as `lockstep status` shows it: `117.0MB/s` (decimal units, as download tools
+/// show them).
+fn bytes_per_second(rate: u64) -> String {
+    let rate = rate as f64;
+    match rate {
+        r if r >= 1e9 => format!("{:.1}GB/s", r / 1e9),
+        r if r >= 1e6 => format!("{:.1}MB/s", r / 1e6),
+        r if r >= 1e3 => format!("{:.1}kB/s", r / 1e3),
+        r => format!("{r:.0}B/s"),
+    }
+}
+
 fn table(out: &mut String, header: &[&str], rows: Vec<Vec<String>>) {
     let columns = header.len();
     let mut widths: Vec<usize> = header.iter().map(|title| title.chars().count()).collect();
@@ -669,7 +689,7 @@ mod tests {
     }
 
     #[test]
-    fn each_machine_shows_its_agents_state_version_phase_and_jobs() {
+    fn each_machine_shows_its_agents_state_version_phase_download_rate_and_jobs() {
         let status = json!({
             "machines": {
                 "0": {"jobs": ["JobManageModel"],
@@ -677,7 +697,8 @@ mod tests {
                                        "data": {"phase": "ready"}}},
                 "1": {"jobs": ["JobHostUnits", "JobManageFirewall"],
                       "agent-status": {"status": "down", "version": "2.9.43",
-                                       "data": {"phase": "upgrading"}}},
+                                       "data": {"phase": "upgrading",
+                                                "download-rate": 117_049_000u64}}},
             },
         });
         let tabular = render(&status, Format::Tabular).unwrap();
@@ -687,7 +708,7 @@ mod tests {
             .collect();
         assert!(
             lines.contains(&vec![
-                "Machine", "State", "Version", "Phase", "Base", "Jobs"
+                "Machine", "State", "Version", "Phase", "Download", "Base", "Jobs"
             ]),
             "{tabular}"
         );
@@ -697,6 +718,7 @@ mod tests {
                 "started",
                 "2.9.44",
                 "ready",
+                "-",
                 "-",
                 "JobManageModel"
             ]),
@@ -708,11 +730,15 @@ mod tests {
                 "down",
                 "2.9.43",
                 "upgrading",
+                "117.0MB/s",
                 "-",
                 "JobHostUnits,JobManageFirewall"
             ]),
             "{tabular}"
         );
+        assert_eq!(bytes_per_second(999), "999B/s");
+        assert_eq!(bytes_per_second(1_250), "1.2kB/s");
+        assert_eq!(bytes_per_second(2_500_000_000), "2.5GB/s");
     }
 
     #[test]
@@ -791,7 +817,7 @@ mod tests {
         );
         assert!(text.contains("\na/0   -         -      -\n"), "{text}");
         assert!(
-            text.contains("\n0        -      -        -      -     -\n"),
+            text.contains("\n0        -      -        -      -         -     -\n"),
             "{text}"
         );
     }

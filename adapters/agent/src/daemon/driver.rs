@@ -953,6 +953,7 @@ async fn stage(
                 url: format!("{}/{}", url.trim_end_matches('/'), path),
                 sha256: plan.sha256,
                 size_bytes: plan.size_bytes,
+                download_rate: None,
             };
             let data = data.clone();
             let binary = plan.binary.clone();

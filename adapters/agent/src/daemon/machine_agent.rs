@@ -427,10 +427,18 @@ pub async fn run(agent: MachineAgent, notifier: Notifier) -> Result<i32, DaemonE
         phase: Phase::Bootstrapping,
         message: String::new(),
     });
+    // The rate of the download that brought this binary, reported in every status so the
+    // staged rollout can admit slow links early next time (none for a provisioned one).
+    let download_rate = data
+        .read_downloaded_tools(&running)
+        .ok()
+        .flatten()
+        .and_then(|tools| tools.download_rate);
     let status_task = tokio::spawn(report_status(
         Arc::clone(&api),
         conf.tag.clone(),
         running.clone(),
+        download_rate,
         status_rx,
     ));
     let watch_task = tokio::spawn(follow_desired_version(
@@ -615,21 +623,27 @@ struct Reported {
 }
 
 /// Sends `Machiner.SetStatus` whenever the reported status changes, and every
-/// [`STATUS_INTERVAL`] regardless.
+/// [`STATUS_INTERVAL`] regardless; `data` carries the phase, the binary it runs and, when
+/// known, `download-rate`: bytes per second of the download that brought that binary.
 async fn report_status(
     api: Arc<Client>,
     tag: String,
     running: Binary,
+    download_rate: Option<u64>,
     mut status: watch::Receiver<Reported>,
 ) {
     loop {
         let current = status.borrow_and_update().clone();
         let (word, info) = status_of(current.phase, &current.message);
+        let mut data = json!({"phase": current.phase.as_str(), "version": running.to_string()});
+        if let Some(rate) = download_rate {
+            data["download-rate"] = json!(rate);
+        }
         let params = json!({"entities": [{
             "tag": tag,
             "status": word,
             "info": info,
-            "data": {"phase": current.phase.as_str(), "version": running.to_string()},
+            "data": data,
         }]});
         match SET_STATUS
             .call(&api, params, STATUS_INTERVAL)
@@ -1060,6 +1074,27 @@ fn monotonic_ns() -> u64 {
     (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64
 }
 
+/// Bytes per second of a download of `size_bytes`: from its first byte (`first`: when, and
+/// how many bytes that first read brought) to its last (`last`), so that the wait for a
+/// slot in the controller's queue does not count; from `started` (the request) when the
+/// bytes came in one read. At least 1.
+fn download_rate(
+    started: Instant,
+    first: Option<(Instant, u64)>,
+    last: Option<(Instant, u64)>,
+    size_bytes: u64,
+) -> u64 {
+    let (from, bytes) = match (first, last) {
+        (Some((at, first_bytes)), Some((end, total))) if total > first_bytes && end > at => {
+            (at, total - first_bytes)
+        }
+        _ => (started, size_bytes),
+    };
+    let end = last.map_or_else(Instant::now, |(end, _)| end);
+    let nanos = end.saturating_duration_since(from).as_nanos().max(1);
+    (u128::from(bytes) * 1_000_000_000 / nanos).clamp(1, u128::from(u64::MAX)) as u64
+}
+
 /// `StageBinary` from the controller: the tarball from the tools endpoint's URL that
 /// `Upgrader.Tools` gave, over TLS checked against the controller's CA, with this agent's
 /// credentials; size and sha256 verified while it is read, then unpacked into
@@ -1125,31 +1160,37 @@ async fn stage_from_controller(
     // for as long as BUSY_WAIT_MAX.
     let waiting_since = Instant::now();
     let mut busy = 0u32;
+    let download_rate_seen: u64;
     loop {
         let attempt_started = Instant::now();
         tracing::info!(target: "lockstep::agent", binary = %plan.binary, %url, "download attempt");
         // The window in which this agent receives the binary, on the host's monotonic clock
         // (one clock for every process, so the agents' windows can be compared): from its
         // first byte to its last, both logged before the connection is closed.
-        let mut first = true;
+        let mut first: Option<(Instant, u64)> = None;
+        let mut last: Option<(Instant, u64)> = None;
         let mut window = |progress: lockstep_streams::DownloadProgress| {
-            if first && progress.received_bytes > 0 {
-                first = false;
+            if first.is_none() && progress.received_bytes > 0 {
+                first = Some((Instant::now(), progress.received_bytes));
                 tracing::info!(target: "lockstep::agent", monotonic_ns = monotonic_ns(), received_bytes = progress.received_bytes, "download receiving");
             }
             if progress.received_bytes == progress.total_bytes {
+                last = Some((Instant::now(), progress.received_bytes));
                 tracing::info!(target: "lockstep::agent", monotonic_ns = monotonic_ns(), received_bytes = progress.received_bytes, "download received");
             }
         };
         match source.download(&entry, &tarball, &mut window).await {
             Ok(()) => {
+                let rate = download_rate(attempt_started, first, last, plan.size_bytes);
                 tracing::info!(
                     target: "lockstep::agent",
                     binary = %plan.binary,
                     elapsed_ms = attempt_started.elapsed().as_millis() as u64,
                     busy_answers = busy,
+                    bytes_per_second = rate,
                     "downloaded from the controller"
                 );
+                download_rate_seen = rate;
                 break;
             }
             Err(lockstep_streams::DownloadError::Source(
@@ -1179,6 +1220,7 @@ async fn stage_from_controller(
         url,
         sha256: plan.sha256,
         size_bytes: plan.size_bytes,
+        download_rate: Some(download_rate_seen),
     };
     let data = data.clone();
     let binary = plan.binary.clone();
@@ -1194,6 +1236,31 @@ async fn stage_from_controller(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_download_rate_runs_from_the_first_byte_to_the_last() {
+        let started = Instant::now();
+        let first = started + Duration::from_secs(5);
+        let last = first + Duration::from_secs(2);
+        // 5 s in the controller's queue do not count: 2,000,000 bytes after the first read
+        // in 2 s.
+        assert_eq!(
+            download_rate(
+                started,
+                Some((first, 65_536)),
+                Some((last, 2_065_536)),
+                2_065_536
+            ),
+            1_000_000
+        );
+        // Everything in one read: from the request.
+        assert_eq!(
+            download_rate(started, Some((last, 4_000)), Some((last, 4_000)), 4_000),
+            571
+        );
+        // However quick, at least 1 byte per second and no division by zero.
+        assert!(download_rate(last, Some((last, 1)), Some((last, 1)), 1) >= 1);
+    }
 
     #[test]
     fn errors_name_the_call_and_show_the_reply_shortened() {

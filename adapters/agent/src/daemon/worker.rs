@@ -331,6 +331,7 @@ async fn report_own_status(
                     info: info.clone(),
                     phase: phase.as_str().to_owned(),
                     version: Some(version.clone()),
+                    download_rate: None,
                     updated: tx.now(),
                 };
                 tx.put_agent_status(&tag_now, &reported)?;

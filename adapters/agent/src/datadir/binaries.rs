@@ -272,6 +272,7 @@ impl DataDir {
             url: format!("file://{}", absolute.display()),
             sha256,
             size_bytes,
+            download_rate: None,
         };
         write_new_file(
             &staging.path().join(DOWNLOADED_TOOLS),

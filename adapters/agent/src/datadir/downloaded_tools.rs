@@ -23,6 +23,15 @@ pub struct DownloadedTools {
     /// Juju's key is `size`.
     #[serde(rename = "size")]
     pub size_bytes: u64,
+    /// lockstep's: bytes per second the download ran at, its first byte to its last, when
+    /// it was downloaded from a controller (a machine agent reports it in its status, and
+    /// the staged rollout admits slow links early). Absent otherwise, and in Juju's files.
+    #[serde(
+        rename = "download-rate",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub download_rate: Option<u64>,
 }
 
 impl DownloadedTools {

@@ -105,6 +105,14 @@ fn report(tag: &str, entry: &Value) -> Result<AgentStatusReport, WireError> {
     }
     let phase = text(data.and_then(|data| data.get("phase")), "data.phase")?;
     let version = text(data.and_then(|data| data.get("version")), "data.version")?;
+    let download_rate = match data.and_then(|data| data.get("download-rate")) {
+        None | Some(Value::Null) => None,
+        Some(rate) => Some(rate.as_u64().filter(|rate| *rate > 0).ok_or_else(|| {
+            bad(format!(
+                "data.download-rate must be a whole number of bytes per second above 0, not {rate}"
+            ))
+        })?),
+    };
     match status.as_str() {
         "down" => return Err(bad(format!("cannot set status {status:?}"))),
         "error" if info.is_empty() => {
@@ -140,6 +148,7 @@ fn report(tag: &str, entry: &Value) -> Result<AgentStatusReport, WireError> {
         info,
         phase,
         version,
+        download_rate,
     })
 }
 
@@ -157,13 +166,17 @@ mod tests {
     fn entries_are_checked_as_juju_checks_a_machine_s_status() {
         let ok = report(
             "machine-1",
-            &json!({"status": "started", "info": "", "data": {"phase": "ready", "version": "2.9.44-ubuntu-amd64"}}),
+            &json!({"status": "started", "info": "", "data": {"phase": "ready", "version": "2.9.44-ubuntu-amd64", "download-rate": 117_000_000u64}}),
         )
         .unwrap();
         assert_eq!(ok.phase, "ready");
         assert_eq!(ok.version.unwrap().to_string(), "2.9.44-ubuntu-amd64");
+        assert_eq!(ok.download_rate, Some(117_000_000));
         let plain = report("machine-1", &json!({"status": "stopped"})).unwrap();
-        assert_eq!((plain.phase.as_str(), plain.version), ("", None));
+        assert_eq!(
+            (plain.phase.as_str(), plain.version, plain.download_rate),
+            ("", None, None)
+        );
         for (entry, message) in [
             (json!({"status": "down"}), "cannot set status \"down\""),
             (
@@ -186,6 +199,18 @@ mod tests {
             (
                 json!({"status": "started", "data": []}),
                 "data must be an object",
+            ),
+            (
+                json!({"status": "started", "data": {"download-rate": -5}}),
+                "data.download-rate must be a whole number of bytes per second above 0, not -5",
+            ),
+            (
+                json!({"status": "started", "data": {"download-rate": 0}}),
+                "data.download-rate must be",
+            ),
+            (
+                json!({"status": "started", "data": {"download-rate": "fast"}}),
+                "data.download-rate must be",
             ),
         ] {
             let error = report("machine-1", &entry).unwrap_err();

@@ -15,7 +15,7 @@
 use std::process::ExitCode;
 
 use lockstep_core::lifecycle::Mutations;
-use lockstep_sim::fleet::run_fleet_with;
+use lockstep_sim::fleet::run_fleet_scenario;
 use lockstep_sim::scenario::{Caps, FaultKind, Fleet, Overrides, Scenario, mbit};
 use lockstep_sim::sim::{RunOptions, run};
 use lockstep_sim::sweep::{self, caps_flag, mutation_flag};
@@ -24,7 +24,7 @@ const USAGE: &str =
     "usage: lockstep-sim (--seeds A..B | --seed S) [--full] [--controllers N] [--agents N]
        lockstep-sim --fleet [--seed S] [--agents N] [--binary-mb N] [--egress-mbps N]
        [--upstream-mbps N] [--agent-mbps N] [--slow-per-million N] [--max-agent-downloads N]
-       [--canaries N] [--max-at-once N] [--failures-tolerated N]
+       [--canaries N] [--max-at-once N] [--failures-tolerated N] [--rates-unknown]
        [--deployers N] [--watchers N] [--pollers N] [--without fault,fault] [--safety-ms MS]
        [--mutation NAME] [--trace] [--timeline out.svg] [--no-shrink] [--no-determinism-check]
 faults: crash persist-crash drop duplicate delay partition stream-stall stream-corrupt
@@ -102,6 +102,13 @@ fn parse() -> Result<Arguments, String> {
                 arguments.timeline = Some(words.next().ok_or("--timeline needs a file")?)
             }
             "--fleet" => arguments.fleet = Some(Fleet::default()),
+            "--rates-unknown" => {
+                arguments
+                    .fleet
+                    .as_mut()
+                    .ok_or("--rates-unknown needs --fleet first")?
+                    .rates_known = false;
+            }
             "--binary-mb"
             | "--egress-mbps"
             | "--upstream-mbps"
@@ -319,7 +326,11 @@ fn run_fleet_mode(arguments: &Arguments, fleet: Fleet) -> ExitCode {
         record_timeline: arguments.timeline.is_some(),
         ..RunOptions::default()
     };
-    let fleet_run = run_fleet_with(seed, agents, fleet, options);
+    let mut scenario = Scenario::fleet(seed, agents, fleet);
+    for kind in &arguments.overrides.without {
+        scenario.faults.disable(*kind);
+    }
+    let fleet_run = run_fleet_scenario(scenario, options);
     println!("{}", fleet_run.scenario);
     if let (Some(path), Some(timeline)) = (&arguments.timeline, &fleet_run.report.timeline) {
         if let Err(error) = std::fs::write(path, timeline.to_svg(fleet_run.report.simulated_ms)) {

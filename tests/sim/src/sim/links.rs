@@ -49,12 +49,17 @@ struct Download {
     binary: Version,
     /// The agent's link for this download, bytes/s.
     cap: u64,
+    /// The binary's size.
+    size_bytes: u64,
     /// Bytes still to send, times 1000 (so that a rate in bytes/s times milliseconds is
     /// exact).
     remaining: u128,
     /// Bytes/s now.
     rate: u64,
     admitted_at: u64,
+    /// When its first byte went out: at admission, or once the upstream fetch it waited
+    /// for was done.
+    first_byte_at: u64,
     /// Waiting for the controller's upstream fetch of `binary`.
     waiting: bool,
 }
@@ -143,6 +148,9 @@ pub(super) struct Links {
     controllers: Vec<ControllerLink>,
     /// Each host's own link, bytes/s (controllers: unused).
     agent_link: Vec<u64>,
+    /// The rate of each agent's last download, bytes/s, first byte to last, as its status
+    /// reports it (`data.download-rate`); `None` when it never downloaded one.
+    pub(super) measured: Vec<Option<u64>>,
     /// The controller each host is downloading from now.
     receiving: Vec<Option<usize>>,
     /// The controller in whose queue each host's request waits now.
@@ -152,7 +160,7 @@ pub(super) struct Links {
 
 impl Links {
     pub(super) fn new(fleet: &Fleet, controllers: usize, hosts: usize, rng: &mut Rng) -> Links {
-        let agent_link = (0..hosts)
+        let agent_link: Vec<u64> = (0..hosts)
             .map(|_| {
                 let usual = fleet.agent_bytes_per_second;
                 if rng.chance(fleet.slow_agents_per_million) {
@@ -164,7 +172,22 @@ impl Links {
                 .max(1)
             })
             .collect();
+        // An earlier upgrade's download, alone on the agent's link (with its jitter).
+        let measured = agent_link
+            .iter()
+            .enumerate()
+            .map(|(host, link)| {
+                (fleet.rates_known && host >= controllers).then(|| {
+                    let spread = rng.range(
+                        1000 - fleet.jitter_per_mille.min(900),
+                        1000 + fleet.jitter_per_mille.min(900),
+                    );
+                    (link * spread / 1000).max(1)
+                })
+            })
+            .collect();
         Links {
+            measured,
             upstream: fleet.upstream_bytes_per_second.max(1),
             jitter_per_mille: fleet.jitter_per_mille.min(900),
             downloads_max: super::agent_downloads_max(fleet),
@@ -411,9 +434,11 @@ impl Sim {
             attempt: request.attempt,
             binary,
             cap,
+            size_bytes: request.size_bytes.max(1),
             remaining: u128::from(request.size_bytes.max(1)) * 1000,
             rate: 1,
             admitted_at: now,
+            first_byte_at: now,
             waiting: !cached,
         });
         let fetch = !cached && link.fetching.insert(binary);
@@ -451,6 +476,12 @@ impl Sim {
         for download in &done {
             links.receiving[download.host] = None;
             links.stats.transfers_ms.push(now - download.admitted_at);
+            // What the agent measures, first byte to last, and reports from then on (the
+            // real agent once it runs the binary: by then the rollout has admitted it, so
+            // no decision of this rollout reads the difference).
+            let bytes = download.size_bytes;
+            let elapsed = now.saturating_sub(download.first_byte_at).max(1);
+            links.measured[download.host] = Some((bytes * 1000 / elapsed).max(1));
             let last = &mut links.stats.last_downloads;
             last.push((now, download.admitted_at, download.cap));
             if last.len() > LAST_DOWNLOADS_KEPT {
@@ -487,6 +518,7 @@ impl Sim {
         for download in &mut link.downloads {
             if download.binary == version {
                 download.waiting = false;
+                download.first_byte_at = now;
             }
         }
         let next = links.reshare(controller, now);

@@ -87,6 +87,7 @@ impl Sim {
                 id: self.machine_id(host),
                 running: self.executor.reported(host).map(|binary| binary.number),
                 health: health(by_host[host], now),
+                download_rate: by_host[host].and_then(|status| status.download_rate),
             })
             .collect()
     }
@@ -150,6 +151,7 @@ impl Sim {
             return;
         }
         let hosts = &self.hosts;
+        let measured = self.links.as_ref().map(|links| &links.measured);
         self.executor
             .store
             .transaction(None, &mut |tx| {
@@ -161,6 +163,7 @@ impl Sim {
                         info: info.clone(),
                         phase: phase.as_str().to_owned(),
                         version: Some(binary.clone()),
+                        download_rate: measured.and_then(|measured| measured[host]),
                         updated: now,
                     };
                     tx.put_agent_status(&hosts[host].name, &status)?;
