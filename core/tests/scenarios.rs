@@ -1171,3 +1171,93 @@ fn a_previous_binary_back_below_its_own_version_runs_its_steps_before_serving() 
     assert_eq!(host.config.running.number, V43);
     assert_eq!(host.durable.as_ref().unwrap().upgraded_to_version, V43);
 }
+
+/// Answers the first `fail` catalogue lookups of host 0 with an error, as if each were lost
+/// on its way (the driver's timeout), and runs the world until it settles; returns the
+/// status messages host 0 showed meanwhile.
+fn lose_lookups(world: &mut World, fail: usize) -> Vec<String> {
+    let mut failed = 0;
+    let mut messages = Vec::new();
+    run_with(world, 5_000, |world| {
+        if let Some(message) = world.hosts[0].status_message.take() {
+            messages.push(message);
+        }
+        let lookup = world.hosts[0]
+            .in_flight
+            .iter()
+            .position(|(_, request)| matches!(request, Request::LookupCatalogue { .. }));
+        let Some(index) = lookup.filter(|_| failed < fail) else {
+            return false;
+        };
+        failed += 1;
+        let (id, _) = world.hosts[0].in_flight.remove(index);
+        world.deliver(
+            0,
+            Input::CatalogueFound {
+                id,
+                result: Err("the agent-binary stream did not answer within 30s".to_owned()),
+            },
+        );
+        true
+    });
+    if let Some(message) = world.hosts[0].status_message.take() {
+        messages.push(message);
+    }
+    assert_eq!(failed, fail, "{messages:?}");
+    messages
+}
+
+/// A lookup made while Ready for an operator's request, and one for the model's
+/// agent-version news, that fails (lost on its way: the simulator's fleet seed 8 lost one
+/// and nothing ever asked again) is tried again, up to the 3 lookups CheckingAgentVersion
+/// allows, `catalogue_retry_delay` apart; the upgrade then goes on.
+#[test]
+fn a_lookup_lost_while_ready_is_tried_again_for_an_operators_request_and_for_news() {
+    // The operator's request: two lookups lost, the third answers.
+    let mut operator = world(controllers_upgrading(1, V42, V42, registry()));
+    run(&mut operator);
+    assert_eq!(phases(&operator), [Phase::Ready]);
+    operator.deliver(0, Input::UpgradeRequested { version: Some(V43) });
+    let messages = lose_lookups(&mut operator, 2);
+    assert!(
+        messages
+            .iter()
+            .any(|message| message.starts_with("agent binary lookup failed (will retry)")),
+        "{messages:?}"
+    );
+    assert_eq!(phases(&operator), [Phase::Ready]);
+    assert_eq!(operator.hosts[0].config.running.number, V43, "{messages:?}");
+    assert_eq!(operator.store.model.agent_version, V43);
+
+    // The model's news (another controller, or the operator through the store, moved it):
+    // one lookup lost, the next answers.
+    let mut news = world(controllers_upgrading(1, V42, V42, registry()));
+    run(&mut news);
+    news.store.model.agent_version = V43;
+    news.deliver(0, Input::AgentVersionChanged(V43));
+    lose_lookups(&mut news, 1);
+    assert_eq!(phases(&news), [Phase::Ready]);
+    assert_eq!(news.hosts[0].config.running.number, V43);
+}
+
+/// Three lookups lost in a row: the request is given up, said so, and nothing is left
+/// waiting; the operator's next request starts afresh (three lookups again).
+#[test]
+fn a_lookup_lost_three_times_while_ready_gives_the_request_up_and_the_next_starts_afresh() {
+    let mut world = world(controllers_upgrading(1, V42, V42, registry()));
+    run(&mut world);
+    world.deliver(0, Input::UpgradeRequested { version: Some(V43) });
+    let messages = lose_lookups(&mut world, 3);
+    assert_eq!(
+        messages.last().map(String::as_str),
+        Some(
+            "agent binary lookup failed (giving up): the agent-binary stream did not answer within 30s"
+        ),
+        "{messages:?}"
+    );
+    assert!(world.hosts[0].in_flight.is_empty());
+    assert_eq!(world.hosts[0].config.running.number, V42);
+    world.deliver(0, Input::UpgradeRequested { version: Some(V43) });
+    lose_lookups(&mut world, 2);
+    assert_eq!(world.hosts[0].config.running.number, V43);
+}

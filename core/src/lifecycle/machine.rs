@@ -371,10 +371,14 @@ impl Machine {
                 match result {
                     Ok(catalogue) => self.decide_in_ready(io, check, catalogue),
                     Err(reason) => {
-                        self.status_message(io, format!("agent binary lookup failed: {reason}"));
+                        self.lookup_failed_in_ready(io, check, reason);
                         Handled
                     }
                 }
+            }
+            Event::Timer(Timer::CatalogueRetry) if check.retry_wait => {
+                self.retry_lookup_in_ready(io, check);
+                Handled
             }
             Event::Input(Input::DesiredBinary { id, plan })
                 if self.completes(*id, Pending::DesiredBinary) =>

@@ -79,8 +79,7 @@ impl Machine {
         }
         self.agent_version_news = None;
         if version != self.config.running.number {
-            check.occasion = Some(OccasionKey::Operator(Some(version)));
-            self.start_check(io);
+            self.begin_check_in_ready(io, check, OccasionKey::Operator(Some(version)));
         }
     }
 

@@ -341,10 +341,10 @@ impl Machine {
             Timer::CatalogueCheck,
             self.config.limits.catalogue_check_interval,
         );
-        // Not while an upgrade is chosen: its staging (or its retry) comes first.
-        if self.pending.is_none() && check.chosen.is_none() {
-            check.occasion = Some(OccasionKey::Periodic);
-            self.start_check(io);
+        // Not while an upgrade is chosen (its staging, or its retry, comes first), nor while
+        // a lookup for one waits to be tried again.
+        if self.pending.is_none() && check.chosen.is_none() && !check.retry_wait {
+            self.begin_check_in_ready(io, check, OccasionKey::Periodic);
         }
     }
 
@@ -359,7 +359,67 @@ impl Machine {
             self.status_message(io, "an upgrade check is already in progress".to_owned());
             return;
         }
-        check.occasion = Some(OccasionKey::Operator(version));
+        self.begin_check_in_ready(io, check, OccasionKey::Operator(version));
+    }
+
+    /// A check from Ready for `occasion`, its lookup the first: it takes over from a lookup
+    /// that waits to be tried again (the newer occasion wins).
+    pub(super) fn begin_check_in_ready(
+        &mut self,
+        io: &mut Io,
+        check: &mut Check,
+        occasion: OccasionKey,
+    ) {
+        if check.retry_wait {
+            check.retry_wait = false;
+            io.cancel_timer(Timer::CatalogueRetry);
+        }
+        check.attempts = 0;
+        check.occasion = Some(occasion);
+        self.start_check(io);
+    }
+
+    /// A lookup from Ready failed. One made for an upgrade (an operator's request, or the
+    /// model's `agent-version` news) is tried again under CheckingAgentVersion's bounds
+    /// (spec/lifecycle.md: 3 catalogue lookups, `catalogue_retry_delay` apart): a lookup
+    /// lost on its way would otherwise leave the model's request unanswered for good, since
+    /// the news was consumed and the operator asked once. The periodic one only reports,
+    /// and its next round comes anyway.
+    pub(super) fn lookup_failed_in_ready(&mut self, io: &mut Io, check: &mut Check, reason: &str) {
+        let for_upgrade = matches!(check.occasion, Some(OccasionKey::Operator(_)));
+        check.attempts += 1;
+        if for_upgrade && check.attempts < self.config.limits.catalogue_attempts_max {
+            check.retry_wait = true;
+            self.status_message(
+                io,
+                format!("agent binary lookup failed (will retry): {reason}"),
+            );
+            io.set_timer(
+                Timer::CatalogueRetry,
+                self.config.limits.catalogue_retry_delay,
+            );
+            return;
+        }
+        check.attempts = 0;
+        check.occasion = None;
+        let given_up = if for_upgrade { " (giving up)" } else { "" };
+        self.status_message(
+            io,
+            format!("agent binary lookup failed{given_up}: {reason}"),
+        );
+    }
+
+    /// `CatalogueRetry` while Ready: the failed lookup again, for the same occasion; after
+    /// whatever request is in flight if there is one.
+    pub(super) fn retry_lookup_in_ready(&mut self, io: &mut Io, check: &mut Check) {
+        if self.pending.is_some() || check.chosen.is_some() {
+            io.set_timer(
+                Timer::CatalogueRetry,
+                self.config.limits.catalogue_retry_delay,
+            );
+            return;
+        }
+        check.retry_wait = false;
         self.start_check(io);
     }
 
@@ -373,6 +433,7 @@ impl Machine {
         catalogue: &policy::Catalogue,
     ) -> Outcome<State> {
         let occasion = check.occasion.take().unwrap_or(OccasionKey::Periodic);
+        check.attempts = 0;
         match self.select(occasion, catalogue) {
             Ok(Decision::Stay { upgrade_available }) => {
                 if upgrade_available != self.upgrade_available {

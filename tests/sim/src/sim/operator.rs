@@ -37,11 +37,19 @@ impl Sim {
     pub(super) fn operator_request(&mut self) {
         if let Some(request) = self.scenario.request {
             let host = usize::from(request.controller);
+            let fleet = self.scenario.fleet.is_some();
+            if fleet
+                && self
+                    .intended()
+                    .is_some_and(|wanted| self.model().agent_version >= wanted)
+            {
+                return; // the model names what the operator asked for: done
+            }
             let ready = self.hosts[host]
                 .process
                 .as_ref()
                 .is_some_and(|process| process.phase() == Phase::Ready);
-            if self.scenario.fleet.is_some() && !ready {
+            if fleet && !ready {
                 // A fleet run's operator asks again until the controller answers.
                 let at = self.queue.now + 1_000;
                 self.queue.schedule(at, Event::OperatorRequest);
@@ -54,6 +62,14 @@ impl Sim {
                     version: request.version,
                 },
             );
+            if fleet {
+                // As the real command does until its change is made (its client retries
+                // through a lost connection): the request can be lost with a controller
+                // that crashed before it wrote agent-version, so a fleet run's operator
+                // looks again after a while and asks again if the model still lags.
+                let at = self.queue.now + OPERATOR_TICK_MS;
+                self.queue.schedule(at, Event::OperatorRequest);
+            }
         }
     }
 
