@@ -296,12 +296,16 @@ pub fn advance(
             .map(|agent| agent.id.clone())
             .collect();
     }
+    // A policy with canaries passes them only once some were chosen and all of them are
+    // healthy: with no agent up to choose from (a fleet down at the first pass), none pass
+    // vacuously, or the fleet would go without canaries when it comes back.
     let canaries_healthy = next.canaries_passed
-        || next.canaries.iter().all(|id| {
-            ordered
-                .iter()
-                .any(|agent| agent.id == *id && healthy_on(agent, next.target))
-        });
+        || ((policy.canaries == 0 || !next.canaries.is_empty())
+            && next.canaries.iter().all(|id| {
+                ordered
+                    .iter()
+                    .any(|agent| agent.id == *id && healthy_on(agent, next.target))
+            }));
     next.canaries_passed = canaries_healthy;
     let room = match policy.max_at_once {
         0 => usize::MAX,
@@ -930,6 +934,30 @@ mod tests {
     }
 
     #[test]
+    fn a_fleet_down_at_the_first_pass_does_not_pass_its_canaries_without_any() {
+        let policy = RolloutPolicy {
+            canaries: 2,
+            max_at_once: 10,
+            ..RolloutPolicy::default()
+        };
+        let mut agents = fleet(6, "3.6.1");
+        for agent in &mut agents {
+            agent.health = Health::Down;
+        }
+        let rollout = advance(&policy, &Rollout::new(v("3.6.2")), &agents, Timestamp(0));
+        assert!(rollout.canaries.is_empty() && rollout.admitted.is_empty());
+        assert!(!rollout.canaries_passed, "no canary, so none passed");
+        // The fleet comes back: two canaries first, alone.
+        for agent in &mut agents {
+            agent.health = Health::Ready;
+        }
+        let rollout = advance(&policy, &rollout, &agents, Timestamp(1));
+        assert_eq!(rollout.canaries.len(), 2);
+        assert_eq!(rollout.admitted.len(), 2, "{rollout:?}");
+        assert!(!rollout.canaries_passed);
+    }
+
+    #[test]
     fn the_slow_turns_are_counted_over_the_whole_rollout() {
         // One admission per pass (max-at-once 1): the slow agent gets turn 0, then eight
         // fast ones go before the next slow one, as if all were admitted in one pass.
@@ -1050,6 +1078,7 @@ mod tests {
                     }
                 }
                 prop_assert!(next.canaries.len() <= canaries as usize);
+                prop_assert!(canaries == 0 || !next.canaries_passed || !next.canaries.is_empty());
                 rollout = next;
             }
         }

@@ -851,7 +851,8 @@ impl Checker for WatcherChecker {
 /// The staged rollout's bounds, as the records in the store show them (`spec/rollout.md`):
 /// a record that admits agents never leaves more than `max-at-once` admitted agents not
 /// yet healthy on the target (by what the agents had reported when it was written); no
-/// agent but a canary is admitted before every canary was healthy on the target; a halted
+/// agent but a canary is admitted before every canary was healthy on the target (under a
+/// policy with canaries, none chosen counts as none healthy); a halted
 /// rollout admits no one; an admission is never taken back while the target stands; and
 /// there are never more canaries than the policy names.
 #[derive(Debug)]
@@ -932,12 +933,14 @@ impl Checker for RolloutChecker {
                 ));
             }
         }
-        let canaries_healthy = record.canaries.iter().all(|id| {
-            agents
-                .iter()
-                .find(|agent| agent.id == *id)
-                .is_some_and(|agent| healthy_on(agent, record.target))
-        });
+        // Under a policy with canaries, none chosen is none healthy (not all of none).
+        let canaries_healthy = (self.policy.canaries == 0 || !record.canaries.is_empty())
+            && record.canaries.iter().all(|id| {
+                agents
+                    .iter()
+                    .find(|agent| agent.id == *id)
+                    .is_some_and(|agent| healthy_on(agent, record.target))
+            });
         let canaries_passed_before = self.canaries_seen_healthy;
         self.canaries_seen_healthy |= canaries_healthy;
         if !canaries_passed_before
