@@ -53,6 +53,41 @@ fn rollout(status: &Value) -> &Value {
     &status["model"]["lockstep"]["rollout"]
 }
 
+/// A controller bootstrapped as the README says, from a signed mirror that publishes this
+/// build as N and N+1.
+fn bootstrapped() -> (Mirror, Controller) {
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &mirror.source(),
+            "--metadata-key",
+            &mirror.key(),
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    (mirror, controller)
+}
+
+/// `lockstep upgrade-model --agent-version <version>`, asked again until the controller
+/// lists the version: it reads its mirror again within its catalogue's freshness (30 s).
+async fn upgrade_model_once_listed(controller: &Controller, version: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let upgrade = controller.run(&["upgrade-model", "--agent-version", version]);
+        if upgrade.status.success() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline && text(&upgrade).contains("no agent binaries"),
+            "{}",
+            text(&upgrade)
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 /// The version machine `id`'s agent reports in `status`, if it reports `started`.
 fn started_on(status: &Value, id: &str) -> Option<String> {
     let agent = &status["machines"][id]["agent-status"];
@@ -72,17 +107,7 @@ fn started_on(status: &Value, id: &str) -> Option<String> {
 async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_after_a_fixed_binary_finishes_it()
  {
     let (bad, fixed) = (next(), later_patch(2));
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &mirror.source(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
+    let (mirror, controller) = bootstrapped();
     let set = controller.run(&[
         "model-config",
         "rollout-canaries=1",
@@ -243,20 +268,7 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
         "a refused upgrade changes nothing"
     );
     // Not asked to, lagging agents do not block it.
-    // The controller reads its mirror again within its catalogue's freshness (30 s).
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let upgrade = controller.run(&["upgrade-model", "--agent-version", &fixed_text]);
-        if upgrade.status.success() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline && text(&upgrade).contains("no agent binaries"),
-            "{}",
-            text(&upgrade)
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    upgrade_model_once_listed(&controller, &fixed_text).await;
     controller.wait_running(fixed, READY_WITHIN).await;
     let still = wait_for_status(
         &controller,
@@ -316,17 +328,7 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_report_their_download_rate_and_the_next_rollout_admits_the_slowest_first() {
     let (first, second) = (next(), later_patch(2));
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &mirror.source(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
+    let (mirror, controller) = bootstrapped();
     let add = controller.run(&["add-machine", "-n", "3"]);
     assert!(add.status.success(), "{}", text(&add));
     wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
@@ -429,20 +431,7 @@ async fn agents_report_their_download_rate_and_the_next_rollout_admits_the_slowe
     .expect("publish the second binary");
     lockstep_agent::cli::demo::generate(mirror.path(), mirror.key.as_ref())
         .expect("regenerate the mirror's metadata");
-    // The controller reads its mirror again within its catalogue's freshness (30 s).
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let upgrade = controller.run(&["upgrade-model", "--agent-version", &second.to_string()]);
-        if upgrade.status.success() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline && text(&upgrade).contains("no agent binaries"),
-            "{}",
-            text(&upgrade)
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    upgrade_model_once_listed(&controller, &second.to_string()).await;
     controller.wait_running(second, READY_WITHIN).await;
     wait_for_agents(&controller, 3, second, Duration::from_secs(300)).await;
 

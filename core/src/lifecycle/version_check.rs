@@ -225,15 +225,7 @@ impl Machine {
     ) -> Outcome<State> {
         check.attempts += 1;
         if check.attempts < self.config.limits.catalogue_attempts_max {
-            check.retry_wait = true;
-            self.status_message(
-                io,
-                format!("agent binary lookup failed (will retry): {reason}"),
-            );
-            io.set_timer(
-                Timer::CatalogueRetry,
-                self.config.limits.catalogue_retry_delay,
-            );
+            self.retry_lookup_later(io, check, reason);
             return Handled;
         }
         if self.must_upgrade() {
@@ -249,6 +241,19 @@ impl Machine {
         Transition(State::Ready {
             check: Check::default(),
         })
+    }
+
+    /// A failed lookup is to be tried again at `CatalogueRetry`, and says so.
+    fn retry_lookup_later(&mut self, io: &mut Io, check: &mut Check, reason: &str) {
+        check.retry_wait = true;
+        self.status_message(
+            io,
+            format!("agent binary lookup failed (will retry): {reason}"),
+        );
+        io.set_timer(
+            Timer::CatalogueRetry,
+            self.config.limits.catalogue_retry_delay,
+        );
     }
 
     /// An agent other than a controller learnt the binary its controller wants it to run.
@@ -389,15 +394,7 @@ impl Machine {
         let for_upgrade = matches!(check.occasion, Some(OccasionKey::Operator(_)));
         check.attempts += 1;
         if for_upgrade && check.attempts < self.config.limits.catalogue_attempts_max {
-            check.retry_wait = true;
-            self.status_message(
-                io,
-                format!("agent binary lookup failed (will retry): {reason}"),
-            );
-            io.set_timer(
-                Timer::CatalogueRetry,
-                self.config.limits.catalogue_retry_delay,
-            );
+            self.retry_lookup_later(io, check, reason);
             return;
         }
         check.attempts = 0;
