@@ -171,8 +171,9 @@ pub const SLOW_LINK_EVERY: usize = 9;
 /// early. Not all at once, though: a controller bounds the downloads it serves at a time
 /// (`max-agent-downloads`), and slow transfers holding every slot leave its egress idle.
 /// So one admission in [`SLOW_LINK_EVERY`] (the first, the tenth, ...) goes to the slowest
-/// agent not yet taken and the others to the fastest; agents whose rate is unknown count as the fastest (in machine-id
-/// order among themselves). With no rate known, this is machine-id order. The simulator's
+/// agent not yet taken and the others to the fastest; agents whose rate is unknown count
+/// as the fastest (in machine-id order among themselves). With no rate known, this is
+/// machine-id order. The simulator's
 /// fleet (`tests/sim`, BENCHMARKS.md) chose the share: 1 in 4 left a third of the egress
 /// idle for the first 40 s, 1 in 9 kept it full.
 pub fn admission_order<'a>(
