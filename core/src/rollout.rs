@@ -174,8 +174,8 @@ pub const SLOW_LINK_EVERY: usize = 9;
 /// agent not yet taken and the others to the fastest; agents whose rate is unknown count
 /// as the fastest (in machine-id order among themselves). With no rate known, this is
 /// machine-id order. The simulator's
-/// fleet (`tests/sim`, BENCHMARKS.md) chose the share: 1 in 4 left a third of the egress
-/// idle for the first 40 s, 1 in 9 kept it full.
+/// fleet (`tests/sim`, spec/rollout.md) chose the share: 1 in 4 left up to a third of the
+/// egress idle from 10 s to 40 s, 1 in 9 kept it full.
 pub fn admission_order<'a>(
     candidates: &[&'a AgentView],
     admitted_before: usize,
