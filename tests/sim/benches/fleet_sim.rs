@@ -58,7 +58,7 @@ fn main() {
         ("a later rollout", Fleet::default()),
     ] {
         let run = run_fleet(seed, agents, fleet);
-        println!("== {name}");
+        println!("-- {name}:");
         println!("{}", run.scenario);
         println!("{}", run.summary());
         failed |= run.report.failure.is_some();
