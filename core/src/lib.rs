@@ -61,6 +61,7 @@ pub mod jobs;
 pub mod lifecycle;
 pub mod phase;
 pub mod policy;
+pub mod restart;
 pub mod role;
 pub mod rollout;
 pub mod steps;

@@ -399,14 +399,12 @@ fn hand_back_trial(data: &DataDir, tag: &str, ended: &Ended) -> Option<String> {
     }
 }
 
-/// Restart delay after `failures` consecutive failures: 0.5 s doubling to 30 s; a worker
-/// that ran for a minute resets the count's effect.
+/// Restart delay after `failures` consecutive failures (the core's rule, which the
+/// simulator's crash fault follows too): 0.5 s doubling to 30 s; a worker that ran for a
+/// minute resets the count's effect.
 fn backoff(failures: u32, ran: Duration) -> Duration {
-    if ran > Duration::from_secs(60) {
-        return Duration::from_millis(500);
-    }
-    let exponent = failures.saturating_sub(1).min(6);
-    Duration::from_millis(500 << exponent).min(Duration::from_secs(30))
+    let ran = lockstep_core::time::Millis(ran.as_millis().min(u128::from(u64::MAX)) as u64);
+    Duration::from_millis(lockstep_core::restart::restart_delay(failures, ran).0)
 }
 
 async fn stop(child: &mut Child, timeout: Duration) {

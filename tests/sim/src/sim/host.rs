@@ -13,6 +13,7 @@ use lockstep_core::lifecycle::{
 };
 use lockstep_core::policy::HighWaterMark;
 use lockstep_core::steps::StepKey;
+use lockstep_core::time::Millis;
 use lockstep_core::{Phase, Progress, Role, Roles, Timestamp, Version};
 
 use super::driver::Awaiting;
@@ -56,6 +57,11 @@ pub(super) struct Host {
     pub(super) pending_feed: Option<Version>,
     /// A fleet run: the phase this process last reported on its own (a status change).
     pub(super) status_phase: Option<Phase>,
+    /// Crashes since the process last published Ready: the launcher's count, from which
+    /// it takes its restart delay (`lockstep_core::restart`).
+    pub(super) restart_failures: u32,
+    /// When the current (or last) process started, virtual time.
+    pub(super) booted_at: u64,
 }
 
 impl Host {
@@ -116,6 +122,8 @@ impl Host {
             rollout_wrote: false,
             pending_feed: None,
             status_phase: None,
+            restart_failures: 0,
+            booted_at: 0,
         }
     }
 
@@ -163,6 +171,7 @@ impl Sim {
             process.set_mutations(self.options.mutations);
         }
         state.process = Some(process);
+        state.booted_at = self.queue.now;
         state.awaiting.clear();
         state.watching = false;
         state.record_delivered = None;
@@ -199,7 +208,9 @@ impl Sim {
         }
     }
 
-    /// The process dies: what was in flight is lost; it restarts after a while.
+    /// The process dies: what was in flight is lost; its launcher starts it again after
+    /// the launcher's delay (`lockstep_core::restart::restart_delay`: 0.5 s, doubling with
+    /// each crash before the process is Ready again, up to 30 s).
     pub(super) fn crash(&mut self, host: usize, why: &str) {
         if self.hosts[host].process.is_none() {
             return;
@@ -207,8 +218,12 @@ impl Sim {
         self.mark_fault(Some(host), why);
         self.fleet.crashes += 1;
         self.stop(host);
-        let incarnation = self.hosts[host].incarnation;
-        let at = self.queue.now + self.rng.range(100, 30_000);
+        let state = &mut self.hosts[host];
+        state.restart_failures += 1;
+        let ran = Millis(self.queue.now.saturating_sub(state.booted_at));
+        let delay = lockstep_core::restart::restart_delay(state.restart_failures, ran);
+        let incarnation = state.incarnation;
+        let at = self.queue.now + delay.0;
         self.queue.schedule(at, Event::Boot { host, incarnation });
     }
 
@@ -276,6 +291,11 @@ impl Sim {
                 }
                 Output::Gate(view) => {
                     self.hosts[host].gate = view;
+                    if view.phase == Phase::Ready {
+                        // The worker told its launcher it is ready: the failure count
+                        // starts over (`lockstep-agent`'s `daemon/launcher.rs`).
+                        self.hosts[host].restart_failures = 0;
+                    }
                     self.observe(Observation::GatePublished {
                         host,
                         view: view.phase,
