@@ -130,6 +130,18 @@ pub struct Rollout {
     pub halted: Option<Halt>,
     /// Agents held on the version they run by [`abort`], by id: told that version.
     pub held: BTreeMap<String, Version>,
+    /// Agents told to fetch the target ahead of their admission while the canaries try it
+    /// ([`stage_ahead`]): the first agents [`advance`] will admit after them, as many as
+    /// [`RolloutPolicy::max_at_once`] leaves beside the canaries (with the canaries, no
+    /// more agents receive a binary at once than the policy admits; every other agent when
+    /// it sets no bound). Each downloads, verifies and keeps the binary, runs what it runs,
+    /// and switches only once admitted, so the controllers' egress works while the canaries
+    /// download, restart, run their steps and report Ready. Chosen with the canaries;
+    /// emptied once they passed (these agents are admitted first) or the rollout halted
+    /// (the binary stays on disk, unused). Not counted in [`Rollout::in_flight`]: an agent
+    /// fetching ahead runs its version.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub staging: BTreeSet<String>,
 }
 
 impl Rollout {
@@ -143,6 +155,7 @@ impl Rollout {
             failed: BTreeMap::new(),
             halted: None,
             held: BTreeMap::new(),
+            staging: BTreeSet::new(),
         }
     }
 
@@ -277,6 +290,7 @@ pub fn advance(
         });
     }
     if next.halted.is_some() {
+        next.staging.clear();
         return next;
     }
 
@@ -308,11 +322,36 @@ pub fn advance(
                     .any(|agent| agent.id == *id && healthy_on(agent, next.target))
             }));
     next.canaries_passed = canaries_healthy;
-    let room = match policy.max_at_once {
+    let wave = match policy.max_at_once {
         0 => usize::MAX,
-        max => (max as usize).saturating_sub(next.in_flight(agents)),
+        max => max as usize,
     };
-    let admit: Vec<String> = admission_order(&candidates, next.admitted.len())
+    if canaries_healthy {
+        next.staging.clear();
+    } else if next.staging.is_empty() && !next.canaries.is_empty() {
+        // While the canaries try the binary, the first agents after them fetch it, as many
+        // as the bound leaves beside the canaries.
+        let beside = match policy.max_at_once {
+            0 => usize::MAX,
+            max => (max as usize).saturating_sub(next.canaries.len()),
+        };
+        let others: Vec<&AgentView> = candidates
+            .iter()
+            .copied()
+            .filter(|agent| !next.canaries.contains(&agent.id))
+            .collect();
+        next.staging = admission_order(&others, next.canaries.len())
+            .into_iter()
+            .take(beside)
+            .map(|agent| agent.id.clone())
+            .collect();
+    }
+    let room = wave.saturating_sub(next.in_flight(agents));
+    let mut order = admission_order(&candidates, next.admitted.len());
+    // The agents that fetched the target ahead go first (stable: in admission order
+    // among themselves): their binary is on disk already.
+    order.sort_by_key(|agent| !rollout.staging.contains(&agent.id));
+    let admit: Vec<String> = order
         .into_iter()
         .filter(|agent| canaries_healthy || next.canaries.contains(&agent.id))
         .take(room)
@@ -358,6 +397,21 @@ pub fn desired(rollout: &Rollout, id: &str, running: Option<Version>) -> Option<
     running
 }
 
+/// The version agent `id`, which reported running `running`, is told to fetch ahead of its
+/// admission (`Upgrader.DesiredVersion`'s `stage-version`): the target while it is among
+/// [`Rollout::staging`], not admitted, failed or held, the rollout not halted, and it does
+/// not run the target. It downloads and verifies the binary and keeps it, and runs what it
+/// runs until [`desired`] tells it the target.
+pub fn stage_ahead(rollout: &Rollout, id: &str, running: Option<Version>) -> Option<Version> {
+    let ahead = rollout.staging.contains(id)
+        && rollout.halted.is_none()
+        && !rollout.admitted.contains_key(id)
+        && !rollout.failed.contains_key(id)
+        && !rollout.held.contains_key(id)
+        && running != Some(rollout.target);
+    ahead.then_some(rollout.target)
+}
+
 /// `upgrade-model --resume`: the halt is lifted and the failures forgotten, so the failed
 /// agents may be admitted again (after, say, a fixed binary was published) and the
 /// rollout goes on from where it stopped.
@@ -390,6 +444,7 @@ pub fn abort(rollout: &Rollout, agents: &[AgentView]) -> Rollout {
             failed: next.failed.clone(),
         });
     }
+    next.staging.clear();
     next
 }
 
@@ -461,6 +516,20 @@ pub fn told(
         }
         _ => running.unwrap_or(controllers_first),
     }
+}
+
+/// What `Upgrader.DesiredVersion` tells agent `id` (not a controller) to fetch ahead of its
+/// admission, once Juju's controllers-first rule answered `controllers_first`: with a record
+/// of that target, [`stage_ahead`]; else nothing.
+pub fn told_stage(
+    record: Option<&Rollout>,
+    id: &str,
+    running: Option<Version>,
+    controllers_first: Version,
+) -> Option<Version> {
+    record
+        .filter(|record| record.target == controllers_first)
+        .and_then(|record| stage_ahead(record, id, running))
 }
 
 /// A `rollout-*` model config value that is not one: names the key and the value.
@@ -625,6 +694,69 @@ mod tests {
         upgrade(&mut agents, &rollout);
         assert!(agents.iter().all(|agent| agent.running == Some(v("3.6.2"))));
         assert!(rollout.halted.is_none());
+    }
+
+    #[test]
+    fn the_first_wave_fetches_ahead_while_the_canaries_try_the_binary_and_goes_first() {
+        let policy = RolloutPolicy {
+            canaries: 1,
+            max_at_once: 3,
+            ..RolloutPolicy::default()
+        };
+        let mut agents = fleet(5, "3.6.1");
+        // Agent 05 is the fastest: the canary. Beside it, the bound leaves two: the fast
+        // end in id order, 01 and 02, told in the same record.
+        agents[4].download_rate = Some(1_000);
+        let mut rollout = advance(&policy, &Rollout::new(v("3.6.2")), &agents, Timestamp(0));
+        assert_eq!(rollout.admitted.keys().collect::<Vec<_>>(), ["05"]);
+        assert_eq!(rollout.staging.iter().collect::<Vec<_>>(), ["01", "02"]);
+        let running = Some(v("3.6.1"));
+        assert_eq!(stage_ahead(&rollout, "01", running), Some(v("3.6.2")));
+        assert_eq!(
+            desired(&rollout, "01", running),
+            running,
+            "fetch, not switch"
+        );
+        assert_eq!(
+            stage_ahead(&rollout, "03", running),
+            None,
+            "not in the wave"
+        );
+        assert_eq!(
+            stage_ahead(&rollout, "05", running),
+            None,
+            "the canary is admitted"
+        );
+        // Another pass before the canary is healthy: the same agents, no write.
+        assert_eq!(advance(&policy, &rollout, &agents, Timestamp(1)), rollout);
+        // Agent 01 now looks slowest: the order alone would take 02, 03 and 04 (the slow
+        // turn comes at the ninth), but those that fetched ahead go first.
+        agents[0].download_rate = Some(1);
+        agents[1].download_rate = Some(500);
+        upgrade(&mut agents, &rollout);
+        rollout = advance(&policy, &rollout, &agents, Timestamp(2));
+        assert!(rollout.canaries_passed && rollout.staging.is_empty());
+        assert_eq!(
+            rollout.admitted.keys().collect::<Vec<_>>(),
+            ["01", "02", "03", "05"]
+        );
+    }
+
+    #[test]
+    fn a_halt_stops_the_fetching_ahead() {
+        let policy = RolloutPolicy {
+            canaries: 1,
+            ..RolloutPolicy::default()
+        };
+        let mut agents = fleet(3, "3.6.1");
+        let rollout = advance(&policy, &Rollout::new(v("3.6.2")), &agents, Timestamp(0));
+        assert_eq!(rollout.staging.len(), 2, "no bound: every other agent");
+        agents[0].health = Health::Failed("host step failed".to_owned());
+        let halted = advance(&policy, &rollout, &agents, Timestamp(1));
+        assert!(halted.halted.is_some() && halted.staging.is_empty());
+        assert_eq!(stage_ahead(&halted, "02", Some(v("3.6.1"))), None);
+        let aborted = abort(&rollout, &agents);
+        assert!(aborted.staging.is_empty());
     }
 
     #[test]
@@ -1079,6 +1211,27 @@ mod tests {
                     }
                 }
                 prop_assert!(next.canaries.len() <= canaries as usize);
+                // Fetching ahead: only while the canaries try the binary, never a canary,
+                // at most one wave.
+                if next.canaries_passed || next.halted.is_some() {
+                    prop_assert!(next.staging.is_empty());
+                }
+                prop_assert!(next.staging.is_disjoint(&next.canaries));
+                if max_at_once > 0 && !next.staging.is_empty() {
+                    // With the canaries, no more than the bound receive a binary at once.
+                    prop_assert!(
+                        next.staging.len() + next.canaries.len() <= max_at_once as usize
+                    );
+                }
+                if max_at_once > 0 {
+                    prop_assert!(next.staging.len() <= max_at_once as usize);
+                }
+                for agent in &agents {
+                    if let Some(version) = stage_ahead(&next, &agent.id, agent.running) {
+                        prop_assert_eq!(version, next.target);
+                        prop_assert_eq!(desired(&next, &agent.id, agent.running), agent.running);
+                    }
+                }
                 prop_assert!(canaries == 0 || !next.canaries_passed || !next.canaries.is_empty());
                 rollout = next;
             }

@@ -417,16 +417,47 @@ pub enum DownloadAdmission {
     /// [`DOWNLOAD_QUEUE_WAIT`] without one, is answered busy. A slot freed goes to the
     /// queue's first request at once, so no slot idles while an agent waits.
     Queue,
-    /// Too many in flight and the queue full: answer "busy" (HTTP 503 with `Retry-After`);
-    /// the agent retries after at least this long, with backoff and jitter of its own.
+    /// Too many in flight and the queue full: answer "busy" (HTTP 503 with `Retry-After`,
+    /// [`busy_retry_after`]); the agent retries after that long, with jitter of its own.
     Busy {
         /// The wait the controller asks for.
         retry_after: Millis,
     },
 }
 
-/// The wait a busy controller asks of an agent before it tries its download again.
+/// The shortest wait a busy controller asks of an agent before it tries its download
+/// again, and the one it asks before any download of its own ended.
 pub const DOWNLOAD_BUSY_RETRY_AFTER: Millis = Millis(1_000);
+
+/// The longest wait a busy controller asks for.
+pub const DOWNLOAD_BUSY_RETRY_AFTER_MAX: Millis = Millis(30_000);
+
+/// The wait a busy controller asks of an agent (HTTP `Retry-After`): about the time its
+/// queue takes to serve the `waiting` requests ahead, `max` at a time, each taking
+/// `transfer` (the controller's estimate from its own downloads, [`transfer_estimate`];
+/// `None` before the first ended), so that the agent comes back once there is room rather
+/// than at a guess. Within [`DOWNLOAD_BUSY_RETRY_AFTER`] and
+/// [`DOWNLOAD_BUSY_RETRY_AFTER_MAX`].
+pub fn busy_retry_after(waiting: u32, max: u32, transfer: Option<Millis>) -> Millis {
+    let Some(transfer) = transfer else {
+        return DOWNLOAD_BUSY_RETRY_AFTER;
+    };
+    let rounds = u64::from(waiting).div_ceil(u64::from(max.max(1)));
+    Millis(
+        rounds
+            .saturating_mul(transfer.0)
+            .clamp(DOWNLOAD_BUSY_RETRY_AFTER.0, DOWNLOAD_BUSY_RETRY_AFTER_MAX.0),
+    )
+}
+
+/// A controller's estimate of how long one agent download holds its slot, after one more
+/// ended in `sample`: a running mean weighing the newest an eighth (`None`: the first).
+pub fn transfer_estimate(previous: Option<Millis>, sample: Millis) -> Millis {
+    match previous {
+        None => sample,
+        Some(previous) => Millis((previous.0.saturating_mul(7)).saturating_add(sample.0) / 8),
+    }
+}
 
 /// Requests a controller's queue holds per download slot: the queue holds at most this
 /// times the model's bound ([`download_queue_max`]), so that what waits is bounded (each
@@ -444,16 +475,22 @@ pub fn download_queue_max(max: u32) -> u32 {
 }
 
 /// Whether a controller serving `in_flight` agent downloads, with `waiting` requests in its
-/// queue, admits one more now, queues it, or answers busy, under the model's bound `max`
-/// (at least one is always admitted). A request never overtakes one that waits.
-pub fn admit_agent_download(in_flight: u32, waiting: u32, max: u32) -> DownloadAdmission {
+/// queue ahead of this one, admits one more now, queues it, or answers busy (asking for
+/// [`busy_retry_after`] with its `transfer` estimate), under the model's bound `max` (at
+/// least one is always admitted). A request never overtakes one that waits.
+pub fn admit_agent_download(
+    in_flight: u32,
+    waiting: u32,
+    max: u32,
+    transfer: Option<Millis>,
+) -> DownloadAdmission {
     if in_flight < max.max(1) && waiting == 0 {
         DownloadAdmission::Admit
     } else if waiting < download_queue_max(max) {
         DownloadAdmission::Queue
     } else {
         DownloadAdmission::Busy {
-            retry_after: DOWNLOAD_BUSY_RETRY_AFTER,
+            retry_after: busy_retry_after(waiting, max, transfer),
         }
     }
 }
@@ -478,15 +515,23 @@ pub fn agent_upgrade_delay(jitter: u64) -> Millis {
     Millis(jitter % AGENT_UPGRADE_SPREAD.0.max(1))
 }
 
-/// The wait before an agent's `attempt`-th retry of a download its controller answered busy
-/// (`attempt` from 1), at least the `retry_after` asked: doubling from it up to 30 s, plus a
-/// random part of the same size (`jitter`, any value), so that agents turned away together
-/// do not come back together.
-pub fn busy_download_backoff(attempt: u32, retry_after: Millis, jitter: u64) -> Millis {
-    let base = retry_after.0.max(1);
-    let doubled = base.saturating_mul(1 << attempt.saturating_sub(1).min(5));
-    let capped = doubled.min(30_000).max(base);
-    Millis(capped + jitter % capped)
+/// The wait before an agent's `attempt`-th retry (from 1) of a download its controller
+/// answered busy: the `retry_after` it asked for (a lockstep controller's estimate of when
+/// its queue has room, [`busy_retry_after`]), or, when it asked for none, doubling from
+/// [`DOWNLOAD_BUSY_RETRY_AFTER`] up to [`DOWNLOAD_BUSY_RETRY_AFTER_MAX`]; plus a random
+/// part of up to half as much (`jitter`, any value), so that agents turned away together
+/// do not come back together. (Until 2026-12-05 it doubled from the wait asked, plus as
+/// much again: up to a minute, while the controller's slots stood free; the simulator's
+/// fleet showed agents coming back after every other one was done.)
+pub fn busy_download_backoff(attempt: u32, retry_after: Option<Millis>, jitter: u64) -> Millis {
+    let base = match retry_after {
+        Some(asked) => asked.0.max(1),
+        None => DOWNLOAD_BUSY_RETRY_AFTER
+            .0
+            .saturating_mul(1 << attempt.saturating_sub(1).min(5))
+            .min(DOWNLOAD_BUSY_RETRY_AFTER_MAX.0),
+    };
+    Millis(base + jitter % (base / 2 + 1))
 }
 
 #[cfg(test)]
@@ -769,26 +814,76 @@ mod tests {
 
     #[test]
     fn a_download_is_admitted_below_the_bound_queued_at_it_and_busy_past_the_queue() {
-        assert_eq!(admit_agent_download(0, 0, 4), DownloadAdmission::Admit);
-        assert_eq!(admit_agent_download(3, 0, 4), DownloadAdmission::Admit);
-        // Full: queued, up to four per slot, then busy.
-        assert_eq!(admit_agent_download(4, 0, 4), DownloadAdmission::Queue);
-        assert_eq!(admit_agent_download(4, 15, 4), DownloadAdmission::Queue);
         assert_eq!(
-            admit_agent_download(4, 16, 4),
+            admit_agent_download(0, 0, 4, None),
+            DownloadAdmission::Admit
+        );
+        assert_eq!(
+            admit_agent_download(3, 0, 4, None),
+            DownloadAdmission::Admit
+        );
+        // Full: queued, up to four per slot, then busy.
+        assert_eq!(
+            admit_agent_download(4, 0, 4, None),
+            DownloadAdmission::Queue
+        );
+        assert_eq!(
+            admit_agent_download(4, 15, 4, None),
+            DownloadAdmission::Queue
+        );
+        assert_eq!(
+            admit_agent_download(4, 16, 4, None),
             DownloadAdmission::Busy {
                 retry_after: DOWNLOAD_BUSY_RETRY_AFTER
             }
         );
+        // With downloads of 3 s measured, the queue of 16 ahead drains in 4 rounds.
+        assert_eq!(
+            admit_agent_download(4, 16, 4, Some(Millis(3_000))),
+            DownloadAdmission::Busy {
+                retry_after: Millis(12_000)
+            }
+        );
         // A free slot is not taken past a request that waits (the bound was raised).
-        assert_eq!(admit_agent_download(3, 1, 8), DownloadAdmission::Queue);
+        assert_eq!(
+            admit_agent_download(3, 1, 8, None),
+            DownloadAdmission::Queue
+        );
         // A bound of zero would starve every agent: one is always admitted.
-        assert_eq!(admit_agent_download(0, 0, 0), DownloadAdmission::Admit);
-        assert_eq!(admit_agent_download(1, 0, 0), DownloadAdmission::Queue);
+        assert_eq!(
+            admit_agent_download(0, 0, 0, None),
+            DownloadAdmission::Admit
+        );
+        assert_eq!(
+            admit_agent_download(1, 0, 0, None),
+            DownloadAdmission::Queue
+        );
         assert!(matches!(
-            admit_agent_download(1, 4, 0),
+            admit_agent_download(1, 4, 0, None),
             DownloadAdmission::Busy { .. }
         ));
+    }
+
+    #[test]
+    fn a_busy_controller_asks_for_the_time_its_queue_takes_within_bounds() {
+        assert_eq!(busy_retry_after(256, 64, None), DOWNLOAD_BUSY_RETRY_AFTER);
+        assert_eq!(
+            busy_retry_after(256, 64, Some(Millis(3_000))),
+            Millis(12_000)
+        );
+        assert_eq!(
+            busy_retry_after(0, 64, Some(Millis(10))),
+            DOWNLOAD_BUSY_RETRY_AFTER
+        );
+        assert_eq!(
+            busy_retry_after(1_000, 1, Some(Millis(60_000))),
+            DOWNLOAD_BUSY_RETRY_AFTER_MAX
+        );
+        assert_eq!(transfer_estimate(None, Millis(800)), Millis(800));
+        assert_eq!(
+            transfer_estimate(Some(Millis(800)), Millis(1_600)),
+            Millis(900)
+        );
     }
 
     #[test]
@@ -801,16 +896,21 @@ mod tests {
     }
 
     #[test]
-    fn busy_backoff_starts_at_the_servers_wait_doubles_to_a_cap_and_spreads() {
-        let after = DOWNLOAD_BUSY_RETRY_AFTER;
-        assert_eq!(busy_download_backoff(1, after, 0), Millis(1_000));
-        assert_eq!(busy_download_backoff(2, after, 0), Millis(2_000));
-        assert_eq!(busy_download_backoff(6, after, 0), Millis(30_000));
-        assert_eq!(busy_download_backoff(60, after, 0), Millis(30_000));
-        assert_eq!(busy_download_backoff(1, after, 999), Millis(1_999));
+    fn busy_backoff_follows_the_servers_wait_or_doubles_without_one_and_spreads() {
+        // The controller said: its wait, however many busy answers came before.
+        let asked = Some(Millis(12_000));
+        assert_eq!(busy_download_backoff(1, asked, 0), Millis(12_000));
+        assert_eq!(busy_download_backoff(9, asked, 0), Millis(12_000));
+        assert_eq!(busy_download_backoff(1, asked, 6_000), Millis(18_000));
+        assert_eq!(busy_download_backoff(1, asked, 6_001), Millis(12_000));
+        // It did not: doubling from a second up to the cap.
+        assert_eq!(busy_download_backoff(1, None, 0), Millis(1_000));
+        assert_eq!(busy_download_backoff(2, None, 0), Millis(2_000));
+        assert_eq!(busy_download_backoff(6, None, 0), Millis(30_000));
+        assert_eq!(busy_download_backoff(60, None, 0), Millis(30_000));
         for jitter in [0, 1, 7, u64::MAX] {
-            let wait = busy_download_backoff(3, after, jitter);
-            assert!(wait >= Millis(4_000) && wait < Millis(8_000), "{wait:?}");
+            let wait = busy_download_backoff(3, None, jitter);
+            assert!(wait >= Millis(4_000) && wait <= Millis(6_000), "{wait:?}");
             assert!(agent_upgrade_delay(jitter) < AGENT_UPGRADE_SPREAD);
         }
     }

@@ -156,6 +156,9 @@ pub enum SourceError {
         path: String,
         /// The HTTP status code.
         status: u16,
+        /// The wait the server asked for (`Retry-After` in seconds, on a 429 or 503), if
+        /// it did.
+        retry_after_seconds: Option<u64>,
     },
     /// The server's answer breaks HTTP in a way that matters here (a `Content-Range` that
     /// does not match the range asked for).
@@ -254,6 +257,7 @@ impl fmt::Display for SourceError {
                 location,
                 path,
                 status,
+                ..
             } => write!(
                 f,
                 "{path} from {location}: the server answered HTTP {status}; check \

@@ -535,10 +535,17 @@ impl HttpSource {
                 }));
             }
             _ => {
+                // Seconds only: the HTTP-date form is not one a controller sends.
+                let retry_after_seconds = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|text| text.trim().parse::<u64>().ok());
                 let error = SourceError::Status {
                     location,
                     path: quote(path),
                     status: status.as_u16(),
+                    retry_after_seconds,
                 };
                 let retryable = status.is_server_error()
                     || status == StatusCode::REQUEST_TIMEOUT

@@ -356,9 +356,15 @@ async fn server_errors_are_retried_a_bounded_number_of_times() {
     // Always 503: exactly `attempts_max` requests, then the status is reported.
     server.behave(|behaviour| behaviour.failures_remaining = u32::MAX);
     let (result, files, _) = fetch(&source, &entry).await;
-    let Err(DownloadError::Source(SourceError::Status { status: 503, .. })) = result else {
+    let Err(DownloadError::Source(SourceError::Status {
+        status: 503,
+        retry_after_seconds,
+        ..
+    })) = result
+    else {
         panic!("expected HTTP 503, got {result:?}");
     };
+    assert_eq!(retry_after_seconds, Some(7), "the server's Retry-After");
     assert!(files.is_empty());
     assert_eq!(binary_requests(&server).len(), 3 + 3);
     server.stop().await;

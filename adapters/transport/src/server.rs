@@ -31,6 +31,7 @@ pub use crate::wire::SERVER_VERSION;
 
 use crate::admission::{Admitted, Connections, Metered};
 use crate::hold::ConnectionHold;
+use crate::tools_endpoint::Downloader;
 use crate::{auth, charms_endpoint, connection, probes};
 use lockstep_core::gate::Login;
 
@@ -383,9 +384,14 @@ async fn tools(
         .map(|axum::Extension(admitted)| &*admitted.ticket);
     let source = source_of(ticket, relayed.map(|axum::Extension(peer)| peer));
     let who = [Login::User, Login::ControllerAgent, Login::MachineAgent];
-    let login = match auth::http_login(&api, source, ticket, &headers, &who).await {
-        Ok((login, _)) => login,
+    let (login, tag) = match auth::http_login(&api, source, ticket, &headers, &who).await {
+        Ok(login) => login,
         Err(refused) => return refused,
+    };
+    let downloader = match login {
+        Login::MachineAgent if fetches_ahead(&api, &tag, &binary).await => Downloader::AgentAhead,
+        Login::MachineAgent => Downloader::Agent,
+        _ => Downloader::Other,
     };
     api.tools
         .get(
@@ -393,10 +399,33 @@ async fn tools(
             &*api.state,
             &uuid,
             &binary,
-            login == Login::MachineAgent,
+            downloader,
             hold.map(|axum::Extension(hold)| hold),
         )
         .await
+}
+
+/// Whether machine agent `tag` asks for `binary` ahead of its admission: a version other
+/// than the one `Upgrader.DesiredVersion` tells it to run (a staged rollout's
+/// `stage-version`). When that cannot be read, it is not: served as an admitted agent's.
+async fn fetches_ahead(api: &Api, tag: &str, binary: &str) -> bool {
+    let Ok(binary) = lockstep_core::Binary::parse(binary) else {
+        return false;
+    };
+    let Ok(server_version) = crate::facade::upgrader::server_version(api) else {
+        return false;
+    };
+    let views = api
+        .state
+        .agent_views(tag, server_version, &[tag.to_owned()])
+        .await;
+    match views
+        .ok()
+        .and_then(|views| views.entities.into_iter().next())
+    {
+        Some(Ok(view)) => view.desired != binary.number,
+        _ => false,
+    }
 }
 
 async fn readyz(State(api): State<Arc<Api>>) -> Response {

@@ -46,7 +46,7 @@ pub struct NotifyWatcher {
     /// The agent watched (`machine-1`): the logged-in agent's own tag.
     pub tag: String,
     /// Held for the whole of a `Next`: one `Next` at a time per watcher.
-    pub seen: tokio::sync::Mutex<Option<lockstep_core::Version>>,
+    pub seen: tokio::sync::Mutex<Option<(lockstep_core::Version, Option<lockstep_core::Version>)>>,
     pub stopped: tokio::sync::watch::Sender<bool>,
     /// Its place among all connections' watchers.
     _slot: WatcherSlot,

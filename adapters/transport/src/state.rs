@@ -346,6 +346,10 @@ pub struct AgentView {
     pub desired: Version,
     /// The binary the agent last reported running (`Upgrader.SetTools`), if any.
     pub running: Option<Binary>,
+    /// The version a staged rollout tells the agent to fetch ahead of its admission
+    /// (`lockstep_core::rollout::told_stage`): `stage-version` in `DesiredVersion`,
+    /// `stage-tools` in `Tools`. It downloads and keeps that binary and runs `desired`.
+    pub stage: Option<Version>,
 }
 
 /// What the Upgrader facade reads for a call: the model's `agent-stream` and, per entity in

@@ -20,7 +20,11 @@
 //! the queue's first request at once, so no slot idles while an agent waits. A request that
 //! waited [`lockstep_core::upgrader::DOWNLOAD_QUEUE_WAIT`], or finds the queue full
 //! ([`lockstep_core::upgrader::download_queue_max`]), is answered 503 with `Retry-After`,
-//! code `try again`, and the agent retries with backoff. A download holds its slot from admission (through an upstream fetch, if one is
+//! code `try again`: the time the queue takes to drain, from how long this controller's
+//! downloads held their slots ([`lockstep_core::upgrader::busy_retry_after`]); the agent
+//! comes back then, with jitter. A machine agent fetching a binary ahead of its admission
+//! (any version but the one `Upgrader.DesiredVersion` tells it to run: a staged rollout's
+//! `stage-version`) waits behind every admitted agent's download ([`Downloader`]). A download holds its slot from admission (through an upstream fetch, if one is
 //! needed) until the client closes the connection after the last byte (at most
 //! [`crate::hold::LINGER_MAX`] after it), or goes away before: so the bound holds for the
 //! downloads as the agents see them, not only as the controller writes them.
@@ -75,8 +79,35 @@ struct DownloadQueue {
     in_flight: u32,
     /// The bound the last request was admitted under (the model's, read per request).
     max: u32,
-    /// Requests waiting for a slot, oldest first; a slot is handed over through the sender.
-    waiting: VecDeque<tokio::sync::oneshot::Sender<DownloadSlot>>,
+    /// How long a download holds its slot, from those that ended
+    /// ([`upgrader::transfer_estimate`]): a busy answer asks for the time the queue takes.
+    transfer: Option<lockstep_core::Millis>,
+    /// Requests waiting for a slot, in the order they are served: admitted agents'
+    /// downloads oldest first, then fetches ahead oldest first. A slot is handed over
+    /// through the sender.
+    waiting: VecDeque<Waiter>,
+}
+
+/// A request in the queue.
+#[derive(Debug)]
+struct Waiter {
+    slot: tokio::sync::oneshot::Sender<DownloadSlot>,
+    /// A fetch ahead of the agent's admission ([`Downloader::AgentAhead`]).
+    ahead: bool,
+}
+
+/// Who asks for a binary, for the bound on machine agents' downloads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Downloader {
+    /// A user or a controller's agent: not bounded.
+    Other,
+    /// A machine agent fetching the version it is told to run (`Upgrader.DesiredVersion`).
+    Agent,
+    /// A machine agent fetching a binary ahead of its admission (a staged rollout's
+    /// `stage-version`, or any version but the one it is told to run): served after every
+    /// [`Downloader::Agent`] download that waits, so an admitted agent (a canary first)
+    /// never waits behind the wave fetching ahead of it.
+    AgentAhead,
 }
 
 impl Downloads {
@@ -87,10 +118,10 @@ impl Downloads {
             let Some(waiter) = queue.waiting.pop_front() else {
                 break;
             };
-            match waiter.send(DownloadSlot(Some(Arc::clone(self)))) {
+            match waiter.slot.send(DownloadSlot::taken(self)) {
                 Ok(()) => queue.in_flight += 1,
                 // Not counted, so not released: emptied, its `Drop` does nothing.
-                Err(mut unused) => drop(unused.0.take()),
+                Err(mut unused) => drop(unused.downloads.take()),
             }
         }
         self.in_flight.store(queue.in_flight, Ordering::SeqCst);
@@ -101,14 +132,32 @@ impl Downloads {
 /// byte handed over, the client gone, or an error answered), to the queue's first request
 /// if one waits.
 #[derive(Debug)]
-struct DownloadSlot(Option<Arc<Downloads>>);
+struct DownloadSlot {
+    downloads: Option<Arc<Downloads>>,
+    /// When it was taken: how long it was held feeds the busy answers' estimate.
+    since: std::time::Instant,
+}
+
+impl DownloadSlot {
+    fn taken(downloads: &Arc<Downloads>) -> DownloadSlot {
+        DownloadSlot {
+            downloads: Some(Arc::clone(downloads)),
+            since: std::time::Instant::now(),
+        }
+    }
+}
 
 impl Drop for DownloadSlot {
     fn drop(&mut self) {
-        let Some(downloads) = &self.0 else {
+        let Some(downloads) = &self.downloads else {
             return;
         };
+        let held = self.since.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
         let mut queue = downloads.state.lock().expect("not poisoned");
+        queue.transfer = Some(upgrader::transfer_estimate(
+            queue.transfer,
+            lockstep_core::Millis(held),
+        ));
         queue.in_flight -= 1;
         downloads.hand_over(&mut queue);
     }
@@ -148,7 +197,7 @@ impl ToolsEndpoint {
         state: &dyn SharedState,
         uuid: &str,
         binary: &str,
-        machine_agent: bool,
+        downloader: Downloader,
         hold: Option<Arc<ConnectionHold>>,
     ) -> Response {
         if uuid != self.model_uuid {
@@ -189,14 +238,17 @@ impl ToolsEndpoint {
                 format!("no agent binaries found for {binary}"),
             );
         };
-        let slot = if machine_agent {
+        let slot = if downloader != Downloader::Other {
             let max = match state.model_config().await {
                 Ok(config) => configured_agent_downloads_max(
                     config.settings.get(upgrader::AGENT_DOWNLOADS_MAX_KEY),
                 ),
                 Err(_) => upgrader::AGENT_DOWNLOADS_MAX_DEFAULT,
             };
-            match self.admit_agent(max).await {
+            match self
+                .admit_agent(max, downloader == Downloader::AgentAhead)
+                .await
+            {
                 Ok(slot) => Some(slot),
                 Err(busy) => return busy,
             }
@@ -220,30 +272,42 @@ impl ToolsEndpoint {
         queue
             .waiting
             .iter()
-            .filter(|waiter| !waiter.is_closed())
+            .filter(|waiter| !waiter.slot.is_closed())
             .count() as u32
     }
 
     /// A slot for one more machine agent's download under `max`: at once, or after a wait
     /// in the queue; or the 503 that refuses it (the queue full, or no slot within
-    /// [`upgrader::DOWNLOAD_QUEUE_WAIT`]).
-    async fn admit_agent(&self, max: u32) -> Result<DownloadSlot, Response> {
+    /// [`upgrader::DOWNLOAD_QUEUE_WAIT`]). A fetch `ahead` of admission waits behind every
+    /// request; an admitted agent's behind admitted agents' only (each class holds at most
+    /// [`upgrader::download_queue_max`]).
+    async fn admit_agent(&self, max: u32, ahead: bool) -> Result<DownloadSlot, Response> {
         let downloads = &self.agent_downloads;
         let mut receiver = {
             let mut queue = downloads.state.lock().expect("not poisoned");
             queue.max = max;
             // Requests that went away (their clients hung up) hold no place.
-            queue.waiting.retain(|waiter| !waiter.is_closed());
-            let waiting = queue.waiting.len() as u32;
-            match upgrader::admit_agent_download(queue.in_flight, waiting, max) {
+            queue.waiting.retain(|waiter| !waiter.slot.is_closed());
+            let waiting = queue
+                .waiting
+                .iter()
+                .filter(|waiter| ahead || !waiter.ahead)
+                .count() as u32;
+            match upgrader::admit_agent_download(queue.in_flight, waiting, max, queue.transfer) {
                 DownloadAdmission::Admit => {
                     queue.in_flight += 1;
                     downloads.in_flight.store(queue.in_flight, Ordering::SeqCst);
-                    return Ok(DownloadSlot(Some(Arc::clone(downloads))));
+                    return Ok(DownloadSlot::taken(downloads));
                 }
                 DownloadAdmission::Queue => {
                     let (sender, receiver) = tokio::sync::oneshot::channel();
-                    queue.waiting.push_back(sender);
+                    queue.waiting.insert(
+                        waiting as usize,
+                        Waiter {
+                            slot: sender,
+                            ahead,
+                        },
+                    );
                     // The bound may have been raised: a free slot goes to the oldest now.
                     downloads.hand_over(&mut queue);
                     receiver
@@ -272,15 +336,25 @@ impl ToolsEndpoint {
                 receiver.close();
                 match receiver.try_recv() {
                     Ok(slot) => Ok(slot),
-                    Err(_) => Err(busy(
-                        format!(
-                            "busy: no download slot freed within {} s (the model's {} is \
-                             {max})",
-                            wait.as_secs(),
-                            upgrader::AGENT_DOWNLOADS_MAX_KEY
-                        ),
-                        upgrader::DOWNLOAD_BUSY_RETRY_AFTER,
-                    )),
+                    Err(_) => {
+                        let retry_after = {
+                            let queue = downloads.state.lock().expect("not poisoned");
+                            upgrader::busy_retry_after(
+                                queue.waiting.len() as u32,
+                                max,
+                                queue.transfer,
+                            )
+                        };
+                        Err(busy(
+                            format!(
+                                "busy: no download slot freed within {} s (the model's {} is \
+                                 {max})",
+                                wait.as_secs(),
+                                upgrader::AGENT_DOWNLOADS_MAX_KEY
+                            ),
+                            retry_after,
+                        ))
+                    }
                 }
             }
         }

@@ -743,3 +743,49 @@ async fn a_queued_download_without_a_slot_within_the_queues_wait_is_answered_bus
     let (status, _, _) = holding.await.unwrap();
     assert_eq!(status, 200);
 }
+
+/// A machine agent's download of the version it is told to run (`Upgrader.DesiredVersion`:
+/// here the model's 2.9.43) goes before the fetches ahead of admission that wait (any other
+/// version, 2.9.44): under `max-agent-downloads` 1, with one fetch ahead holding the slot
+/// and another waiting, an admitted agent that comes last is served second.
+#[tokio::test]
+async fn an_admitted_agents_download_goes_before_fetches_ahead_that_wait() {
+    let fixture = one_download_at_a_time(Duration::from_secs(2)).await;
+    let ahead = format!("/model/{MODEL_UUID}/tools/2.9.44-ubuntu-amd64");
+    let told = format!("/model/{MODEL_UUID}/tools/2.9.43-ubuntu-amd64");
+    let agents = agents(&fixture, 3);
+    let mut downloads = Vec::new();
+    for (index, (agent, path)) in [
+        (&agents[0], &ahead),
+        (&agents[1], &ahead),
+        (&agents[2], &told),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (serving, path, agent) = (Arc::clone(&fixture), path.clone(), agent.clone());
+        downloads.push(tokio::spawn(async move {
+            let (status, _, _) = get_as(&serving, &path, Some((&agent, AGENT_PASSWORD))).await;
+            (status, Instant::now())
+        }));
+        let wanted = (1, index as u64);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while download_gauges(&fixture).await != wanted {
+            assert!(
+                Instant::now() < deadline,
+                "request {index} never took its place"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let mut finished = Vec::new();
+    for download in downloads {
+        let (status, at) = download.await.unwrap();
+        assert_eq!(status, 200);
+        finished.push(at);
+    }
+    assert!(
+        finished[0] < finished[2] && finished[2] < finished[1],
+        "the admitted agent's download (third asked) was not served second: {finished:?}"
+    );
+}

@@ -853,8 +853,10 @@ impl Checker for WatcherChecker {
 /// yet healthy on the target (by what the agents had reported when it was written); no
 /// agent but a canary is admitted before every canary was healthy on the target (under a
 /// policy with canaries, none chosen counts as none healthy); a halted
-/// rollout admits no one; an admission is never taken back while the target stands; and
-/// there are never more canaries than the policy names.
+/// rollout admits no one; an admission is never taken back while the target stands;
+/// there are never more canaries than the policy names; and the agents told to fetch ahead
+/// of admission are never canaries, are there only while the canaries try the binary and
+/// the rollout is not halted, and, with the canaries, are no more than `max-at-once`.
 #[derive(Debug)]
 pub struct RolloutChecker {
     policy: RolloutPolicy,
@@ -912,6 +914,28 @@ impl Checker for RolloutChecker {
                 record.canaries.len(),
                 self.policy.canaries
             ));
+        }
+        if !record.staging.is_empty() {
+            if record.canaries_passed || record.halted.is_some() {
+                return Err(format!(
+                    "{} agents told to fetch {} ahead after the canaries passed or a halt",
+                    record.staging.len(),
+                    record.target
+                ));
+            }
+            if let Some(id) = record.staging.intersection(&record.canaries).next() {
+                return Err(format!("canary {id} told to fetch ahead"));
+            }
+            let receiving = record.staging.len() + record.canaries.len();
+            if self.policy.max_at_once > 0 && receiving > self.policy.max_at_once as usize {
+                return Err(format!(
+                    "{} agents fetching {} ahead beside {} canaries, max-at-once is {}",
+                    record.staging.len(),
+                    record.target,
+                    record.canaries.len(),
+                    self.policy.max_at_once
+                ));
+            }
         }
         if let Some(previous) = &previous {
             if let Some(id) = previous

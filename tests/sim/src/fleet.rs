@@ -179,7 +179,7 @@ impl FleetRun {
         let at = |ms: Option<u64>| ms.map_or("never".to_owned(), crate::format_ms);
         let _ = writeln!(
             out,
-            "rollout: {} records written, {} read by the checker; {} agents admitted{}, {} failed and held (tolerated: {}); {} crashes; first agent download admitted at {}, canaries passed at {}",
+            "rollout: {} records written, {} read by the checker; {} agents admitted{}, {} failed and held (tolerated: {}); {} crashes; first agent download admitted at {}, canaries passed at {}; {} fetches ahead of admission started, {} completed",
             figures.rollout_writes,
             figures.rollout_records_seen,
             figures.admitted,
@@ -188,7 +188,9 @@ impl FleetRun {
             fleet.rollout.failures_tolerated,
             figures.crashes,
             at(figures.first_download_at),
-            at(figures.canaries_passed_at)
+            at(figures.canaries_passed_at),
+            figures.prestages,
+            figures.prestaged
         );
         let _ = writeln!(
             out,

@@ -31,6 +31,18 @@ pub fn desired_version(
     server_version: Version,
     staged: (&RolloutPolicy, Option<&Rollout>),
 ) -> Version {
+    desired_and_ahead(model, machines, machine, server_version, staged).0
+}
+
+/// [`desired_version`], and the version the staged rollout tells the agent to fetch ahead
+/// of its admission ([`rollout::told_stage`]; never a controller's).
+pub fn desired_and_ahead(
+    model: &Model,
+    machines: &[Machine],
+    machine: &Machine,
+    server_version: Version,
+    staged: (&RolloutPolicy, Option<&Rollout>),
+) -> (Version, Option<Version>) {
     let controllers_first = upgrader::desired_version(
         model.agent_version,
         AskingAgent {
@@ -44,15 +56,13 @@ pub fn desired_version(
         server_version,
     );
     if is_controller(machine) {
-        return controllers_first;
+        return (controllers_first, None);
     }
     let (policy, record) = staged;
-    rollout::told(
-        policy,
-        record,
-        &machine.id,
-        machine.agent_binary.as_ref().map(|binary| binary.number),
-        controllers_first,
+    let running = machine.agent_binary.as_ref().map(|binary| binary.number);
+    (
+        rollout::told(policy, record, &machine.id, running, controllers_first),
+        rollout::told_stage(record, &machine.id, running, controllers_first),
     )
 }
 
@@ -175,15 +185,17 @@ pub fn agent_views(
                 .get(&id)
                 .map(|index| &inputs.machines[*index])
                 .ok_or_else(|| WireError::new("not found", format!("machine {id} not found")))?;
+            let (desired, stage) = desired_and_ahead(
+                model,
+                &inputs.controllers,
+                machine,
+                server_version,
+                (&inputs.policy, inputs.record.as_ref()),
+            );
             Ok(AgentView {
-                desired: desired_version(
-                    model,
-                    &inputs.controllers,
-                    machine,
-                    server_version,
-                    (&inputs.policy, inputs.record.as_ref()),
-                ),
+                desired,
                 running: machine.agent_binary.clone(),
+                stage,
             })
         })
         .collect();

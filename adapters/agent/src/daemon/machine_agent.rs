@@ -42,6 +42,7 @@ use lockstep_core::steps::{StepKey, StepKind};
 use lockstep_core::{Binary, Lifecycle, ParseVersionError, Phase, Role, Roles, Timestamp, Version};
 use lockstep_transport::client::{Client, ClientConfig, ClientError};
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::error::DaemonError;
@@ -441,11 +442,18 @@ pub async fn run(agent: MachineAgent, notifier: Notifier) -> Result<i32, DaemonE
         download_rate,
         status_rx,
     ));
+    let ahead = Ahead {
+        data: data.clone(),
+        conf: conf.clone(),
+        fetch: Arc::default(),
+        staging: Arc::default(),
+    };
     let watch_task = tokio::spawn(follow_desired_version(
         Arc::clone(&api),
         conf.tag.clone(),
         running.number,
         inputs_tx.clone(),
+        ahead.clone(),
     ));
     let mut driver = MachineDriver {
         core,
@@ -459,10 +467,12 @@ pub async fn run(agent: MachineAgent, notifier: Notifier) -> Result<i32, DaemonE
         notifier,
         tasks: tokio::task::JoinSet::new(),
         tools_url: ToolsUrl::default(),
+        ahead: ahead.clone(),
     };
     let exit = driver.run(&mut shutdown).await;
     driver.tasks.shutdown().await;
     watch_task.abort();
+    ahead.stop();
     status_task.abort();
     match exit {
         Exit::Shutdown => {
@@ -562,6 +572,16 @@ async fn set_tools(api: &Client, tag: &str, running: &Binary) -> Result<(), Mach
 
 /// `Upgrader.DesiredVersion`: the version the controllers want this agent on.
 async fn desired_version(api: &Client, tag: &str) -> Result<Version, MachineAgentError> {
+    Ok(desired_and_ahead(api, tag).await?.0)
+}
+
+/// `Upgrader.DesiredVersion`: the version the controllers want this agent on, and the one
+/// a staged rollout tells it to fetch ahead of its admission (`stage-version`, lockstep's;
+/// absent from Juju's answers).
+async fn desired_and_ahead(
+    api: &Client,
+    tag: &str,
+) -> Result<(Version, Option<Version>), MachineAgentError> {
     let reply = DESIRED_VERSION
         .call(api, entities(tag), CALL_DEADLINE)
         .await?;
@@ -570,19 +590,36 @@ async fn desired_version(api: &Client, tag: &str) -> Result<Version, MachineAgen
         .get("version")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    Version::parse(text).map_err(DESIRED_VERSION.malformed("version"))
+    let desired = Version::parse(text).map_err(DESIRED_VERSION.malformed("version"))?;
+    let ahead = match result.get("stage-version").and_then(Value::as_str) {
+        Some(text) => {
+            Some(Version::parse(text).map_err(DESIRED_VERSION.malformed("stage-version"))?)
+        }
+        None => None,
+    };
+    Ok((desired, ahead))
 }
 
 /// `Upgrader.Tools`: the binary of the desired version and the URL the controller serves
 /// it at.
 async fn desired_tools(api: &Client, tag: &str) -> Result<(StagePlan, String), MachineAgentError> {
+    tools_of(api, tag, "tools").await
+}
+
+/// `Upgrader.Tools`' `key` (`tools`, or lockstep's `stage-tools`: the binary to fetch
+/// ahead of admission): the binary and the URL the controller serves it at.
+async fn tools_of(
+    api: &Client,
+    tag: &str,
+    key: &str,
+) -> Result<(StagePlan, String), MachineAgentError> {
     let reply = TOOLS.call(api, entities(tag), CALL_DEADLINE).await?;
     let result = TOOLS.first_result(&reply, "results")?;
     let tools = result
-        .get("tools")
+        .get(key)
         .and_then(Value::as_array)
         .and_then(|tools| tools.first())
-        .ok_or_else(|| TOOLS.missing("tools", &result))?;
+        .ok_or_else(|| TOOLS.missing(key.to_owned(), &result))?;
     let text = |key: &str| tools.get(key).and_then(Value::as_str).unwrap_or_default();
     let binary = Binary::parse(text("version")).map_err(TOOLS.malformed("version"))?;
     let sha256 = Sha256::parse(text("sha256")).map_err(TOOLS.malformed("sha256"))?;
@@ -700,6 +737,7 @@ async fn follow_desired_version(
     tag: String,
     running: Version,
     inputs: mpsc::UnboundedSender<Input>,
+    ahead: Ahead,
 ) {
     let mut fed = running;
     loop {
@@ -741,7 +779,14 @@ async fn follow_desired_version(
                     break;
                 }
             }
-            match desired_version(&api, &tag).await {
+            let desired = desired_and_ahead(&api, &tag).await;
+            if let Ok((version, Some(stage))) = &desired
+                && *stage != running
+                && stage != version
+            {
+                ahead.start(&api, &tag, *stage);
+            }
+            match desired.map(|(version, _)| version) {
                 Ok(version) if version != fed => {
                     // Not the whole fleet at once: each agent starts after a random part of
                     // the core's spread.
@@ -775,6 +820,125 @@ struct MachineDriver {
     notifier: Arc<Notifier>,
     tasks: tokio::task::JoinSet<()>,
     tools_url: ToolsUrl,
+    ahead: Ahead,
+}
+
+/// The fetch of a binary ahead of this agent's admission (a staged rollout's
+/// `stage-version`, spec/rollout.md): downloaded, verified and installed like any staging,
+/// but not switched to. One at a time. The core's own staging of the same binary waits for
+/// it while its bytes arrive (and then finds the binary installed), and stops it otherwise
+/// (queued at a busy controller, or waiting out a busy answer): an admitted agent's own
+/// download goes before fetches ahead at the controller.
+#[derive(Clone)]
+struct Ahead {
+    data: DataDir,
+    conf: AgentConf,
+    fetch: Arc<std::sync::Mutex<Option<AheadFetch>>>,
+    /// Held by whichever downloads into the tools cache: the core's staging or the fetch
+    /// ahead.
+    staging: Arc<tokio::sync::Mutex<()>>,
+}
+
+struct AheadFetch {
+    version: Version,
+    /// Set at its first byte.
+    receiving: Arc<AtomicBool>,
+    /// Set once the binary is installed.
+    fetched: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Ahead {
+    /// Starts fetching `version` ahead, unless that fetch runs or is done already (one
+    /// that failed starts again); a fetch of another version is stopped.
+    fn start(&self, api: &Arc<Client>, tag: &str, version: Version) {
+        let mut slot = self.fetch.lock().expect("not poisoned");
+        if let Some(fetch) = slot.as_ref()
+            && fetch.version == version
+            && (!fetch.task.is_finished() || fetch.fetched.load(Ordering::SeqCst))
+        {
+            return;
+        }
+        if let Some(old) = slot.take() {
+            old.task.abort();
+        }
+        let receiving = Arc::new(AtomicBool::new(false));
+        let fetched = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(fetch_ahead(
+            Arc::clone(api),
+            tag.to_owned(),
+            version,
+            self.clone(),
+            Arc::clone(&receiving),
+            Arc::clone(&fetched),
+        ));
+        *slot = Some(AheadFetch {
+            version,
+            receiving,
+            fetched,
+            task,
+        });
+    }
+
+    /// For the core's staging of `binary`: the fetch ahead of it to wait for, if its bytes
+    /// are arriving; any other is stopped.
+    fn take_for(&self, binary: &Binary) -> Option<tokio::task::JoinHandle<()>> {
+        let fetch = self.fetch.lock().expect("not poisoned").take()?;
+        if fetch.version == binary.number
+            && fetch.receiving.load(Ordering::SeqCst)
+            && !fetch.task.is_finished()
+        {
+            Some(fetch.task)
+        } else {
+            fetch.task.abort();
+            None
+        }
+    }
+
+    fn stop(&self) {
+        if let Some(fetch) = self.fetch.lock().expect("not poisoned").take() {
+            fetch.task.abort();
+        }
+    }
+}
+
+/// Fetches `version` ahead of admission: after the core's start spread (a fleet told
+/// together does not arrive together), unless the core stages meanwhile, `Upgrader.Tools`'
+/// `stage-tools` names the binary and URL, and it is downloaded as the core's staging
+/// does, through the controller's busy answers.
+async fn fetch_ahead(
+    api: Arc<Client>,
+    tag: String,
+    version: Version,
+    ahead: Ahead,
+    receiving: Arc<AtomicBool>,
+    fetched: Arc<AtomicBool>,
+) {
+    let delay = lockstep_core::upgrader::agent_upgrade_delay(random());
+    tracing::info!(target: "lockstep::agent", %version, delay_ms = delay.0, "fetching a binary ahead of this agent's admission (the rollout's stage-version)");
+    tokio::time::sleep(Duration::from_millis(delay.0)).await;
+    let Ok(_staging) = ahead.staging.try_lock() else {
+        return; // the core stages a binary itself: it was admitted
+    };
+    let (plan, url) = match tools_of(&api, &tag, "stage-tools").await {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::warn!(target: "lockstep::agent", %version, %error, "cannot learn the binary to fetch ahead");
+            return;
+        }
+    };
+    if plan.binary.number != version {
+        return; // the rollout moved on since
+    }
+    match stage_from_controller(&ahead.data, &ahead.conf, &plan, url, Some(&receiving)).await {
+        Ok(()) => {
+            fetched.store(true, Ordering::SeqCst);
+            tracing::info!(target: "lockstep::agent", binary = %plan.binary, "fetched ahead of admission; kept, not switched to");
+        }
+        Err(error) => {
+            tracing::warn!(target: "lockstep::agent", binary = %plan.binary, %error, "the fetch ahead failed; the staging at admission downloads it");
+        }
+    }
 }
 
 impl MachineDriver {
@@ -992,9 +1156,20 @@ impl MachineDriver {
                     .clone()
                     .filter(|(binary, _)| *binary == plan.binary)
                     .map(|(_, url)| url);
+                let ahead_fetch = self.ahead.take_for(&plan.binary);
+                let staging = Arc::clone(&self.ahead.staging);
                 self.tasks.spawn(async move {
                     let result = match url {
-                        Some(url) => stage_from_controller(&data, &conf, &plan, url).await,
+                        Some(url) => {
+                            if let Some(fetch) = ahead_fetch {
+                                tracing::info!(target: "lockstep::agent", binary = %plan.binary, "waiting for the fetch ahead of this binary, whose bytes are arriving");
+                                let _ = fetch.await;
+                            }
+                            // One download into the tools cache at a time; a fetch ahead
+                            // that finished left the binary installed, found at once.
+                            let _staging = staging.lock().await;
+                            stage_from_controller(&data, &conf, &plan, url, None).await
+                        }
                         None => Err(MachineAgentError::NoToolsUrl {
                             binary: plan.binary.clone(),
                         }),
@@ -1104,6 +1279,7 @@ async fn stage_from_controller(
     conf: &AgentConf,
     plan: &StagePlan,
     url: String,
+    receiving: Option<&AtomicBool>,
 ) -> Result<(), MachineAgentError> {
     if let Ok(Some(installed)) = data.read_downloaded_tools(&plan.binary)
         && installed.sha256 == plan.sha256
@@ -1171,6 +1347,9 @@ async fn stage_from_controller(
         let mut last: Option<(Instant, u64)> = None;
         let mut window = |progress: lockstep_streams::DownloadProgress| {
             if first.is_none() && progress.received_bytes > 0 {
+                if let Some(receiving) = receiving {
+                    receiving.store(true, Ordering::SeqCst);
+                }
                 first = Some((Instant::now(), progress.received_bytes));
                 tracing::info!(target: "lockstep::agent", monotonic_ns = monotonic_ns(), received_bytes = progress.received_bytes, "download receiving");
             }
@@ -1194,14 +1373,17 @@ async fn stage_from_controller(
                 break;
             }
             Err(lockstep_streams::DownloadError::Source(
-                lockstep_streams::SourceError::Status { status, .. },
+                lockstep_streams::SourceError::Status {
+                    status,
+                    retry_after_seconds,
+                    ..
+                },
             )) if (status == 503 || status == 429) && waiting_since.elapsed() < BUSY_WAIT_MAX => {
                 busy += 1;
-                let wait = lockstep_core::upgrader::busy_download_backoff(
-                    busy,
-                    lockstep_core::upgrader::DOWNLOAD_BUSY_RETRY_AFTER,
-                    random(),
-                );
+                // The controller's Retry-After: when its queue has room, by its estimate.
+                let asked = retry_after_seconds
+                    .map(|seconds| lockstep_core::Millis(seconds.saturating_mul(1000)));
+                let wait = lockstep_core::upgrader::busy_download_backoff(busy, asked, random());
                 tracing::info!(target: "lockstep::agent", binary = %plan.binary, status, wait_ms = wait.0, "the controller is busy serving other agents; waiting");
                 tokio::time::sleep(Duration::from_millis(wait.0)).await;
             }

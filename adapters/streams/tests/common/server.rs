@@ -192,7 +192,15 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Body> {
         }
         Some(status) if behaviour.failures_remaining > 0 => {
             shared.behaviour.lock().unwrap().failures_remaining -= 1;
-            empty(StatusCode::from_u16(status).unwrap())
+            let mut response = empty(StatusCode::from_u16(status).unwrap());
+            if status == 503 || status == 429 {
+                // The wait a busy server asks for, which the error reports.
+                response.headers_mut().insert(
+                    hyper::header::RETRY_AFTER,
+                    hyper::header::HeaderValue::from_static("7"),
+                );
+            }
+            response
         }
         _ => serve(shared, &behaviour, &path, range.as_deref()),
     };

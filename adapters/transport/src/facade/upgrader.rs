@@ -120,7 +120,9 @@ pub async fn watch_api_version(
 }
 
 /// `Upgrader.DesiredVersion {"entities": [{"tag"}]}`: for each, the version it should run
-/// (Juju's controllers-first rule): `{"results": [{"version"} | {"error"}]}`.
+/// (Juju's controllers-first rule): `{"results": [{"version"} | {"error"}]}`; lockstep adds
+/// `stage-version` while a staged rollout tells the agent to fetch that version ahead of
+/// its admission (Juju's agents ignore the key).
 pub async fn desired_version(
     api: &Api,
     session: &Session,
@@ -131,7 +133,13 @@ pub async fn desired_version(
         .entities
         .iter()
         .map(|entity| match entity {
-            Ok(view) => json!({"version": view.desired.to_string()}),
+            Ok(view) => match view.stage {
+                Some(stage) => json!({
+                    "version": view.desired.to_string(),
+                    "stage-version": stage.to_string(),
+                }),
+                None => json!({"version": view.desired.to_string()}),
+            },
             Err(error) => json!({"error": error.result_json()}),
         })
         .collect();
@@ -141,7 +149,8 @@ pub async fn desired_version(
 /// `Upgrader.Tools {"entities": [{"tag"}]}`: for each, the catalogue's binary of its
 /// desired version for the release and architecture it runs, with a URL on the tools
 /// endpoint: `{"results": [{"tools": [{"version", "url", "size", "sha256"}],
-/// "disable-ssl-hostname-verification": false} | {"error"}]}`.
+/// "disable-ssl-hostname-verification": false} | {"error"}]}`; lockstep adds `stage-tools`,
+/// the same for the version to fetch ahead (`stage-version`), when the catalogue has it.
 pub async fn tools(api: &Api, session: &Session, params: &Value) -> Result<Value, WireError> {
     let views = agent_views(api, session, params).await?;
     let catalogue = api.backend.catalogue().await;
@@ -150,6 +159,16 @@ pub async fn tools(api: &Api, session: &Session, params: &Value) -> Result<Value
         .entities
         .iter()
         .map(|entity| {
+            let ahead = entity.as_ref().ok().and_then(|view| {
+                let running = view.running.clone()?;
+                let catalogue = catalogue.as_ref().ok()?;
+                let wanted = Binary {
+                    number: view.stage?,
+                    ..running
+                };
+                let entry = catalogue.entry_for(&wanted, views.model_stream)?;
+                Some(tools::tools_json(entry, &root))
+            });
             let found = entity.clone().and_then(|view| {
                 let running = view.running.ok_or_else(|| {
                     WireError::new(
@@ -172,9 +191,16 @@ pub async fn tools(api: &Api, session: &Session, params: &Value) -> Result<Value
                     })
             });
             match found {
-                Ok(tools) => {
-                    json!({"tools": [tools], "disable-ssl-hostname-verification": false})
-                }
+                Ok(tools) => match ahead {
+                    Some(ahead) => json!({
+                        "tools": [tools],
+                        "stage-tools": [ahead],
+                        "disable-ssl-hostname-verification": false,
+                    }),
+                    None => {
+                        json!({"tools": [tools], "disable-ssl-hostname-verification": false})
+                    }
+                },
                 Err(error) => json!({"error": error.result_json()}),
             }
         })

@@ -607,6 +607,7 @@ impl SharedState for FakeState {
                 Ok(AgentView {
                     desired: inner.model.agent_version,
                     running: running.clone(),
+                    stage: None,
                 })
             })
             .collect();

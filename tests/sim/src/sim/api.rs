@@ -92,11 +92,35 @@ impl Sim {
         };
         let message = match call {
             // `Upgrader.DesiredVersion`: the version the agent should run, controllers first.
-            None => Message::PollReply {
-                host,
-                incarnation,
-                agent_version: self.desired_version(host, controller),
-            },
+            None => {
+                let (agent_version, stage) = self.desired_and_ahead(host, controller);
+                // `Upgrader.Tools`' `stage-tools`: the catalogue's binary of the version to
+                // fetch ahead, for what the agent runs (the one stream rule).
+                let stage = stage.and_then(|number| {
+                    let running = self.executor.reported(host)?;
+                    let wanted = Binary {
+                        number,
+                        ..running.clone()
+                    };
+                    let entry = self
+                        .streams
+                        .current()
+                        .entry_for(&wanted, model.agent_stream)?
+                        .clone();
+                    Some(Box::new(StagePlan {
+                        binary: entry.binary,
+                        size_bytes: entry.size_bytes,
+                        sha256: entry.sha256,
+                        source: StageSource::Controller,
+                    }))
+                });
+                Message::PollReply {
+                    host,
+                    incarnation,
+                    agent_version,
+                    stage,
+                }
+            }
             Some(Request::LoadModel) => reply(Input::ModelLoaded {
                 id,
                 model: model.view(),
@@ -165,6 +189,12 @@ impl Sim {
     /// than a controller, the staged rollout's answer (`rollout::told`) over the record
     /// the server last read from the store.
     fn desired_version(&mut self, host: usize, controller: usize) -> Version {
+        self.desired_and_ahead(host, controller).0
+    }
+
+    /// [`Sim::desired_version`], and the version the rollout tells the agent to fetch ahead
+    /// of its admission (`rollout::told_stage`, `stage-version`).
+    fn desired_and_ahead(&mut self, host: usize, controller: usize) -> (Version, Option<Version>) {
         let model_agent_version = self.model().agent_version;
         let controllers = usize::from(self.scenario.controllers);
         // Counted for the report only (`Report::answers_before_a_report`), never part of
@@ -189,15 +219,20 @@ impl Sim {
             self.hosts[controller].config.running.number,
         );
         if self.hosts[host].is_controller() {
-            return controllers_first;
+            return (controllers_first, None);
         }
-        rollout::told(
+        let id = self.machine_id(host);
+        let running = reported.map(|binary| binary.number);
+        let record = self.rollout_record();
+        let ahead = rollout::told_stage(record, &id, running, controllers_first);
+        let told = rollout::told(
             &self.rollout_policy(),
-            self.rollout_record(),
-            &self.machine_id(host),
-            reported.map(|binary| binary.number),
+            record,
+            &id,
+            running,
             controllers_first,
-        )
+        );
+        (told, ahead)
     }
 
     /// A client's call reaches `controller`'s API server.

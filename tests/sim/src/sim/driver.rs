@@ -12,7 +12,7 @@
 
 use lockstep_core::Timestamp;
 use lockstep_core::client::{self, Attempt, Call};
-use lockstep_core::lifecycle::{Input, Lifecycle, Request, RequestId, Revision};
+use lockstep_core::lifecycle::{Input, Lifecycle, Request, RequestId, Revision, StagePlan};
 use lockstep_core::steps::StepKind;
 use lockstep_core::{Phase, Version};
 
@@ -26,6 +26,10 @@ const STORE_TIMEOUT_MS: u64 = 2_000;
 const STREAM_TIMEOUT_MS: u64 = 30_000;
 /// Controllers' driver tick (record watch resync, agent-version watch).
 const CONTROLLER_TICK_MS: u64 = 2_000;
+/// The request id of a machine agent driver's fetch ahead of its admission (the rollout's
+/// `stage-version`): not a request of its core, whose ids count up from 0 (`u64::MAX` is
+/// the agents' calls that await nothing).
+pub(super) const PRESTAGE: RequestId = RequestId(u64::MAX - 1);
 /// Machine agents poll their controller's `Upgrader.DesiredVersion` this often.
 const AGENT_POLL_MS: u64 = 10_000;
 
@@ -138,6 +142,33 @@ impl Sim {
             Request::LookupCatalogue { .. } | Request::StageBinary(_) if controller => {
                 self.await_request(host, id, request, Route::Streams);
             }
+            Request::StageBinary(plan) if self.links.is_some() => {
+                let state = &mut self.hosts[host];
+                if state.prestaged == Some(plan.binary.number) {
+                    // Fetched ahead and kept: on disk already, checked against the same
+                    // digest (the agent's `stage_from_controller` finds it installed).
+                    self.queue.schedule(
+                        now,
+                        Event::StagedOnDisk {
+                            host,
+                            incarnation,
+                            id,
+                        },
+                    );
+                } else if self.receiving_ahead(host, &plan) {
+                    // Its bytes are arriving: the staging waits for that download.
+                    self.hosts[host].stage_waiter = Some((id, plan));
+                } else {
+                    // A fetch ahead not yet served (queued, or waiting out a busy answer)
+                    // is given up: the admitted agent's own download goes first.
+                    let state = &mut self.hosts[host];
+                    state.prestaging = None;
+                    if state.awaiting.remove(&PRESTAGE).is_some() {
+                        self.cancel_download(host);
+                    }
+                    self.await_request(host, id, Request::StageBinary(plan), Route::Controller);
+                }
+            }
             _ if controller => self.await_request(host, id, request, Route::Store),
             _ => self.await_request(host, id, request, Route::Controller),
         }
@@ -169,10 +200,15 @@ impl Sim {
 
     /// Sends (again) an awaited request, and arms its timeout.
     fn send_request(&mut self, host: usize, id: RequestId) {
-        // A download in progress for an earlier attempt is given up (its connection
-        // closed) before the request is sent again.
-        self.cancel_download(host);
         let incarnation = self.hosts[host].incarnation;
+        let Some(awaiting) = self.hosts[host].awaiting.get(&id) else {
+            return;
+        };
+        if matches!(awaiting.request, Request::StageBinary(_)) {
+            // A download in progress for an earlier attempt is given up (its connection
+            // closed) before the request is sent again.
+            self.cancel_download(host);
+        }
         let Some(awaiting) = self.hosts[host].awaiting.get_mut(&id) else {
             return;
         };
@@ -427,13 +463,22 @@ impl Sim {
     /// A [`Message::PollReply`] reaches a machine agent: the version it should run. In a
     /// fleet run the driver waits the core's start spread (`upgrader::agent_upgrade_delay`)
     /// before it hands a new one to its core, as lockstep-agent's machine agent does.
-    pub(super) fn poll_reply(&mut self, host: usize, incarnation: u64, agent_version: Version) {
+    pub(super) fn poll_reply(
+        &mut self,
+        host: usize,
+        incarnation: u64,
+        agent_version: Version,
+        stage: Option<StagePlan>,
+    ) {
         if !self.current(host, incarnation) {
             return;
         }
         if self.scenario.fleet.is_none() {
             self.feed_agent_version(host, agent_version);
             return;
+        }
+        if let Some(plan) = stage {
+            self.prestage(host, incarnation, plan);
         }
         let state = &self.hosts[host];
         let fed = state.fed.unwrap_or(state.config.running.number);
@@ -568,5 +613,89 @@ impl Sim {
         }
         self.hosts[host].fed = Some(version);
         self.input(host, Input::AgentVersionChanged(version));
+    }
+
+    /// Whether `host`'s fetch ahead of `plan` is being served: its bytes are arriving.
+    fn receiving_ahead(&self, host: usize, plan: &StagePlan) -> bool {
+        let state = &self.hosts[host];
+        let Some(awaiting) = state.awaiting.get(&PRESTAGE) else {
+            return false;
+        };
+        state
+            .prestaging
+            .as_ref()
+            .is_some_and(|ahead| ahead.binary == plan.binary)
+            && self
+                .links
+                .as_ref()
+                .is_some_and(|links| links.receiving(host, PRESTAGE, awaiting.attempt))
+    }
+
+    /// The rollout told a machine agent to fetch `plan` ahead of its admission: unless it
+    /// has the binary, or fetches or stages one already, its driver starts after the core's
+    /// start spread (`upgrader::agent_upgrade_delay`), as lockstep-agent's machine agent
+    /// does.
+    fn prestage(&mut self, host: usize, incarnation: u64, plan: StagePlan) {
+        let state = &self.hosts[host];
+        let staging = state
+            .awaiting
+            .values()
+            .any(|awaiting| matches!(awaiting.request, Request::StageBinary(_)));
+        if state.prestaged == Some(plan.binary.number) || state.prestaging.is_some() || staging {
+            return;
+        }
+        self.hosts[host].prestaging = Some(plan);
+        let delay = lockstep_core::upgrader::agent_upgrade_delay(self.rng.next_u64());
+        self.queue.schedule(
+            self.queue.now + delay.0,
+            Event::Prestage { host, incarnation },
+        );
+    }
+
+    /// [`Event::Prestage`]: the start spread is over; the fetch ahead is a download like
+    /// the core's, through the same tools endpoint (busy answers, retries, cuts).
+    pub(super) fn start_prestage(&mut self, host: usize, incarnation: u64) {
+        if !self.current(host, incarnation) || self.hosts[host].awaiting.contains_key(&PRESTAGE) {
+            return;
+        }
+        let Some(plan) = self.hosts[host].prestaging.clone() else {
+            return; // the core's own staging took over
+        };
+        self.fleet.prestages += 1;
+        self.await_request(
+            host,
+            PRESTAGE,
+            Request::StageBinary(plan),
+            Route::Controller,
+        );
+    }
+
+    /// The fetch ahead ended: kept on disk when `done`; a staging of the core that waited
+    /// for it is answered, or, if the fetch failed, sent on its own.
+    pub(super) fn prestage_done(&mut self, host: usize, done: bool) {
+        let state = &mut self.hosts[host];
+        let Some(plan) = state.prestaging.take() else {
+            return;
+        };
+        if done {
+            state.prestaged = Some(plan.binary.number);
+            self.fleet.prestaged += 1;
+        }
+        let Some((id, waiting)) = state.stage_waiter.take() else {
+            return;
+        };
+        if done && waiting.binary == plan.binary {
+            let incarnation = state.incarnation;
+            self.queue.schedule(
+                self.queue.now,
+                Event::StagedOnDisk {
+                    host,
+                    incarnation,
+                    id,
+                },
+            );
+        } else {
+            self.await_request(host, id, Request::StageBinary(waiting), Route::Controller);
+        }
     }
 }

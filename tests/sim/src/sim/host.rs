@@ -9,7 +9,7 @@ use std::sync::Arc;
 use lockstep_core::gate::GateView;
 use lockstep_core::lifecycle::{
     Config, ControllerId, Input, Lifecycle, Limits, Mutations, Output, RequestId, Revision,
-    Snapshot, StepOutcome,
+    Snapshot, StagePlan, StepOutcome,
 };
 use lockstep_core::policy::HighWaterMark;
 use lockstep_core::steps::StepKey;
@@ -62,6 +62,15 @@ pub(super) struct Host {
     pub(super) restart_failures: u32,
     /// When the current (or last) process started, virtual time.
     pub(super) booted_at: u64,
+    /// A fleet run: the binary this machine agent fetched ahead of its admission and keeps
+    /// on disk (it survives the process).
+    pub(super) prestaged: Option<Version>,
+    /// A fleet run: the binary its driver is fetching ahead (after the start spread, then
+    /// as the awaited request [`super::driver::PRESTAGE`]).
+    pub(super) prestaging: Option<StagePlan>,
+    /// A fleet run: the core's own staging of the binary being fetched ahead, which waits
+    /// for that fetch (as the agent's staging lock makes it).
+    pub(super) stage_waiter: Option<(RequestId, StagePlan)>,
 }
 
 impl Host {
@@ -124,6 +133,9 @@ impl Host {
             status_phase: None,
             restart_failures: 0,
             booted_at: 0,
+            prestaged: None,
+            prestaging: None,
+            stage_waiter: None,
         }
     }
 
@@ -244,6 +256,8 @@ impl Sim {
         state.gate.phase = Phase::Bootstrapping;
         state.pending_feed = None;
         state.rollout_wrote = false;
+        state.prestaging = None;
+        state.stage_waiter = None;
         self.executor.unsubscribe(host);
         self.cut_downloads(host);
         self.draw(host, None);
@@ -264,6 +278,16 @@ impl Sim {
     /// Feeds one input to a host's process (if it runs) and drains its outputs.
     pub(super) fn input(&mut self, host: usize, input: Input) {
         let local = self.local(host);
+        if let Input::Staged {
+            id: super::driver::PRESTAGE,
+            result,
+        } = &input
+        {
+            // The driver's own fetch ahead, not the core's request.
+            let done = result.is_ok();
+            self.prestage_done(host, done);
+            return;
+        }
         let Some(process) = &mut self.hosts[host].process else {
             return;
         };

@@ -16,9 +16,12 @@
 //!   the controller's queue, first come first served, and takes the next slot freed, as
 //!   the tools endpoint's queue does (`lockstep-transport`'s `tools_endpoint.rs`); after
 //!   `upgrader::DOWNLOAD_QUEUE_WAIT` in it, or with the queue full, the controller answers
-//!   "busy" with the core's `retry_after`, and the agent waits
-//!   `upgrader::busy_download_backoff` (the machine agent's driver does the same, for as
-//!   long as [`BUSY_WAIT_MAX_MS`]).
+//!   "busy", asking for the time its queue takes to drain (`upgrader::busy_retry_after`,
+//!   from its running estimate of a download's time), and the agent waits that, with
+//!   jitter (`upgrader::busy_download_backoff`; the machine agent's driver does the same,
+//!   for as long as [`BUSY_WAIT_MAX_MS`]). An admitted agent's download goes before the
+//!   fetches ahead of admission that wait (the tools endpoint tells them by the binary: not
+//!   the version the agent is told to run).
 //!
 //! Latency per message is the network's (`network.rs`). A download in progress is a
 //! stream: its bytes are not lost one message at a time, but the connection dies with
@@ -75,8 +78,11 @@ struct ControllerLink {
     generation: u64,
     cached: BTreeSet<Version>,
     fetching: BTreeSet<Version>,
-    /// Requests waiting for a slot, oldest first.
+    /// Requests waiting for a slot, in the order they are served.
     queue: VecDeque<Queued>,
+    /// How long a download holds its slot, as the controller estimates it from those that
+    /// ended (`upgrader::transfer_estimate`), for the wait a busy answer asks for.
+    transfer: Option<lockstep_core::Millis>,
 }
 
 /// A request waiting in a controller's queue for a download slot.
@@ -88,6 +94,8 @@ pub(super) struct Queued {
     attempt: u32,
     binary: Version,
     size_bytes: u64,
+    /// A fetch ahead of the agent's admission: admitted agents' downloads go before it.
+    ahead: bool,
 }
 
 /// What the fleet's downloads did, for its report.
@@ -330,11 +338,22 @@ impl Sim {
             attempt,
             binary: plan.binary.number,
             size_bytes: plan.size_bytes,
+            // The tools endpoint tells a fetch ahead by the binary: not the version the
+            // agent is told to run.
+            ahead: id == super::driver::PRESTAGE,
         };
         let links = self.links();
         let link = &links.controllers[controller];
-        let (in_flight, waiting) = (link.downloads.len() as u32, link.queue.len() as u32);
-        match upgrader::admit_agent_download(in_flight, waiting, links.downloads_max) {
+        // An admitted agent's download waits behind admitted agents' only.
+        let ahead_of_it = link
+            .queue
+            .iter()
+            .filter(|queued| request.ahead || !queued.ahead)
+            .count() as u32;
+        let in_flight = link.downloads.len() as u32;
+        let transfer = link.transfer;
+        match upgrader::admit_agent_download(in_flight, ahead_of_it, links.downloads_max, transfer)
+        {
             DownloadAdmission::Busy { retry_after } => {
                 self.answer_busy(controller, &request, retry_after.0);
             }
@@ -342,7 +361,8 @@ impl Sim {
                 links.stats.queued += 1;
                 links.queued[host] = Some(controller);
                 let link = &mut links.controllers[controller];
-                link.queue.push_back(request);
+                let at = ahead_of_it as usize;
+                link.queue.insert(at.min(link.queue.len()), request);
                 let held = link.queue.len() as u32;
                 links.stats.most_waiting = links.stats.most_waiting.max(held);
                 self.queue.schedule(
@@ -410,7 +430,10 @@ impl Sim {
         };
         let request = queue.remove(at).expect("found");
         links.queued[host] = None;
-        self.answer_busy(controller, &request, upgrader::DOWNLOAD_BUSY_RETRY_AFTER.0);
+        let link = &links.controllers[controller];
+        let retry_after =
+            upgrader::busy_retry_after(link.queue.len() as u32, links.downloads_max, link.transfer);
+        self.answer_busy(controller, &request, retry_after.0);
     }
 
     /// `controller` starts serving `request`: it takes one of its slots.
@@ -476,6 +499,8 @@ impl Sim {
         for download in &done {
             links.receiving[download.host] = None;
             links.stats.transfers_ms.push(now - download.admitted_at);
+            let held = lockstep_core::Millis(now - download.admitted_at);
+            link.transfer = Some(upgrader::transfer_estimate(link.transfer, held));
             // What the agent measures, first byte to last, and reports from then on (the
             // real agent once it runs the binary: by then the rollout has admitted it, so
             // no decision of this rollout reads the difference).
@@ -617,7 +642,7 @@ impl Sim {
         }
         let wait = upgrader::busy_download_backoff(
             awaiting.busy,
-            lockstep_core::Millis(retry_after),
+            Some(lockstep_core::Millis(retry_after)),
             jitter,
         );
         // No answer is awaited meanwhile: the attempt's timeout is void.

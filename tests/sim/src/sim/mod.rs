@@ -187,6 +187,18 @@ enum Event {
         incarnation: u64,
         version: Version,
     },
+    /// A machine agent's driver starts fetching a binary ahead of its admission, after the
+    /// core's start spread.
+    Prestage {
+        host: usize,
+        incarnation: u64,
+    },
+    /// A machine agent's staging finds the binary on disk already (fetched ahead).
+    StagedOnDisk {
+        host: usize,
+        incarnation: u64,
+        id: RequestId,
+    },
     Publish,
     OperatorRequest,
     Abort,
@@ -561,6 +573,19 @@ impl Sim {
                 incarnation,
                 version,
             } => self.feed_version(host, incarnation, version),
+            Event::Prestage { host, incarnation } => self.start_prestage(host, incarnation),
+            Event::StagedOnDisk {
+                host,
+                incarnation,
+                id,
+            } => {
+                if self.current(host, incarnation) {
+                    self.input(
+                        host,
+                        lockstep_core::lifecycle::Input::Staged { id, result: Ok(()) },
+                    );
+                }
+            }
             Event::Publish => self.publish(),
             Event::OperatorRequest => self.operator_request(),
             Event::Abort => self.abort(),
@@ -612,7 +637,8 @@ impl Sim {
                 host,
                 incarnation,
                 agent_version,
-            } => self.poll_reply(host, incarnation, agent_version),
+                stage,
+            } => self.poll_reply(host, incarnation, agent_version, stage.map(|plan| *plan)),
             Message::VersionChanged { host, incarnation } => {
                 self.version_changed(host, incarnation)
             }

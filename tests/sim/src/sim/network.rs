@@ -2,7 +2,7 @@
 //! travels: 1–10 ms of latency, and in the safety phase lost, duplicated, held back
 //! (reordered) or cut off by a partition.
 
-use lockstep_core::lifecycle::{Input, Request, RequestId, Revision};
+use lockstep_core::lifecycle::{Input, Request, RequestId, Revision, StagePlan};
 use lockstep_core::policy::Catalogue;
 use lockstep_core::{Phase, Version};
 
@@ -111,6 +111,9 @@ pub(super) enum Message {
         host: usize,
         incarnation: u64,
         agent_version: Version,
+        /// The binary to fetch ahead of admission (`stage-version` and `Upgrader.Tools`'
+        /// `stage-tools`), while the rollout says so.
+        stage: Option<Box<StagePlan>>,
     },
     /// A machine agent's `Upgrader.WatchAPIVersion` watcher fires (its `NotifyWatcher.Next`
     /// returns): its desired version may have changed, and it asks again.

@@ -81,6 +81,9 @@ pub struct FleetReport {
     pub first_download_at: Option<u64>,
     /// When the store's record first said the canaries passed.
     pub canaries_passed_at: Option<u64>,
+    /// Fetches ahead of admission the agents started, and those that completed.
+    pub prestages: u64,
+    pub prestaged: u64,
 }
 
 impl Sim {
