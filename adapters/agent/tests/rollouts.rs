@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockstep_agent::daemon::failpoints::FAIL_MACHINE_HOST_STEPS;
+use lockstep_agent::daemon::failpoints::{FAIL_MACHINE_HOST_STEPS, PAUSE_MACHINE_HOST_STEP};
 use lockstep_agent::datadir::host_binary;
 use serde_json::Value;
 
@@ -316,6 +316,93 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
     let windows = agents_download_windows(&controller.data());
     assert_eq!(windows.len(), 4, "1 bad download and 3 fixed: {windows:?}");
     assert_eq!(most_at_once(&windows), 1, "{windows:?}");
+}
+
+/// While the canary tries a binary (its host steps take 8 s here, as real steps take
+/// time), the agents next in line, as many as `rollout-max-at-once` leaves beside it, are
+/// told to fetch it ahead of their admission (`stage-version`): they download and keep it
+/// and go on running their own. Admitted once the canary is Ready on it, they switch
+/// without downloading it again. Read from the agents' own logs: each agent received the
+/// target once, only the two after the canary fetched it ahead, and no more than
+/// max-at-once agents were receiving a binary at any moment; `lockstep status` names the
+/// two while the canary tries the binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_without_a_second_download()
+ {
+    let target = next();
+    let (_mirror, controller) = bootstrapped();
+    let set = controller.run(&[
+        "model-config",
+        "rollout-canaries=1",
+        "rollout-max-at-once=3",
+    ]);
+    assert!(set.status.success(), "{}", text(&set));
+    let pause = format!("{target}:8000");
+    let add = controller.run_with_env(
+        &["add-machine", "-n", "3"],
+        &[(PAUSE_MACHINE_HOST_STEP, pause.as_str())],
+    );
+    assert!(add.status.success(), "{}", text(&add));
+    wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+
+    let upgrade = controller.run(&["upgrade-controller", "--agent-version", &target.to_string()]);
+    assert!(upgrade.status.success(), "{}", text(&upgrade));
+    controller.wait_running(target, READY_WITHIN).await;
+    // `lockstep status` shows who fetches ahead while the canary tries the binary.
+    let trying = wait_for_status(
+        &controller,
+        "machines 2 and 3 told to fetch ahead",
+        Duration::from_secs(120),
+        |status| rollout(status)["fetching-ahead"] == serde_json::json!(["2", "3"]),
+    )
+    .await;
+    assert_eq!(rollout(&trying)["canaries-passed"], false, "{trying:#}");
+    wait_for_agents(&controller, 3, target, Duration::from_secs(300)).await;
+    let done = wait_for_status(
+        &controller,
+        "the rollout done",
+        Duration::from_secs(60),
+        |status| rollout(status)["state"] == "done",
+    )
+    .await;
+    // No agent reports a download rate yet: machine-id order, machine 1 the canary.
+    assert_eq!(
+        rollout(&done)["canaries"],
+        serde_json::json!(["1"]),
+        "{done:#}"
+    );
+    assert_eq!(
+        rollout(&done)["fetching-ahead"],
+        serde_json::json!([]),
+        "{done:#}"
+    );
+
+    for dir in controller.data().machine_agent_dirs() {
+        let tag = dir.read_agent_conf().unwrap().unwrap().tag;
+        let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap_or_default();
+        let windows = download_windows(&log, &tag);
+        assert_eq!(
+            windows.len(),
+            1,
+            "{tag} received {target} once: {windows:?}\n{}",
+            agent_logs(&controller)
+        );
+        let fetched_ahead = log.contains("fetched ahead of admission; kept, not switched to");
+        assert_eq!(
+            fetched_ahead,
+            tag != "machine-1",
+            "{tag}: only the agents after the canary fetch ahead\n{}",
+            agent_logs(&controller)
+        );
+        assert!(
+            dir.read_downloaded_tools(&host_binary(target))
+                .unwrap()
+                .is_some(),
+            "{tag} has {target} installed"
+        );
+    }
+    let windows = agents_download_windows(&controller.data());
+    assert!(most_at_once(&windows) <= 3, "{windows:?}");
 }
 
 /// Machine agents measure the download that brought their binary and report its rate

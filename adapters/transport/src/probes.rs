@@ -168,6 +168,7 @@ fn fleet_gauges(text: &mut String, gauges: &FleetGauges<'_>) {
         ("on-target", rollout.on_target),
         ("failed", rollout.failed),
         ("held", rollout.held),
+        ("fetching-ahead", rollout.fetching_ahead),
     ] {
         let _ = writeln!(text, "lockstep_rollout_agents{{state=\"{state}\"}} {count}");
     }
@@ -339,6 +340,7 @@ mod tests {
                 on_target: 0,
                 failed: 1,
                 held: 0,
+                fetching_ahead: 2,
             }),
         };
         let text = rendered_with(
@@ -357,6 +359,7 @@ mod tests {
             "lockstep_machine_agents{version=\"2.9.45\",phase=\"upgrading\"} 1\n",
             "lockstep_rollout_info{target=\"2.9.45\",state=\"halted\"} 1\n",
             "lockstep_rollout_agents{state=\"failed\"} 1\n",
+            "lockstep_rollout_agents{state=\"fetching-ahead\"} 2\n",
             "lockstep_rollout_halted 1\n",
         ] {
             assert!(text.contains(line), "{line:?} not in:\n{text}");

@@ -216,6 +216,8 @@ pub struct RolloutGauges {
     pub on_target: u64,
     pub failed: u64,
     pub held: u64,
+    /// Agents told to fetch the target ahead of their admission (`stage-version`).
+    pub fetching_ahead: u64,
 }
 
 /// What `MachineManager.ProvisioningScript` asks of the state: Juju's params and what only

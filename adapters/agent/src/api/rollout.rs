@@ -252,7 +252,7 @@ pub fn abort(store: &dyn Store, params: &Value) -> Result<Value, WireError> {
 /// The rollout as `Client.FullStatus` shows it under `model.lockstep.rollout`: its target,
 /// its state (`rolling-out`, `halted`, `done`), how many agents are admitted, on the
 /// target, and in all, the canaries, the failed agents with their reasons (and, halted,
-/// why it halted) and the agents an abort holds.
+/// why it halted), the agents an abort holds and those told to fetch the target ahead.
 pub fn status(record: &Rollout, agents: &[AgentView]) -> Value {
     let on_target = agents
         .iter()
@@ -276,6 +276,7 @@ pub fn status(record: &Rollout, agents: &[AgentView]) -> Value {
         "failed": record.failed,
         "halted-on": record.halted.as_ref().map(|halt| &halt.failed),
         "held": record.held.iter().map(|(id, version)| (id.clone(), Value::String(version.to_string()))).collect::<Map<String, Value>>(),
+        "fetching-ahead": record.staging,
     })
 }
 
@@ -353,6 +354,7 @@ pub fn fleet(store: &dyn Store) -> Result<Fleet, StoreError> {
                 on_target: count("on-target"),
                 failed: record.failed.len() as u64,
                 held: record.held.len() as u64,
+                fetching_ahead: record.staging.len() as u64,
             }
         });
     Ok(Fleet {

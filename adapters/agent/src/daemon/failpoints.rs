@@ -26,6 +26,21 @@ pub fn machine_host_steps_fail(running: lockstep_core::Version) -> bool {
         == Some(running)
 }
 
+/// When this variable holds a version and a number of milliseconds (`2.9.45:8000`), every
+/// host step of a *machine agent* running that version pauses that long before it runs:
+/// a canary whose steps take time, as real ones do, while the agents after it fetch the
+/// binary ahead.
+pub const PAUSE_MACHINE_HOST_STEP: &str = "LOCKSTEPD_FAILPOINT_MACHINE_HOST_STEP_PAUSE";
+
+/// The pause [`PAUSE_MACHINE_HOST_STEP`] asks of a machine agent running `running`, if any.
+pub fn machine_host_step_pause(running: lockstep_core::Version) -> Option<Duration> {
+    let text = std::env::var(PAUSE_MACHINE_HOST_STEP).ok()?;
+    let (version, milliseconds) = text.trim().split_once(':')?;
+    (lockstep_core::Version::parse(version).ok()? == running)
+        .then(|| milliseconds.parse::<u64>().ok().map(Duration::from_millis))
+        .flatten()
+}
+
 /// When this variable holds a number of milliseconds, the `record-agent-binaries` database
 /// step pauses that long inside its transaction, before its changes and checkpoint commit,
 /// so that a test can kill or cut off the coordinator while a database step is under way.

@@ -1208,12 +1208,19 @@ impl MachineDriver {
                     });
                     return;
                 }
+                #[cfg(feature = "failpoints")]
+                let pause = crate::daemon::failpoints::machine_host_step_pause(running.number);
                 let context = HostContext {
                     data: self.data.clone(),
                     tag,
                     running,
                 };
                 self.tasks.spawn(async move {
+                    #[cfg(feature = "failpoints")]
+                    if let Some(pause) = pause {
+                        tracing::warn!(target: "lockstep::agent", pause_ms = pause.as_millis() as u64, "failpoint: the host step pauses");
+                        tokio::time::sleep(pause).await;
+                    }
                     let outcome = tokio::task::spawn_blocking(move || {
                         match step_runner::run_host_step(&context, &key) {
                             Ok(()) => StepOutcome::Applied,
