@@ -88,6 +88,19 @@ async fn upgrade_model_once_listed(controller: &Controller, version: &str) {
     }
 }
 
+/// Waits until the three machine agents report `started` on `version` and the rollout
+/// says `done`; returns that status.
+async fn finished_on(controller: &Controller, version: lockstep_core::Version) -> Value {
+    wait_for_agents(controller, 3, version, Duration::from_secs(300)).await;
+    wait_for_status(
+        controller,
+        "the rollout done",
+        Duration::from_secs(60),
+        |status| rollout(status)["state"] == "done",
+    )
+    .await
+}
+
 /// The version machine `id`'s agent reports in `status`, if it reports `started`.
 fn started_on(status: &Value, id: &str) -> Option<String> {
     let agent = &status["machines"][id]["agent-status"];
@@ -293,14 +306,7 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
     let resume = controller.run(&["upgrade-model", "--resume"]);
     assert!(resume.status.success(), "{}", text(&resume));
     assert!(text(&resume).contains("rolling-out"), "{}", text(&resume));
-    wait_for_agents(&controller, 3, fixed, Duration::from_secs(300)).await;
-    let done = wait_for_status(
-        &controller,
-        "the rollout done",
-        Duration::from_secs(60),
-        |status| rollout(status)["state"] == "done",
-    )
-    .await;
+    let done = finished_on(&controller, fixed).await;
     assert_eq!(rollout(&done)["failed"], serde_json::json!({}), "{done:#}");
     // Resuming what is not halted is refused, naming the version.
     let again = controller.run(&["upgrade-model", "--resume"]);
@@ -357,14 +363,7 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
     )
     .await;
     assert_eq!(rollout(&trying)["canaries-passed"], false, "{trying:#}");
-    wait_for_agents(&controller, 3, target, Duration::from_secs(300)).await;
-    let done = wait_for_status(
-        &controller,
-        "the rollout done",
-        Duration::from_secs(60),
-        |status| rollout(status)["state"] == "done",
-    )
-    .await;
+    let done = finished_on(&controller, target).await;
     // No agent reports a download rate yet: machine-id order, machine 1 the canary.
     assert_eq!(
         rollout(&done)["canaries"],
