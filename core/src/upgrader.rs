@@ -517,7 +517,7 @@ pub fn agent_upgrade_delay(jitter: u64) -> Millis {
 
 /// The wait before an agent's `attempt`-th retry (from 1) of a download its controller
 /// answered busy: the `retry_after` it asked for (a lockstep controller's estimate of when
-/// its queue has room, [`busy_retry_after`]), or, when it asked for none, doubling from
+/// its queue has room, [`busy_retry_after`]; at most [`DOWNLOAD_BUSY_RETRY_AFTER_MAX`]), or, when it asked for none, doubling from
 /// [`DOWNLOAD_BUSY_RETRY_AFTER`] up to [`DOWNLOAD_BUSY_RETRY_AFTER_MAX`]; plus a random
 /// part of up to half as much (`jitter`, any value), so that agents turned away together
 /// do not come back together. (Until 2026-12-05 it doubled from the wait asked, plus as
@@ -525,7 +525,9 @@ pub fn agent_upgrade_delay(jitter: u64) -> Millis {
 /// fleet showed agents coming back after every other one was done.)
 pub fn busy_download_backoff(attempt: u32, retry_after: Option<Millis>, jitter: u64) -> Millis {
     let base = match retry_after {
-        Some(asked) => asked.0.max(1),
+        // Bounded as a lockstep controller bounds what it asks: a `Retry-After` of a day
+        // would otherwise park the agent's download past its own patience.
+        Some(asked) => asked.0.clamp(1, DOWNLOAD_BUSY_RETRY_AFTER_MAX.0),
         None => DOWNLOAD_BUSY_RETRY_AFTER
             .0
             .saturating_mul(1 << attempt.saturating_sub(1).min(5))
@@ -903,6 +905,12 @@ mod tests {
         assert_eq!(busy_download_backoff(9, asked, 0), Millis(12_000));
         assert_eq!(busy_download_backoff(1, asked, 6_000), Millis(18_000));
         assert_eq!(busy_download_backoff(1, asked, 6_001), Millis(12_000));
+        // However long it asks for, no longer than a lockstep controller would ask.
+        let day = Some(Millis(86_400_000));
+        assert_eq!(
+            busy_download_backoff(1, day, 0),
+            DOWNLOAD_BUSY_RETRY_AFTER_MAX
+        );
         // It did not: doubling from a second up to the cap.
         assert_eq!(busy_download_backoff(1, None, 0), Millis(1_000));
         assert_eq!(busy_download_backoff(2, None, 0), Millis(2_000));

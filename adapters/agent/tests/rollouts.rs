@@ -9,7 +9,7 @@ use lockstep_agent::daemon::failpoints::{FAIL_MACHINE_HOST_STEPS, PAUSE_MACHINE_
 use lockstep_agent::datadir::host_binary;
 use serde_json::Value;
 
-use crate::common::{Controller, LOCKSTEPD, Mirror, Published, later_patch, next, own, text};
+use crate::common::{Controller, LOCKSTEPD, later_patch, next, own, text};
 use crate::common::{agents_download_windows, download_windows, most_at_once};
 use crate::machine_agents::{agent_logs, wait_for_agents};
 
@@ -51,23 +51,6 @@ async fn wait_for_status(
 
 fn rollout(status: &Value) -> &Value {
     &status["model"]["lockstep"]["rollout"]
-}
-
-/// A controller bootstrapped as the README says, from a signed mirror that publishes this
-/// build as N and N+1.
-fn bootstrapped() -> (Mirror, Controller) {
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &mirror.source(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
-    (mirror, controller)
 }
 
 /// `lockstep upgrade-model --agent-version <version>`, asked again until the controller
@@ -120,7 +103,7 @@ fn started_on(status: &Value, id: &str) -> Option<String> {
 async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_after_a_fixed_binary_finishes_it()
  {
     let (bad, fixed) = (next(), later_patch(2));
-    let (mirror, controller) = bootstrapped();
+    let (mirror, controller) = Controller::from_signed_mirror();
     let set = controller.run(&[
         "model-config",
         "rollout-canaries=1",
@@ -336,7 +319,7 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
 async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_without_a_second_download()
  {
     let target = next();
-    let (_mirror, controller) = bootstrapped();
+    let (_mirror, controller) = Controller::from_signed_mirror();
     let set = controller.run(&[
         "model-config",
         "rollout-canaries=1",
@@ -414,7 +397,7 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_report_their_download_rate_and_the_next_rollout_admits_the_slowest_first() {
     let (first, second) = (next(), later_patch(2));
-    let (mirror, controller) = bootstrapped();
+    let (mirror, controller) = Controller::from_signed_mirror();
     let add = controller.run(&["add-machine", "-n", "3"]);
     assert!(add.status.success(), "{}", text(&add));
     wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;

@@ -6,22 +6,12 @@ use crate::common;
 
 use std::path::Path;
 
-use common::{Controller, Mirror, Published, basic, next};
+use common::{Controller, basic, next};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_them() {
     // N+1 is published, not installed: the controller has not fetched it for itself.
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &mirror.source(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
+    let (mirror, controller) = Controller::from_signed_mirror();
     let file = controller.controller_file();
     let binary = lockstep_agent::datadir::host_binary(next());
     let path = format!("/model/{}/tools/{binary}", file.model_uuid);

@@ -178,6 +178,23 @@ pub fn text(output: &Output) -> String {
 }
 
 impl Controller {
+    /// A controller bootstrapped as the README says, from a signed mirror that publishes
+    /// this build as N and N+1 (asserted bootstrapped); the mirror with it.
+    pub fn from_signed_mirror() -> (Mirror, Controller) {
+        let mirror = Mirror::n_and_next(Published::Lockstepd);
+        let controller = Controller::bootstrap(
+            &[
+                "--metadata-source",
+                &mirror.source(),
+                "--metadata-key",
+                &mirror.key(),
+            ],
+            &[],
+        );
+        controller.assert_bootstrapped();
+        (mirror, controller)
+    }
+
     /// `lockstep bootstrap --api-port 0 <args>`; the controller is left running even if
     /// bootstrap failed (the caller asserts).
     pub fn bootstrap(args: &[&str], env: &[(&str, &str)]) -> Controller {
