@@ -107,10 +107,12 @@ enum Schedule {
     Random,
     /// Deliver, then execute, then boot, then timers; requests of the named kind fail
     /// whenever they are executed; the named timer fires as soon as the host is in the
-    /// named phase.
+    /// named phase; with `retry`, an operator retries a held agent once nothing else is
+    /// enabled.
     Directed {
         fail: Option<&'static str>,
         fire: Option<(Phase, Timer)>,
+        retry: bool,
     },
 }
 
@@ -217,8 +219,8 @@ impl Driver {
     }
 
     fn step(&mut self) -> bool {
-        if let Schedule::Directed { fail, fire } = self.schedule {
-            return self.directed(fail, fire);
+        if let Schedule::Directed { fail, fire, retry } = self.schedule {
+            return self.directed(fail, fire, retry);
         }
         let actions = self.world.actions();
         if actions.is_empty() {
@@ -262,7 +264,12 @@ impl Driver {
         }
     }
 
-    fn directed(&mut self, fail: Option<&'static str>, fire: Option<(Phase, Timer)>) -> bool {
+    fn directed(
+        &mut self,
+        fail: Option<&'static str>,
+        fire: Option<(Phase, Timer)>,
+        retry: bool,
+    ) -> bool {
         let actions = self.world.actions();
         if let Some((phase, timer)) = fire {
             let due = actions.iter().find(|action| {
@@ -282,7 +289,9 @@ impl Driver {
             .or_else(|| pick(|action| matches!(action, Action::Execute { .. })))
             .or_else(|| pick(|action| matches!(action, Action::Boot { .. })))
             .or_else(|| pick(|action| matches!(action, Action::Fire { timer, .. } if *timer != Timer::CatalogueCheck)));
-        let Some(action) = action else { return false };
+        let Some(action) = action else {
+            return retry && self.retry_held();
+        };
         match action {
             Action::Execute { host, index }
                 if fail.is_some_and(|name| {
@@ -297,6 +306,18 @@ impl Driver {
             }
             action => self.apply(action),
         }
+        true
+    }
+
+    /// An operator's retry of the first held agent; false when none is held.
+    fn retry_held(&mut self) -> bool {
+        let held =
+            (0..self.world.hosts.len()).find(|&host| self.phase(host) == Some(Phase::StepsFailed));
+        let Some(host) = held else { return false };
+        let input = Input::Operator(OperatorAction::Retry);
+        self.observe(host, Phase::StepsFailed, input.kind(), None, |world| {
+            world.deliver(host, input)
+        });
         true
     }
 
@@ -495,6 +516,7 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
     let plain = Schedule::Directed {
         fail: None,
         fire: None,
+        retry: false,
     };
     let mut older_binary = controllers_upgrading(1, V44, V43, registry());
     older_binary.model = ModelView {
@@ -506,6 +528,8 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
         agent_version: V44,
         ..operator_set.model
     };
+    let mut first_boot_off = controllers_upgrading(1, V43, V43, registry());
+    first_boot_off.snapshots = vec![None];
     vec![
         // An agent other than a controller decides while Bootstrapping (a controller waits
         // for the model): booted too often, or out of time, after its steps ran: held.
@@ -515,6 +539,7 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
             Schedule::Directed {
                 fail: None,
                 fire: Some((Phase::Bootstrapping, Timer::TrialReady)),
+                retry: false,
             },
         ),
         // Booted too often: falls back (safe) or holds (database steps ran).
@@ -526,6 +551,7 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
             Schedule::Directed {
                 fail: None,
                 fire: Some((Phase::Bootstrapping, Timer::TrialReady)),
+                retry: false,
             },
         ),
         (
@@ -533,20 +559,38 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
             Schedule::Directed {
                 fail: None,
                 fire: Some((Phase::Bootstrapping, Timer::TrialReady)),
+                retry: false,
             },
         ),
+        // (Checking the version on trial: the new binary of an implicit upgrade at
+        // bootstrap, whose boots are still the bootstrap's. A boot after bootstrap on the
+        // model's agent-version goes to Ready without the check.)
         (
-            on_trial(0, true, V44),
+            bootstrap_on_trial(true, V44),
             Schedule::Directed {
                 fail: None,
                 fire: Some((Phase::CheckingAgentVersion, Timer::TrialReady)),
+                retry: false,
             },
         ),
         (
-            on_trial(0, false, V44),
+            bootstrap_on_trial(false, V44),
             Schedule::Directed {
                 fail: None,
                 fire: Some((Phase::CheckingAgentVersion, Timer::TrialReady)),
+                retry: false,
+            },
+        ),
+        // ...and its steps to run first: checked once they are done.
+        (bootstrap_on_trial(false, V43), plain),
+        // Out of boots after its steps ran (held); the operator retries, no step left: on
+        // the model's agent-version, Ready.
+        (
+            on_trial(2, true, V44),
+            Schedule::Directed {
+                fail: None,
+                fire: None,
+                retry: true,
             },
         ),
         // A binary older than upgradedToVersion.
@@ -558,6 +602,7 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
             Schedule::Directed {
                 fail: Some("StageBinary"),
                 fire: None,
+                retry: false,
             },
         ),
         // Steps keep failing; catalogue lookups keep failing.
@@ -566,16 +611,31 @@ fn directed() -> Vec<(WorldSpec, Schedule)> {
             Schedule::Directed {
                 fail: Some("RunStep"),
                 fire: None,
+                retry: false,
             },
         ),
+        // (At a first boot: a boot after bootstrap on the model's agent-version makes its
+        // lookup from Ready.)
         (
-            controllers_upgrading(1, V43, V43, registry()),
+            first_boot_off,
             Schedule::Directed {
                 fail: Some("LookupCatalogue"),
                 fire: None,
+                retry: false,
             },
         ),
     ]
+}
+
+/// The new binary of an implicit upgrade at bootstrap (2.9.43 to 2.9.44), on trial, its
+/// steps done up to `upgraded_to`: bootstrap is not complete until it is Ready, so it
+/// checks the version once its steps are done.
+fn bootstrap_on_trial(past_database_steps: bool, upgraded_to: lockstep_core::Version) -> WorldSpec {
+    let mut spec = on_trial(0, past_database_steps, upgraded_to);
+    for snapshot in spec.snapshots.iter_mut().flatten() {
+        snapshot.bootstrap_complete = false;
+    }
+    spec
 }
 
 /// A controller that fell back from 2.9.44 (booted once on trial) and runs 2.9.43 again.
@@ -615,6 +675,7 @@ fn directed_worlds() -> Vec<(World, Schedule)> {
     let plain = Schedule::Directed {
         fail: None,
         fire: None,
+        retry: false,
     };
     let with_record = |spec: WorldSpec, current: Option<UpgradeInfo>, archived| {
         let mut world = World::new(spec);
@@ -652,6 +713,7 @@ fn directed_worlds() -> Vec<(World, Schedule)> {
             Schedule::Directed {
                 fail: Some("UpdateRecord"),
                 fire: None,
+                retry: false,
             },
         ),
         // Fell back; the reset of agent-version is refused for a record past pending: held.
@@ -660,6 +722,7 @@ fn directed_worlds() -> Vec<(World, Schedule)> {
             Schedule::Directed {
                 fail: Some("SetAgentVersion"),
                 fire: None,
+                retry: false,
             },
         ),
         // Bootstrap auto-upgrade refused while a stale record is current: Ready, which
@@ -672,6 +735,7 @@ fn directed_worlds() -> Vec<(World, Schedule)> {
             Schedule::Directed {
                 fail: None,
                 fire: Some((Phase::StepsFailed, Timer::TrialReady)),
+                retry: false,
             },
         ),
     ]

@@ -984,7 +984,8 @@ fn reduction_keeps_every_quiescent_state() {
         assert!(reduced.states <= full.states);
     }
     let failing = [
-        one_controller_two_crashes().with_mutations(gate_early()),
+        auto_upgrade_decided_one_crash(Liveness::UpgradedOrExplained { target: V44 })
+            .with_mutations(gate_early()),
         one_controller_two_crashes().with_mutations(checkpoint_early()),
         one_controller_two_crashes().with_mutations(step_missing()),
         two_controllers_crash_and_expiry().with_mutations(unfenced()),
@@ -1075,10 +1076,15 @@ fn find_violation(configuration: Configuration) -> (Violation, usize) {
 /// drain replaces with the CheckingAgentVersion view at once; a world that read only the
 /// last view missed it. The world now records a breach as each view is published (the API
 /// server serves every view it is given), which is what finds it: extending the world, not
-/// the invariant (I1 is unchanged).
+/// the invariant (I1 is unchanged). The configuration is a bootstrap's implicit upgrade:
+/// a controller that boots after bootstrap on the model's `agent-version` goes to Ready
+/// without CheckingAgentVersion (its check could only stay), so (a) never enters it.
 #[test]
 fn mutation_gate_before_version_check_is_found() {
-    let (violation, _) = find_violation(one_controller_two_crashes().with_mutations(gate_early()));
+    let (violation, _) = find_violation(
+        auto_upgrade_decided_one_crash(Liveness::UpgradedOrExplained { target: V44 })
+            .with_mutations(gate_early()),
+    );
     assert!(
         matches!(
             violation,

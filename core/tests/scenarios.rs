@@ -684,12 +684,15 @@ fn a_straggler_completes_an_upgrade_the_others_finished() {
 /// `stale-upgrade-record`): an operator's retry of an agent held after all its steps ran
 /// (a trial that timed out while checking its version) sent it back to RunningSteps with
 /// nothing to run, where a controller created a record of an "upgrade" from 2.9.43 to
-/// 2.9.43. A retry now resumes where the agent is: the version check.
+/// 2.9.43. A retry now resumes where the agent is: the version check. (The binary on trial
+/// is a bootstrap's implicit upgrade, whose boots are the bootstrap's until it is Ready: a
+/// boot after bootstrap on the model's agent-version has no check to time out in.)
 #[test]
 fn a_retry_with_no_steps_left_checks_the_version_instead() {
     let mut spec = controllers_upgrading(1, V43, V43, registry());
     let mut held = on_trial(V42, V43, 0);
     held.upgraded_to_version = V43;
+    held.bootstrap_complete = false;
     held.trial.as_mut().unwrap().past_database_steps = true;
     spec.snapshots = vec![Some(held)];
     let mut world = world(spec);
@@ -723,6 +726,66 @@ fn a_retry_with_no_steps_left_checks_the_version_instead() {
     );
     let _unused: Option<RecordView> = None;
     let _spec: Option<WorldSpec> = None;
+}
+
+/// A controller that boots after bootstrap on the model's agent-version (a restart, or the
+/// boot after its own upgrade) has a check that could only stay (the policy's periodic
+/// occasion): it goes to Ready without CheckingAgentVersion, and its lookup, made from
+/// Ready, reports `upgrade-available` there. A mirror that is slow or loses the lookup
+/// does not hold it limited.
+#[test]
+fn a_controller_booting_on_the_models_version_is_ready_before_its_lookup() {
+    for (from, steps) in [(V43, "a restart"), (V42, "its own upgrade's boot")] {
+        let mut world = world(controllers_upgrading(1, from, V43, registry()));
+        let mut phases_seen = Vec::new();
+        let mut looked_up_in = None;
+        run_with(&mut world, 5_000, |world| {
+            let phase = process_phase(world, 0);
+            if phase.is_some() && phases_seen.last() != Some(&phase) {
+                phases_seen.push(phase);
+            }
+            let looking_up = world.hosts[0]
+                .in_flight
+                .iter()
+                .any(|(_, request)| matches!(request, Request::LookupCatalogue { .. }));
+            if looking_up && looked_up_in.is_none() {
+                looked_up_in = phase;
+            }
+            false
+        });
+        assert_eq!(looked_up_in, Some(Phase::Ready), "{steps}");
+        assert!(
+            !phases_seen.contains(&Some(Phase::CheckingAgentVersion)),
+            "{steps}: {phases_seen:?}"
+        );
+        assert_eq!(phases(&world), [Phase::Ready], "{steps}");
+        assert_eq!(world.store.upgrade_available, Some(V44), "{steps}");
+    }
+}
+
+/// The same controller at its first boot (bootstrap: `--auto-upgrade` may apply), or with
+/// the model naming another version, checks the version before it is Ready.
+#[test]
+fn a_controller_that_may_move_checks_its_version_before_ready() {
+    let mut first_boot = controllers_upgrading(1, V43, V43, registry());
+    first_boot.snapshots = vec![None];
+    let mut model_moved = controllers_upgrading(1, V43, V43, registry());
+    model_moved.model.agent_version = V44;
+    for (spec, case) in [(first_boot, "first boot"), (model_moved, "model on 2.9.44")] {
+        let mut world = world(spec);
+        let mut looked_up_in = None;
+        run_with(&mut world, 5_000, |world| {
+            let looking_up = world.hosts[0]
+                .in_flight
+                .iter()
+                .any(|(_, request)| matches!(request, Request::LookupCatalogue { .. }));
+            if looking_up && looked_up_in.is_none() {
+                looked_up_in = process_phase(world, 0);
+            }
+            false
+        });
+        assert_eq!(looked_up_in, Some(Phase::CheckingAgentVersion), "{case}");
+    }
 }
 
 /// Every controller hears the model's agent-version move, the one that moved it too. While

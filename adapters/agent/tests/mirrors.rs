@@ -326,3 +326,76 @@ async fn a_blackholed_mirror_leaves_find_tools_model_set_and_the_tools_endpoint_
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A Ready controller restarted while its mirror hangs is Ready again without waiting for
+/// the mirror: after bootstrap, on the model's agent-version, its version check could only
+/// stay (spec/lifecycle.md, "Rules"), so it does not enter `checking-agent-version`; the
+/// lookup that reports `upgrade-available` is made from Ready. Before, it waited in
+/// `checking-agent-version` for three lookups, each failing only after the HTTP source's
+/// throughput windows and retries (minutes, beyond `READY_WITHIN`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_restarted_while_its_mirror_hangs_is_ready_without_checking_its_version() {
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let served =
+        HttpMirror::serve_holding(mirror.path(), Duration::ZERO, HoldBack::MetadataFromNow);
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &served.tools_url(),
+            "--metadata-key",
+            &mirror.key(),
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    controller.wait_ready(READY_WITHIN).await;
+    let status = controller.status().await;
+    assert_eq!(
+        status["upgrade-available"],
+        next().to_string(),
+        "{status:#}"
+    );
+    let first_boot = controller.log();
+    assert!(
+        first_boot.contains("gate phase=\"checking-agent-version\""),
+        "bootstrap checks its version:\n{first_boot}"
+    );
+
+    served.blackhole_metadata();
+    controller.stop();
+    let before = controller.log().len();
+    controller.start(&[]);
+    controller.wait_ready(READY_WITHIN).await;
+    let log = controller.log();
+    let restarted = log.get(before..).expect("the log is appended to");
+    assert!(
+        restarted.contains("gate phase=\"ready\""),
+        "Ready after the restart:\n{restarted}"
+    );
+    assert!(
+        !restarted.contains("gate phase=\"checking-agent-version\""),
+        "the restarted controller checked its version:\n{restarted}"
+    );
+    assert!(
+        !restarted.contains("catalogue lookup failed"),
+        "Ready only once its lookups failed:\n{restarted}"
+    );
+    // Its lookup, made from Ready, hangs on the mirror: nothing reported yet. Released, the
+    // mirror answers it, and Ready reports what it found.
+    let status = controller.status().await;
+    assert_eq!(status["phase"], "ready", "{status:#}");
+    assert_eq!(status["upgrade-available"], Value::Null, "{status:#}");
+    served.release();
+    let started = Instant::now();
+    loop {
+        let status = controller.status().await;
+        if status["upgrade-available"] == next().to_string() {
+            break;
+        }
+        assert!(
+            started.elapsed() < READY_WITHIN,
+            "upgrade-available never reported from Ready: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

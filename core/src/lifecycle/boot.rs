@@ -13,7 +13,6 @@ use super::coordination::{AbortReason, Steps};
 use super::held::{Failure, Held};
 use super::io::{Io, Pending, PersistFor};
 use super::machine::{Machine, State};
-use super::version_check::Check;
 
 /// Progress of Bootstrapping.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
@@ -145,8 +144,6 @@ impl Machine {
                 }),
             });
         }
-        Transition(State::CheckingAgentVersion {
-            check: Check::default(),
-        })
+        Transition(self.after_own_steps())
     }
 }

@@ -20,7 +20,6 @@ use super::held::Held;
 use super::io::{Io, Pending, PersistFor};
 use super::machine::{Machine, State};
 use super::trial::FallBackCause;
-use super::version_check::Check;
 
 /// The coordinator lease, as this controller knows it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
@@ -380,9 +379,7 @@ impl Machine {
         match kind {
             Pending::Persist(PersistFor::UpgradedTo) => {
                 self.assert_upgraded_to_durable();
-                Some(State::CheckingAgentVersion {
-                    check: Check::default(),
-                })
+                Some(self.after_own_steps())
             }
             Pending::Capabilities => {
                 self.persist_upgraded_to(io);

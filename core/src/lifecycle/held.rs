@@ -14,7 +14,6 @@ use super::coordination::Steps;
 use super::io::{Io, Pending, PersistFor};
 use super::machine::{Machine, State};
 use super::trial::FallBackCause;
-use super::version_check::Check;
 
 /// Why steps are held.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -93,9 +92,7 @@ impl Machine {
                 }),
             })
         } else if upgraded_to == running {
-            Transition(State::CheckingAgentVersion {
-                check: Check::default(),
-            })
+            Transition(self.after_own_steps())
         } else {
             let message = held.reason.clone();
             self.status_message(io, message);

@@ -423,6 +423,7 @@ impl Machine {
         if matches!(outcome, Handled) {
             self.retire_doomed_record(io, check);
             self.act_on_agent_version_news(io, check);
+            self.make_owed_report_lookup(io, check);
         }
         outcome
     }

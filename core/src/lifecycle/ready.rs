@@ -52,6 +52,7 @@ impl Machine {
             self.retire_doomed_record(io, check);
         }
         self.act_on_agent_version_news(io, check);
+        self.make_owed_report_lookup(io, check);
     }
 
     /// Ready acts on the model's `agent-version` news (kept from any phase) once nothing

@@ -40,6 +40,10 @@ pub(crate) struct Check {
     /// Ready: `agent-version` is being reset to the running version, after the chosen
     /// binary could not be staged.
     pub(super) resetting: bool,
+    /// Ready: the lookup that reports `upgrade-available` is owed, by a controller that
+    /// came to Ready without CheckingAgentVersion's (see [`Machine::after_own_steps`]); it
+    /// is made once nothing else is under way.
+    pub(super) report_owed: bool,
 }
 
 /// [`Occasion`] without borrowed data, kept in state.
@@ -62,6 +66,44 @@ impl OccasionKey {
 
 impl Machine {
     // ---------------------------------------------------------------- CheckingAgentVersion
+
+    /// Where an agent goes once its own steps are done (`upgradedToVersion` is its running
+    /// version): CheckingAgentVersion, unless it is a controller whose check could only
+    /// stay. Such a check is a boot after bootstrap on the model's `agent-version` (and
+    /// the pin, if any): the policy's periodic occasion, which stays whatever the
+    /// catalogue says ([`policy::select`]), so the lookup could only report
+    /// `upgrade-available`. That controller goes to Ready and makes the lookup from there:
+    /// a mirror that is slow, unreachable or loses the request does not hold a restarted
+    /// controller limited (and, controllers first, every agent behind it), and Juju's
+    /// controllers do not consult streams to start either. An agent other than a
+    /// controller always asks its controller: its desired version is the controller's word.
+    pub(super) fn after_own_steps(&self) -> State {
+        if self.is_controller() && self.occasion() == OccasionKey::Periodic && !self.must_upgrade()
+        {
+            return State::Ready {
+                check: Check {
+                    report_owed: true,
+                    ..Check::default()
+                },
+            };
+        }
+        State::CheckingAgentVersion {
+            check: Check::default(),
+        }
+    }
+
+    /// The lookup owed by [`Machine::after_own_steps`], made from Ready once nothing else
+    /// is under way: no request in flight, no upgrade chosen, no lookup waiting for its
+    /// retry (any check begun from Ready pays the debt).
+    pub(super) fn make_owed_report_lookup(&mut self, io: &mut Io, check: &mut Check) {
+        if check.report_owed
+            && self.pending.is_none()
+            && check.chosen.is_none()
+            && !check.retry_wait
+        {
+            self.begin_check_in_ready(io, check, OccasionKey::Periodic);
+        }
+    }
 
     /// Entering CheckingAgentVersion: the check starts at once.
     pub(super) fn begin_version_check(&mut self, io: &mut Io, check: &mut Check) {
@@ -379,6 +421,7 @@ impl Machine {
             check.retry_wait = false;
             io.cancel_timer(Timer::CatalogueRetry);
         }
+        check.report_owed = false;
         check.attempts = 0;
         check.occasion = Some(occasion);
         self.start_check(io);

@@ -125,6 +125,19 @@ impl HaUpgrade {
         }
     }
 
+    /// The same upgrade as a bootstrap's implicit one (`--auto-upgrade`): no controller has
+    /// been Ready yet, so each checks its version once its steps are done. (After
+    /// bootstrap, a controller on the model's agent-version goes from its steps to Ready:
+    /// its check could only stay.)
+    pub fn during_bootstrap(mut self) -> HaUpgrade {
+        for host in &mut self.world.hosts {
+            if let Some(snapshot) = &mut host.durable {
+                snapshot.bootstrap_complete = false;
+            }
+        }
+        self
+    }
+
     /// The state the model starts from.
     pub fn start(&self) -> HaState {
         HaState {

@@ -159,7 +159,7 @@ fn the_gate_opened_before_the_version_check_is_found() {
         gate_before_version_check: true,
         ..Mutations::default()
     };
-    let ha = HaUpgrade::new("ha1-gate", 1, false, Faults::default(), mutations);
+    let ha = HaUpgrade::new("ha1-gate", 1, false, Faults::default(), mutations).during_bootstrap();
     let path = model::counterexample(&ha, SAFETY, 100_000, HANG_GUARD).expect("a counterexample");
     let replayed = model::replay(&ha, &path).expect("the replay breaks the invariant too");
     assert!(

@@ -246,6 +246,10 @@ impl Driver {
             tracing::info!(target: "lockstep::agent", "capabilities: {}", capabilities.describe());
         }
         self.watch_model();
+        // The supervisor hears the phase from the start (`systemctl status` shows it while
+        // the agent boots), not only from its first change: a restart that goes straight to
+        // Ready has no other phase on the way.
+        self.notifier.status(self.core.phase().as_str());
         let now = self.now();
         self.core.handle(now, Input::Start);
         let mut watchdog = tokio::time::interval(Duration::from_secs(1));
@@ -549,6 +553,11 @@ impl Driver {
                 });
             }
             Request::ReportUpgradeAvailable(version) => {
+                // `Upgrade.Status` shows it at once: a check made from Ready (the periodic
+                // one, or the lookup a restarted controller owes) changes no phase, so no
+                // status report follows it.
+                self.status
+                    .send_modify(|status| status.upgrade_available = version);
                 self.blocking(id, "report upgrade-available", move || {
                     store.report_upgrade_available(version)?;
                     Ok(Input::Done { id })
