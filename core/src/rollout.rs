@@ -159,6 +159,31 @@ impl Rollout {
         }
     }
 
+    /// Whether agent `id` is told to fetch the target ahead of its admission
+    /// ([`stage_ahead`], whatever it runs): among the staging, or a canary before anyone
+    /// was admitted ([`prepare`]: the controllers still go first; once admissions begin, a
+    /// canary waiting for room is not told ahead, which would put more agents receiving
+    /// than the bound); not admitted, failed or held; the rollout not halted.
+    pub fn told_ahead(&self, id: &str) -> bool {
+        let chosen =
+            self.staging.contains(id) || (self.canaries.contains(id) && self.admitted.is_empty());
+        chosen
+            && self.halted.is_none()
+            && !self.admitted.contains_key(id)
+            && !self.failed.contains_key(id)
+            && !self.held.contains_key(id)
+    }
+
+    /// The agents told to fetch the target ahead ([`Rollout::told_ahead`]), in id order.
+    pub fn fetching_ahead(&self) -> BTreeSet<&str> {
+        self.staging
+            .iter()
+            .chain(&self.canaries)
+            .map(String::as_str)
+            .filter(|id| self.told_ahead(id))
+            .collect()
+    }
+
     /// Admitted agents that are neither healthy on the target nor failed.
     pub fn in_flight(&self, agents: &[AgentView]) -> usize {
         agents
@@ -294,23 +319,8 @@ pub fn advance(
         return next;
     }
 
-    // Who may be admitted: up and not reporting a failure, not admitted, not on the target
-    // already, not held.
-    let candidates: Vec<&AgentView> = ordered
-        .iter()
-        .copied()
-        .filter(|agent| matches!(agent.health, Health::Ready | Health::Busy))
-        .filter(|agent| !next.admitted.contains_key(&agent.id))
-        .filter(|agent| !next.held.contains_key(&agent.id))
-        .filter(|agent| agent.running != Some(next.target))
-        .collect();
-    if policy.canaries > 0 && !next.canaries_passed && next.canaries.is_empty() {
-        next.canaries = canary_order(&candidates)
-            .iter()
-            .take(policy.canaries as usize)
-            .map(|agent| agent.id.clone())
-            .collect();
-    }
+    let candidates = candidates(&next, &ordered);
+    choose_canaries(policy, &mut next, &candidates);
     // A policy with canaries passes them only once some were chosen and all of them are
     // healthy: with no agent up to choose from (a fleet down at the first pass), none pass
     // vacuously, or the fleet would go without canaries when it comes back.
@@ -328,23 +338,8 @@ pub fn advance(
     };
     if canaries_healthy {
         next.staging.clear();
-    } else if next.staging.is_empty() && !next.canaries.is_empty() {
-        // While the canaries try the binary, the first agents after them fetch it, as many
-        // as the bound leaves beside the canaries.
-        let beside = match policy.max_at_once {
-            0 => usize::MAX,
-            max => (max as usize).saturating_sub(next.canaries.len()),
-        };
-        let others: Vec<&AgentView> = candidates
-            .iter()
-            .copied()
-            .filter(|agent| !next.canaries.contains(&agent.id))
-            .collect();
-        next.staging = admission_order(&others, next.canaries.len())
-            .into_iter()
-            .take(beside)
-            .map(|agent| agent.id.clone())
-            .collect();
+    } else {
+        choose_staging(policy, &mut next, &candidates);
     }
     let room = wave.saturating_sub(next.in_flight(agents));
     let mut order = admission_order(&candidates, next.admitted.len());
@@ -379,6 +374,86 @@ pub fn advance(
     next
 }
 
+/// Who may be admitted (in the order of `ordered`): up and not reporting a failure, not
+/// admitted, not on the target already, not held.
+fn candidates<'a>(rollout: &Rollout, ordered: &[&'a AgentView]) -> Vec<&'a AgentView> {
+    ordered
+        .iter()
+        .copied()
+        .filter(|agent| matches!(agent.health, Health::Ready | Health::Busy))
+        .filter(|agent| !rollout.admitted.contains_key(&agent.id))
+        .filter(|agent| !rollout.held.contains_key(&agent.id))
+        .filter(|agent| agent.running != Some(rollout.target))
+        .collect()
+}
+
+/// The canaries, in [`canary_order`] among `candidates`, unless chosen already.
+fn choose_canaries(policy: &RolloutPolicy, rollout: &mut Rollout, candidates: &[&AgentView]) {
+    if policy.canaries > 0 && !rollout.canaries_passed && rollout.canaries.is_empty() {
+        rollout.canaries = canary_order(candidates)
+            .iter()
+            .take(policy.canaries as usize)
+            .map(|agent| agent.id.clone())
+            .collect();
+    }
+}
+
+/// [`Rollout::staging`], unless chosen already: once canaries are chosen, the first agents
+/// after them in [`admission_order`], as many as the bound leaves beside the canaries.
+fn choose_staging(policy: &RolloutPolicy, rollout: &mut Rollout, candidates: &[&AgentView]) {
+    if !rollout.staging.is_empty() || rollout.canaries.is_empty() {
+        return;
+    }
+    let beside = match policy.max_at_once {
+        0 => usize::MAX,
+        max => (max as usize).saturating_sub(rollout.canaries.len()),
+    };
+    let others: Vec<&AgentView> = candidates
+        .iter()
+        .copied()
+        .filter(|agent| !rollout.canaries.contains(&agent.id))
+        .collect();
+    rollout.staging = admission_order(&others, rollout.canaries.len())
+        .into_iter()
+        .take(beside)
+        .map(|agent| agent.id.clone())
+        .collect();
+}
+
+/// The record while Juju's controllers-first rule lets no agent switch yet (not every
+/// controller reported running the target): the canaries are chosen as [`advance`] would
+/// choose them, and so is [`Rollout::staging`]; nobody is admitted. The canaries and the
+/// agents fetching ahead download the binary ([`stage_ahead`]) while the controllers
+/// upgrade themselves, so the controllers' egress works from the moment `agent-version` is
+/// set, and each canary switches as soon as it is admitted. Only a policy with canaries,
+/// no more than the bound admits at once, prepares (without canaries every agent goes at
+/// once once the controllers run the target, and there is no first set to choose); a
+/// halted record, or one that admitted agents already, prepares nothing. Calling it again
+/// with the same inputs changes nothing more.
+pub fn prepare(policy: &RolloutPolicy, rollout: &Rollout, agents: &[AgentView]) -> Rollout {
+    let mut next = rollout.clone();
+    let canaries_beyond_the_bound = policy.max_at_once > 0 && policy.canaries > policy.max_at_once;
+    if policy.canaries == 0
+        || canaries_beyond_the_bound
+        || next.halted.is_some()
+        || !next.admitted.is_empty()
+    {
+        return next;
+    }
+    let mut ordered: Vec<&AgentView> = agents.iter().collect();
+    ordered.sort_by(|a, b| machine_order(&a.id, &b.id));
+    let candidates = candidates(&next, &ordered);
+    choose_canaries(policy, &mut next, &candidates);
+    choose_staging(policy, &mut next, &candidates);
+    // Postcondition: nobody admitted, and no more agents fetch ahead than the bound admits.
+    assert_eq!(next.admitted, rollout.admitted);
+    assert!(
+        policy.max_at_once == 0
+            || next.staging.len() + next.canaries.len() <= policy.max_at_once as usize
+    );
+    next
+}
+
 /// The version agent `id`, which reported running `running`, is told while `rollout` goes
 /// on (`None`: it never reported, and is told the target only once admitted): the target
 /// once admitted, the version an abort held it on, else the version it runs. An agent
@@ -399,17 +474,12 @@ pub fn desired(rollout: &Rollout, id: &str, running: Option<Version>) -> Option<
 
 /// The version agent `id`, which reported running `running`, is told to fetch ahead of its
 /// admission (`Upgrader.DesiredVersion`'s `stage-version`): the target while it is among
-/// [`Rollout::staging`], not admitted, failed or held, the rollout not halted, and it does
-/// not run the target. It downloads and verifies the binary and keeps it, and runs what it
+/// [`Rollout::staging`] or a canary before any admission (the controllers still go first,
+/// see [`prepare`]), not admitted, failed or held, the rollout not halted, and it does not
+/// run the target ([`Rollout::told_ahead`]). It downloads and verifies the binary and keeps it, and runs what it
 /// runs until [`desired`] tells it the target.
 pub fn stage_ahead(rollout: &Rollout, id: &str, running: Option<Version>) -> Option<Version> {
-    let ahead = rollout.staging.contains(id)
-        && rollout.halted.is_none()
-        && !rollout.admitted.contains_key(id)
-        && !rollout.failed.contains_key(id)
-        && !rollout.held.contains_key(id)
-        && running != Some(rollout.target);
-    ahead.then_some(rollout.target)
+    (rollout.told_ahead(id) && running != Some(rollout.target)).then_some(rollout.target)
 }
 
 /// `upgrade-model --resume`: the halt is lifted and the failures forgotten, so the failed
@@ -519,16 +589,18 @@ pub fn told(
 }
 
 /// What `Upgrader.DesiredVersion` tells agent `id` (not a controller) to fetch ahead of its
-/// admission, once Juju's controllers-first rule answered `controllers_first`: with a record
-/// of that target, [`stage_ahead`]; else nothing.
+/// admission while the model's `agent-version` is `model_agent_version`: with a record of
+/// that target, [`stage_ahead`]; else nothing. Fetching ahead switches nothing, so Juju's
+/// controllers-first rule, which says when an agent may *run* the target, does not hold it
+/// back: the agents [`prepare`] chose fetch while the controllers upgrade themselves.
 pub fn told_stage(
     record: Option<&Rollout>,
     id: &str,
     running: Option<Version>,
-    controllers_first: Version,
+    model_agent_version: Version,
 ) -> Option<Version> {
     record
-        .filter(|record| record.target == controllers_first)
+        .filter(|record| record.target == model_agent_version)
         .and_then(|record| stage_ahead(record, id, running))
 }
 
@@ -740,6 +812,58 @@ mod tests {
             rollout.admitted.keys().collect::<Vec<_>>(),
             ["01", "02", "03", "05"]
         );
+    }
+
+    #[test]
+    fn before_the_controllers_run_the_target_the_canaries_and_the_first_wave_fetch_ahead() {
+        let policy = RolloutPolicy {
+            canaries: 1,
+            max_at_once: 3,
+            ..RolloutPolicy::default()
+        };
+        let agents = fleet(5, "3.6.1");
+        let running = Some(v("3.6.1"));
+        let prepared = prepare(&policy, &Rollout::new(v("3.6.2")), &agents);
+        assert!(
+            prepared.admitted.is_empty(),
+            "controllers first: nobody switches"
+        );
+        assert_eq!(prepared.canaries.iter().collect::<Vec<_>>(), ["01"]);
+        assert_eq!(prepared.staging.iter().collect::<Vec<_>>(), ["02", "03"]);
+        assert_eq!(
+            prepared.fetching_ahead().into_iter().collect::<Vec<_>>(),
+            ["01", "02", "03"],
+            "the canary too, as many as max-at-once in all"
+        );
+        assert_eq!(stage_ahead(&prepared, "01", running), Some(v("3.6.2")));
+        assert_eq!(desired(&prepared, "01", running), running);
+        assert_eq!(stage_ahead(&prepared, "04", running), None);
+        // Again: nothing more to write.
+        assert_eq!(prepare(&policy, &prepared, &agents), prepared);
+        // The controllers run it: the canary is admitted (it runs the target once it
+        // switches) and no longer fetches ahead; the wave keeps fetching.
+        let admitted = advance(&policy, &prepared, &agents, Timestamp(0));
+        assert_eq!(admitted.admitted.keys().collect::<Vec<_>>(), ["01"]);
+        assert_eq!(desired(&admitted, "01", running), Some(v("3.6.2")));
+        assert_eq!(stage_ahead(&admitted, "01", running), None);
+        assert_eq!(
+            admitted.fetching_ahead().into_iter().collect::<Vec<_>>(),
+            ["02", "03"]
+        );
+        // Without canaries there is no first set: nothing prepared (Juju's way, or waves
+        // chosen at admission).
+        let plain = RolloutPolicy {
+            max_at_once: 3,
+            ..RolloutPolicy::default()
+        };
+        let fresh = Rollout::new(v("3.6.2"));
+        assert_eq!(prepare(&plain, &fresh, &agents), fresh);
+        // Nor on a halted record.
+        let mut halted = Rollout::new(v("3.6.2"));
+        halted.halted = Some(Halt {
+            failed: BTreeMap::new(),
+        });
+        assert_eq!(prepare(&policy, &halted, &agents), halted);
     }
 
     #[test]
@@ -1164,12 +1288,14 @@ mod tests {
             }
         }
 
-        /// Whatever the agents report, round after round: no admission takes the agents in
-        /// flight past max_at_once,
+        /// Whatever the agents report, round after round (the first `prepared` of them
+        /// before the controllers run the target: [`prepare`]): no admission takes the
+        /// agents in flight past max_at_once,
         /// no agent but a canary admitted before every canary is healthy, nothing admitted
-        /// while halted, and an admission is never taken back.
+        /// while halted or prepared, and an admission is never taken back.
         #[test]
         fn the_rollout_keeps_its_bounds(
+            prepared in 0usize..4,
             canaries in 0u32..4,
             max_at_once in 0u32..5,
             failures_tolerated in 0u32..4,
@@ -1195,7 +1321,13 @@ mod tests {
                     }
                     agent.health = health;
                 }
-                let next = advance(&policy, &rollout, &agents, Timestamp(round as u64));
+                let next = if round < prepared {
+                    let next = prepare(&policy, &rollout, &agents);
+                    prop_assert_eq!(&next.admitted, &rollout.admitted);
+                    next
+                } else {
+                    advance(&policy, &rollout, &agents, Timestamp(round as u64))
+                };
                 if max_at_once > 0 && next.admitted.len() > rollout.admitted.len() {
                     prop_assert!(next.in_flight(&agents) <= max_at_once as usize);
                 }
@@ -1225,6 +1357,21 @@ mod tests {
                 }
                 if max_at_once > 0 {
                     prop_assert!(next.staging.len() <= max_at_once as usize);
+                }
+                prop_assert!(next
+                    .fetching_ahead()
+                    .iter()
+                    .all(|id| next.staging.contains(*id) || next.canaries.contains(*id)));
+                // Counted at the agents: those admitted and not yet healthy, and those
+                // told to fetch ahead, receive the binary at once; a write that admits or
+                // prepares keeps them within the bound.
+                let wrote_admission = next.admitted.len() > rollout.admitted.len();
+                if max_at_once > 0 && (wrote_admission || round < prepared) {
+                    prop_assert!(
+                        next.in_flight(&agents) + next.fetching_ahead().len()
+                            <= max_at_once as usize,
+                        "{:?}", next
+                    );
                 }
                 for agent in &agents {
                     if let Some(version) = stage_ahead(&next, &agent.id, agent.running) {

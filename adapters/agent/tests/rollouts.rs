@@ -312,9 +312,12 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
 /// (one: machine 2), are told to fetch it ahead of their admission (`stage-version`): they
 /// download and keep it and go on running their own. Admitted once the canary is Ready on
 /// it, machine 2 switches without downloading it again. Read from the agents' own logs:
-/// each agent received the target once, machine 2 alone fetched it ahead, and no more than
-/// max-at-once agents were receiving a binary at any moment; `lockstep status` names
-/// machine 2 while the canary tries the binary.
+/// each agent received the target once, machine 2 fetched it ahead and machine 3 did not,
+/// and no more than max-at-once agents were receiving a binary at any moment; `lockstep
+/// status` names machine 2 while the canary tries the binary. (The canary, machine 1, also
+/// fetches ahead when a coordinator pass prepared the rollout while the controller was
+/// still Ready on the old version, `rollout::prepare`; whether one did depends on the
+/// controller's timing here, so either is accepted for it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_without_a_second_download()
  {
@@ -370,12 +373,14 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
             agent_logs(&controller)
         );
         let fetched_ahead = log.contains("fetched ahead of admission; kept, not switched to");
-        assert_eq!(
-            fetched_ahead,
-            tag == "machine-2",
-            "{tag}: only the agent after the canary fetches ahead\n{}",
-            agent_logs(&controller)
-        );
+        if tag != "machine-1" {
+            assert_eq!(
+                fetched_ahead,
+                tag == "machine-2",
+                "{tag}: of the others, only the agent after the canary fetches ahead\n{}",
+                agent_logs(&controller)
+            );
+        }
         assert!(
             dir.read_downloaded_tools(&host_binary(target))
                 .unwrap()

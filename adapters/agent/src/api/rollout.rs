@@ -97,8 +97,8 @@ pub enum Pass {
 
 /// What the coordinator would do now.
 enum Plan {
-    /// No rollout is under way: no model, the controllers not yet on the target, or every
-    /// agent on it.
+    /// No rollout is under way: no model, the controllers not yet on the target (under a
+    /// policy without canaries), or every agent on it.
     Nothing,
     /// The record says what the core would write.
     Unchanged,
@@ -117,7 +117,11 @@ fn next_record(tx: &mut dyn Tx) -> Result<Result<Plan, RolloutConfigError>, Stor
     };
     let target = model.agent_version;
     let machines = tx.machines()?;
-    if !controllers_run(&machines, target) {
+    // Before every controller runs the target, Juju's controllers first: no agent may
+    // switch, but a policy with canaries prepares (`rollout::prepare`): the canaries and
+    // the agents next in line fetch the binary while the controllers upgrade themselves.
+    let controllers_run = controllers_run(&machines, target);
+    if !controllers_run && policy.canaries == 0 {
         return Ok(Ok(Plan::Nothing));
     }
     let views = agent_views(&machines, &tx.agent_statuses()?, tx.now());
@@ -134,7 +138,11 @@ fn next_record(tx: &mut dyn Tx) -> Result<Result<Plan, RolloutConfigError>, Stor
         Some(current) => current.clone(),
         None => rollout::retarget(record.as_ref(), target),
     };
-    let next = rollout::advance(&policy, &base, &views, tx.now());
+    let next = if controllers_run {
+        rollout::advance(&policy, &base, &views, tx.now())
+    } else {
+        rollout::prepare(&policy, &base, &views)
+    };
     Ok(Ok(if record.as_ref() == Some(&next) {
         Plan::Unchanged
     } else {
@@ -276,7 +284,7 @@ pub fn status(record: &Rollout, agents: &[AgentView]) -> Value {
         "failed": record.failed,
         "halted-on": record.halted.as_ref().map(|halt| &halt.failed),
         "held": record.held.iter().map(|(id, version)| (id.clone(), Value::String(version.to_string()))).collect::<Map<String, Value>>(),
-        "fetching-ahead": record.staging,
+        "fetching-ahead": record.fetching_ahead(),
     })
 }
 
@@ -354,7 +362,7 @@ pub fn fleet(store: &dyn Store) -> Result<Fleet, StoreError> {
                 on_target: count("on-target"),
                 failed: record.failed.len() as u64,
                 held: record.held.len() as u64,
-                fetching_ahead: record.staging.len() as u64,
+                fetching_ahead: record.fetching_ahead().len() as u64,
             }
         });
     Ok(Fleet {

@@ -62,7 +62,7 @@ pub fn desired_and_ahead(
     let running = machine.agent_binary.as_ref().map(|binary| binary.number);
     (
         rollout::told(policy, record, &machine.id, running, controllers_first),
-        rollout::told_stage(record, &machine.id, running, controllers_first),
+        rollout::told_stage(record, &machine.id, running, model.agent_version),
     )
 }
 

@@ -224,7 +224,7 @@ impl Sim {
         let id = self.machine_id(host);
         let running = reported.map(|binary| binary.number);
         let record = self.rollout_record();
-        let ahead = rollout::told_stage(record, &id, running, controllers_first);
+        let ahead = rollout::told_stage(record, &id, running, model_agent_version);
         let told = rollout::told(
             &self.rollout_policy(),
             record,

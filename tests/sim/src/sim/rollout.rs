@@ -287,18 +287,33 @@ impl Sim {
         }
     }
 
-    /// The agents the rollout record (as the store's log last showed it) told `target`.
-    fn told_agents(&self, target: Version) -> std::collections::BTreeSet<String> {
-        self.executor
+    /// The agents the rollout record (as the store's log last showed it) told `target`:
+    /// admitted, or told to fetch it ahead (`Rollout::fetching_ahead`).
+    /// Each with whether it was admitted (`true`) or told to fetch ahead: the watcher fires
+    /// when either changes.
+    fn told_agents(&self, target: Version) -> std::collections::BTreeSet<(String, bool)> {
+        let Some(record) = self
+            .executor
             .rollout
             .as_ref()
             .filter(|record| record.target == target)
-            .map(|record| record.admitted.keys().cloned().collect())
-            .unwrap_or_default()
+        else {
+            return Default::default();
+        };
+        let ahead = record
+            .fetching_ahead()
+            .into_iter()
+            .map(|id| (id.to_owned(), false));
+        record
+            .admitted
+            .keys()
+            .map(|id| (id.clone(), true))
+            .chain(ahead)
+            .collect()
     }
 
-    /// The `WatchAPIVersion` watchers of the agents the record just written admitted fire:
-    /// their desired version changed. Each event crosses the network from the controller
+    /// The `WatchAPIVersion` watchers of the agents the record just written admitted or
+    /// told to fetch ahead fire: their desired version (or `stage-version`) changed. Each event crosses the network from the controller
     /// that wrote the record (the agents' connections are spread over the controllers; the
     /// watcher fires on whichever holds it, which the simulator does not track), and may be
     /// lost or delayed like any message; the agent's poll finds what a lost one said.
@@ -307,7 +322,7 @@ impl Sim {
         controller: usize,
         incarnation: u64,
         target: Version,
-        before: &std::collections::BTreeSet<String>,
+        before: &std::collections::BTreeSet<(String, bool)>,
     ) {
         if !self.current(controller, incarnation) {
             return;
@@ -315,7 +330,7 @@ impl Sim {
         let admitted: Vec<usize> = self
             .told_agents(target)
             .difference(before)
-            .filter_map(|id| self.host_of_machine(id))
+            .filter_map(|(id, _)| self.host_of_machine(id))
             .collect();
         for host in admitted {
             let message = Message::VersionChanged {
@@ -327,8 +342,9 @@ impl Sim {
     }
 
     /// The record the coordinator writes next (`None`: nothing to write), as
-    /// lockstep-agent's `api::rollout::next_record` decides it: nothing before every
-    /// controller runs the model's agent-version; no record for Juju's default policy
+    /// lockstep-agent's `api::rollout::next_record` decides it: before every controller
+    /// runs the model's agent-version, the core's `prepare` (a policy with canaries) or
+    /// nothing; no record for Juju's default policy
     /// (unless a halted one stands) nor for a fleet already on the target; else the core's
     /// `advance` over the record of that target (a new one after the last: `retarget`).
     fn next_record(
@@ -339,7 +355,8 @@ impl Sim {
         statuses: &[(String, AgentStatus)],
         now: Timestamp,
     ) -> Option<Rollout> {
-        if !self.controllers_run(target) {
+        let controllers_run = self.controllers_run(target);
+        if !controllers_run && policy.canaries == 0 {
             return None;
         }
         let views = self.agent_views(statuses, now);
@@ -353,7 +370,11 @@ impl Sim {
             Some(current) => current.clone(),
             None => rollout::retarget(record, target),
         };
-        let next = rollout::advance(policy, &base, &views, now);
+        let next = if controllers_run {
+            rollout::advance(policy, &base, &views, now)
+        } else {
+            rollout::prepare(policy, &base, &views)
+        };
         (record != Some(&next)).then_some(next)
     }
 
