@@ -196,6 +196,17 @@ pub fn coordinate(
             Ok(Plan::Nothing | Plan::Unchanged) | Err(_) => Err(Abort::Unchanged),
         }
     })?;
+    // A prepared record (nobody admitted: the controllers still go first) is written once,
+    // and its lease given back at once: the controllers' own upgrade needs the same lease
+    // for its database steps, and would otherwise wait out its TTL.
+    if written
+        .as_ref()
+        .is_some_and(|next| next.admitted.is_empty())
+        && matches!(outcome, TxOutcome::Committed(_))
+        && let Some(token) = held.take()
+    {
+        store.release_lease(holder, token)?;
+    }
     Ok(match (outcome, written) {
         (TxOutcome::Committed(_), Some(next)) => Pass::Written(Box::new(next)),
         (TxOutcome::Fenced, _) => Pass::NotCoordinator,
@@ -517,6 +528,72 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// Before the controller runs the model's agent-version (Juju's controllers first), a
+    /// staged policy prepares: the canary and the next in line are told to fetch ahead,
+    /// nobody is admitted, and the lease is given back at once (the controllers' own
+    /// upgrade needs it). Under Juju's policy nothing is written. Once the controller
+    /// reported running the target, the canary is admitted.
+    #[test]
+    fn before_the_controllers_run_the_target_a_staged_rollout_is_prepared_and_the_lease_given_back()
+    {
+        let behind = |config: Value| {
+            let store = store_with(config);
+            store
+                .transaction(None, &mut |tx| {
+                    let mut controller = tx.machine("0")?.expect("the controller");
+                    controller.agent_binary = Some(binary("3.6.1"));
+                    tx.put_machine(&controller)?;
+                    Ok(())
+                })
+                .unwrap();
+            store
+        };
+        let mut held = None;
+        let juju = behind(json!({}));
+        assert_eq!(
+            coordinate(&juju, ControllerId(0), Millis(15_000), &mut held).unwrap(),
+            Pass::Idle
+        );
+        assert!(juju.read(|tx| tx.rollout()).unwrap().is_none());
+
+        let staged = behind(json!({"rollout-canaries": 1, "rollout-max-at-once": "2"}));
+        let Pass::Written(record) =
+            coordinate(&staged, ControllerId(0), Millis(15_000), &mut held).unwrap()
+        else {
+            panic!("a prepared record written");
+        };
+        assert!(record.admitted.is_empty(), "{record:?}");
+        assert_eq!(
+            record.fetching_ahead().into_iter().collect::<Vec<_>>(),
+            ["1", "2"]
+        );
+        assert!(held.is_none() && staged.lease().unwrap().is_none());
+        assert_eq!(
+            coordinate(&staged, ControllerId(0), Millis(15_000), &mut held).unwrap(),
+            Pass::Idle,
+            "prepared once"
+        );
+
+        staged
+            .transaction(None, &mut |tx| {
+                let mut controller = tx.machine("0")?.expect("the controller");
+                controller.agent_binary = Some(binary("3.6.2"));
+                tx.put_machine(&controller)?;
+                Ok(())
+            })
+            .unwrap();
+        let Pass::Written(record) =
+            coordinate(&staged, ControllerId(0), Millis(15_000), &mut held).unwrap()
+        else {
+            panic!("the canary admitted");
+        };
+        assert_eq!(record.admitted.keys().collect::<Vec<_>>(), ["1"]);
+        assert_eq!(
+            record.fetching_ahead().into_iter().collect::<Vec<_>>(),
+            ["2"]
+        );
     }
 
     #[test]

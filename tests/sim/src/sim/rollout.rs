@@ -281,6 +281,19 @@ impl Sim {
             self.fleet.rollout_writes += 1;
         }
         self.scan_store();
+        let prepared = self
+            .executor
+            .rollout
+            .as_ref()
+            .is_some_and(|record| record.admitted.is_empty());
+        if wrote && prepared {
+            // A prepared record (nobody admitted) gives the lease back at once, as
+            // lockstep-agent's `coordinate` does: the controllers' own upgrade needs it.
+            store
+                .release_lease(holder, token)
+                .expect("the store answers");
+            self.hosts[host].rollout_wrote = false;
+        }
         if wrote {
             self.notify_admitted(host, incarnation, target, &told_before);
             self.fleet_settled();
