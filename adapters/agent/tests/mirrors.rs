@@ -12,7 +12,9 @@
 //! - a mirror that stops answering (blackholed) does not stall the API: `FindTools`,
 //!   `ModelSet agent-version` and the tools endpoint answer from the last good catalogue, or,
 //!   when there is none, say the lookup is still running, within a bound far below the
-//!   mirror's own timeouts.
+//!   mirror's own timeouts;
+//! - a Ready controller restarted while its mirror hangs is Ready again without checking
+//!   its version, and reports `upgrade-available` from Ready once the mirror answers.
 
 use crate::common;
 
@@ -229,20 +231,7 @@ async fn find_tools(controller: &Controller) -> (Value, Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_mirror_leaves_find_tools_model_set_and_the_tools_endpoint_answering() {
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let served =
-        HttpMirror::serve_holding(mirror.path(), Duration::ZERO, HoldBack::MetadataFromNow);
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &served.tools_url(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
-    controller.wait_ready(READY_WITHIN).await;
+    let (_mirror, served, controller) = ready_behind_a_mirror_that_can_hang().await;
     let (found, _) = find_tools(&controller).await;
     let listed = found["list"].as_array().map_or(0, Vec::len);
     assert!(listed >= 2, "N and N+1 listed: {found}");
@@ -335,20 +324,7 @@ async fn a_blackholed_mirror_leaves_find_tools_model_set_and_the_tools_endpoint_
 /// throughput windows and retries (minutes, beyond `READY_WITHIN`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_restarted_while_its_mirror_hangs_is_ready_without_checking_its_version() {
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let served =
-        HttpMirror::serve_holding(mirror.path(), Duration::ZERO, HoldBack::MetadataFromNow);
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &served.tools_url(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
-    controller.wait_ready(READY_WITHIN).await;
+    let (_mirror, served, controller) = ready_behind_a_mirror_that_can_hang().await;
     let status = controller.status().await;
     assert_eq!(
         status["upgrade-available"],
@@ -398,4 +374,24 @@ async fn a_controller_restarted_while_its_mirror_hangs_is_ready_without_checking
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A controller bootstrapped, Ready, from N and N+1 on a mirror served over HTTP whose
+/// metadata answers can be made to hang ([`HttpMirror::blackhole_metadata`]).
+async fn ready_behind_a_mirror_that_can_hang() -> (Mirror, HttpMirror, Controller) {
+    let mirror = Mirror::n_and_next(Published::Lockstepd);
+    let served =
+        HttpMirror::serve_holding(mirror.path(), Duration::ZERO, HoldBack::MetadataFromNow);
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &served.tools_url(),
+            "--metadata-key",
+            &mirror.key(),
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    controller.wait_ready(READY_WITHIN).await;
+    (mirror, served, controller)
 }
