@@ -3,7 +3,8 @@
 //!
 //! The input sequence is recorded once from the in-memory world: one controller upgraded-to
 //! 2.9.42 starts on 2.9.44 and goes Bootstrapping → RunningSteps (two database steps under
-//! the lease, two host steps, each checkpointed) → CheckingAgentVersion → Ready ("boot"),
+//! the lease, two host steps, each checkpointed) → Ready, its catalogue lookup made from
+//! there (on the model's agent-version the version check could only stay) ("boot"),
 //! then a steady Ready mix ("steady"): `handle_timeout` with nothing due, stale completions,
 //! record-watch events, `AgentVersionChanged` to the running version, and every 1000th input
 //! the 6-hourly catalogue check with its answer.
@@ -287,7 +288,6 @@ fn record() -> Recording {
 enum BasePhase {
     Bootstrapping,
     RunningSteps,
-    CheckingAgentVersion,
     Ready,
 }
 
@@ -517,21 +517,20 @@ impl Baseline {
                         Request::PersistSnapshot(snapshot),
                     );
                 } else if self.completes(id, BasePending::PersistUpgradedTo) {
+                    // On the model's agent-version after bootstrap, the version check could
+                    // only stay: Ready at once, and the lookup it owes made from there.
                     self.keepalive_at = None;
                     let stream = self.model.as_ref().and_then(|model| model.stream);
                     let streams = Stream::preferred(stream, &self.config.running.number);
-                    self.enter(
-                        BasePhase::CheckingAgentVersion,
-                        Phase::CheckingAgentVersion,
-                        Progress::default(),
-                    );
+                    let interval = self.config.limits.catalogue_check_interval;
+                    self.check_at = Some(self.now + interval);
+                    self.enter(BasePhase::Ready, Phase::Ready, Progress::default());
                     self.request(BasePending::Catalogue, Request::LookupCatalogue { streams });
                 }
             }
-            (
-                BasePhase::CheckingAgentVersion | BasePhase::Ready,
-                Input::CatalogueFound { id, result },
-            ) if self.completes(id, BasePending::Catalogue) => {
+            (BasePhase::Ready, Input::CatalogueFound { id, result })
+                if self.completes(id, BasePending::Catalogue) =>
+            {
                 let Ok(catalogue) = result else {
                     return; // not on the recorded path
                 };
@@ -549,11 +548,6 @@ impl Baseline {
                     panic!("the recorded path stays: {decision:?}");
                 };
                 assert_eq!(upgrade_available, self.upgrade_available, "recorded path");
-                if self.phase == BasePhase::CheckingAgentVersion {
-                    let interval = self.config.limits.catalogue_check_interval;
-                    self.check_at = Some(self.now + interval);
-                    self.enter(BasePhase::Ready, Phase::Ready, Progress::default());
-                }
             }
             (BasePhase::Ready, Input::AgentVersionChanged(version))
                 if version != self.config.running.number =>

@@ -476,8 +476,8 @@ pub fn desired(rollout: &Rollout, id: &str, running: Option<Version>) -> Option<
 /// admission (`Upgrader.DesiredVersion`'s `stage-version`): the target while it is among
 /// [`Rollout::staging`] or a canary before any admission (the controllers still go first,
 /// see [`prepare`]), not admitted, failed or held, the rollout not halted, and it does not
-/// run the target ([`Rollout::told_ahead`]). It downloads and verifies the binary and keeps it, and runs what it
-/// runs until [`desired`] tells it the target.
+/// run the target ([`Rollout::told_ahead`]). It downloads and verifies the binary and
+/// keeps it, and runs what it runs until [`desired`] tells it the target.
 pub fn stage_ahead(rollout: &Rollout, id: &str, running: Option<Version>) -> Option<Version> {
     (rollout.told_ahead(id) && running != Some(rollout.target)).then_some(rollout.target)
 }

@@ -326,10 +326,11 @@ impl Sim {
     }
 
     /// The `WatchAPIVersion` watchers of the agents the record just written admitted or
-    /// told to fetch ahead fire: their desired version (or `stage-version`) changed. Each event crosses the network from the controller
-    /// that wrote the record (the agents' connections are spread over the controllers; the
-    /// watcher fires on whichever holds it, which the simulator does not track), and may be
-    /// lost or delayed like any message; the agent's poll finds what a lost one said.
+    /// told to fetch ahead fire: their desired version (or `stage-version`) changed. Each
+    /// event crosses the network from the controller that wrote the record (the agents'
+    /// connections are spread over the controllers; the watcher fires on whichever holds
+    /// it, which the simulator does not track), and may be lost or delayed like any
+    /// message; the agent's poll finds what a lost one said.
     fn notify_admitted(
         &mut self,
         controller: usize,
