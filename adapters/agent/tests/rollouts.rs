@@ -9,7 +9,8 @@ use lockstep_agent::daemon::failpoints::{FAIL_MACHINE_HOST_STEPS, PAUSE_MACHINE_
 use lockstep_agent::datadir::host_binary;
 use serde_json::Value;
 
-use crate::common::{Controller, LOCKSTEPD, later_patch, next, own, text};
+use crate::common::http_mirror::{HoldBack, HttpMirror};
+use crate::common::{self, Controller, LOCKSTEPD, later_patch, next, own, text};
 use crate::common::{agents_download_windows, download_windows, most_at_once};
 use crate::machine_agents::{agent_logs, wait_for_agents};
 
@@ -388,6 +389,80 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
             "{tag} has {target} installed"
         );
     }
+    let windows = agents_download_windows(&controller.data());
+    assert!(most_at_once(&windows) <= 2, "{windows:?}");
+}
+
+/// Before the controller runs the target (Juju's controllers first), the rollout is
+/// prepared (`rollout::prepare`): the controller's own download of N+1 is held at the
+/// mirror, so it stays Ready on N with the model's agent-version already N+1, and its
+/// coordinator writes a record that admits nobody and tells the canary (machine 1) and the
+/// next in line (machine 2, as `rollout-max-at-once` 2 leaves) to fetch ahead, as `lockstep
+/// status` shows. Released, the controller upgrades, the canary is admitted, and the fleet
+/// finishes with no more than max-at-once agents receiving a binary at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_controller_upgrades_itself_the_canary_and_the_next_in_line_are_told_to_fetch_ahead()
+ {
+    let target = next();
+    let mirror = common::Mirror::n_and_next(common::Published::Lockstepd);
+    let served = HttpMirror::serve_holding(
+        mirror.path(),
+        Duration::ZERO,
+        HoldBack::Binary(host_binary(target).to_string()),
+    );
+    let controller = Controller::bootstrap(
+        &[
+            "--metadata-source",
+            &served.tools_url(),
+            "--metadata-key",
+            &mirror.key(),
+        ],
+        &[],
+    );
+    controller.assert_bootstrapped();
+    let set = controller.run(&[
+        "model-config",
+        "rollout-canaries=1",
+        "rollout-max-at-once=2",
+    ]);
+    assert!(set.status.success(), "{}", text(&set));
+    let add = controller.run(&["add-machine", "-n", "3"]);
+    assert!(add.status.success(), "{}", text(&add));
+    wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+
+    let upgrade = controller.run(&["upgrade-controller", "--agent-version", &target.to_string()]);
+    assert!(upgrade.status.success(), "{}", text(&upgrade));
+    let prepared = wait_for_status(
+        &controller,
+        "the canary and machine 2 told to fetch ahead, nobody admitted",
+        Duration::from_secs(120),
+        |status| {
+            rollout(status)["fetching-ahead"] == serde_json::json!(["1", "2"])
+                && rollout(status)["admitted"] == 0
+        },
+    )
+    .await;
+    assert_eq!(
+        rollout(&prepared)["canaries"],
+        serde_json::json!(["1"]),
+        "{prepared:#}"
+    );
+    assert!(
+        controller
+            .serving_exe()
+            .is_some_and(|exe| exe.starts_with(controller.binary_dir(own()))),
+        "the controller still runs {}",
+        own()
+    );
+    assert!(
+        served.held() >= 1,
+        "the download of {target} from the mirror is held"
+    );
+
+    served.release();
+    controller.wait_running(target, READY_WITHIN).await;
+    let done = finished_on(&controller, target).await;
+    assert_eq!(rollout(&done)["failed"], serde_json::json!({}), "{done:#}");
     let windows = agents_download_windows(&controller.data());
     assert!(most_at_once(&windows) <= 2, "{windows:?}");
 }

@@ -97,8 +97,8 @@ pub enum Pass {
 
 /// What the coordinator would do now.
 enum Plan {
-    /// No rollout is under way: no model, the controllers not yet on the target (under a
-    /// policy without canaries), or every agent on it.
+    /// No rollout is under way: no model, the controllers not yet on the target and
+    /// nothing for the core to prepare, or every agent on it.
     Nothing,
     /// The record says what the core would write.
     Unchanged,
@@ -117,13 +117,7 @@ fn next_record(tx: &mut dyn Tx) -> Result<Result<Plan, RolloutConfigError>, Stor
     };
     let target = model.agent_version;
     let machines = tx.machines()?;
-    // Before every controller runs the target, Juju's controllers first: no agent may
-    // switch, but a policy with canaries prepares (`rollout::prepare`): the canaries and
-    // the agents next in line fetch the binary while the controllers upgrade themselves.
     let controllers_run = controllers_run(&machines, target);
-    if !controllers_run && policy.canaries == 0 {
-        return Ok(Ok(Plan::Nothing));
-    }
     let views = agent_views(&machines, &tx.agent_statuses()?, tx.now());
     let record = tx.rollout()?;
     let current = record.as_ref().filter(|record| record.target == target);
@@ -141,7 +135,18 @@ fn next_record(tx: &mut dyn Tx) -> Result<Result<Plan, RolloutConfigError>, Stor
     let next = if controllers_run {
         rollout::advance(&policy, &base, &views, tx.now())
     } else {
-        rollout::prepare(&policy, &base, &views)
+        // Before every controller runs the target (Juju's controllers first) no agent may
+        // switch; the core's `prepare` says whether anyone fetches ahead meanwhile. When it
+        // chooses nothing, nothing is written yet.
+        let next = rollout::prepare(&policy, &base, &views);
+        if next == base {
+            return Ok(Ok(if current.is_some() {
+                Plan::Unchanged
+            } else {
+                Plan::Nothing
+            }));
+        }
+        next
     };
     Ok(Ok(if record.as_ref() == Some(&next) {
         Plan::Unchanged

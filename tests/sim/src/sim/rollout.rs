@@ -357,7 +357,7 @@ impl Sim {
 
     /// The record the coordinator writes next (`None`: nothing to write), as
     /// lockstep-agent's `api::rollout::next_record` decides it: before every controller
-    /// runs the model's agent-version, the core's `prepare` (a policy with canaries) or
+    /// runs the model's agent-version, the core's `prepare` when it chose someone, else
     /// nothing; no record for Juju's default policy
     /// (unless a halted one stands) nor for a fleet already on the target; else the core's
     /// `advance` over the record of that target (a new one after the last: `retarget`).
@@ -370,9 +370,6 @@ impl Sim {
         now: Timestamp,
     ) -> Option<Rollout> {
         let controllers_run = self.controllers_run(target);
-        if !controllers_run && policy.canaries == 0 {
-            return None;
-        }
         let views = self.agent_views(statuses, now);
         let current = record.filter(|record| record.target == target);
         let halted_before = record.is_some_and(|record| record.halted.is_some());
@@ -387,7 +384,12 @@ impl Sim {
         let next = if controllers_run {
             rollout::advance(policy, &base, &views, now)
         } else {
-            rollout::prepare(policy, &base, &views)
+            // Controllers first: the core's `prepare`, written only when it chose someone.
+            let next = rollout::prepare(policy, &base, &views);
+            if next == base {
+                return None;
+            }
+            next
         };
         (record != Some(&next)).then_some(next)
     }
