@@ -1395,6 +1395,11 @@ async fn stage_from_controller(
                 tokio::time::sleep(Duration::from_millis(wait.0)).await;
             }
             Err(error) => {
+                if first.is_some() && last.is_none() {
+                    // The bytes stopped before the last (the controller restarted, the
+                    // link broke): the window closes here, on the same clock.
+                    tracing::info!(target: "lockstep::agent", monotonic_ns = monotonic_ns(), "download broke off");
+                }
                 return Err(MachineAgentError::Download {
                     binary: plan.binary.clone(),
                     error: Box::new(error),

@@ -805,24 +805,51 @@ pub fn monotonic_ns(line: &str) -> Option<u64> {
         .ok()
 }
 
-/// The windows (first byte, last byte) in which a machine agent received a binary, from
-/// its log (`download receiving` / `download received`, each with `monotonic_ns`); every window must be closed (the download finished), in order.
+/// The windows (first byte, last byte) in which a machine agent received a whole binary,
+/// from its log (`download receiving` then `download received`, each with
+/// `monotonic_ns`), in order; downloads that broke off are left out.
 pub fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
+    receiving_windows(log, agent)
+        .into_iter()
+        .filter(|window| window.whole)
+        .map(|window| (window.first, window.last))
+        .collect()
+}
+
+/// One window in which an agent received bytes of a binary.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceivingWindow {
+    pub first: u64,
+    pub last: u64,
+    /// Ended at the last byte (`download received`), not broken off.
+    pub whole: bool,
+}
+
+/// Every window in which a machine agent received bytes of a binary, from its log:
+/// `download receiving`, then `download received` or `download broke off` (the controller
+/// it came from restarted, the link broke), each with `monotonic_ns`. Every window must be
+/// closed, one at a time.
+pub fn receiving_windows(log: &str, agent: &str) -> Vec<ReceivingWindow> {
     let mut windows = Vec::new();
     let mut open = None;
     for line in log.lines() {
         let line = &strip_ansi(line);
+        let whole = line.contains("download received");
         if line.contains("download receiving") {
             assert!(
                 open.is_none(),
                 "{agent}: a download began before the last ended:\n{log}"
             );
             open = Some(monotonic_ns(line).expect("monotonic_ns"));
-        } else if line.contains("download received") {
-            let start = open
+        } else if whole || line.contains("download broke off") {
+            let first = open
                 .take()
                 .unwrap_or_else(|| panic!("{agent}: received, never receiving:\n{log}"));
-            windows.push((start, monotonic_ns(line).expect("monotonic_ns")));
+            windows.push(ReceivingWindow {
+                first,
+                last: monotonic_ns(line).expect("monotonic_ns"),
+                whole,
+            });
         }
     }
     assert!(open.is_none(), "{agent}: a download never ended:\n{log}");
@@ -830,15 +857,17 @@ pub fn download_windows(log: &str, agent: &str) -> Vec<(u64, u64)> {
 }
 
 /// The windows of every machine agent under `data` (a controller's data dir), from their
-/// logs: when each received a binary, first byte to last.
+/// logs: when each received bytes of a binary, first byte to the last or to where the
+/// download broke off.
 pub fn agents_download_windows(data: &DataDir) -> Vec<(u64, u64)> {
     data.machine_agent_dirs()
         .iter()
         .flat_map(|dir| {
             let log =
                 std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap_or_default();
-            download_windows(&log, &dir.root().display().to_string())
+            receiving_windows(&log, &dir.root().display().to_string())
         })
+        .map(|window| (window.first, window.last))
         .collect()
 }
 
@@ -855,4 +884,22 @@ pub fn most_at_once(windows: &[(u64, u64)]) -> usize {
         most = most.max(open);
     }
     most as usize
+}
+
+#[test]
+fn a_download_that_broke_off_closes_its_window_and_is_not_a_whole_one() {
+    let log = "\
+download attempt\n\
+download receiving monotonic_ns=100 received_bytes=8074\n\
+WARN the fetch ahead failed\n\
+download broke off monotonic_ns=150\n\
+download attempt\n\
+download receiving monotonic_ns=300 received_bytes=8074\n\
+download received monotonic_ns=400 received_bytes=21183164\n";
+    let windows: Vec<(u64, u64, bool)> = receiving_windows(log, "machine-2")
+        .into_iter()
+        .map(|window| (window.first, window.last, window.whole))
+        .collect();
+    assert_eq!(windows, [(100, 150, false), (300, 400, true)]);
+    assert_eq!(download_windows(log, "machine-2"), [(300, 400)]);
 }
