@@ -505,6 +505,29 @@ pub fn agent_downloads_max(configured: Option<u64>) -> u32 {
     }
 }
 
+/// The size of a link probe: what a machine agent that knows no download rate for its link
+/// (it never downloaded a binary: provisioned from the controller's own disk) fetches from
+/// its controller's probe endpoint soon after it starts, so that a fleet's first rollout
+/// can admit its slow links early (`rollout::admission_order`) as a later one does. Large
+/// enough that a slow link (10-100 Mbit/s) shows as slow against a controller's share per
+/// download slot, small enough that a fleet's probes cost a sliver of its controllers'
+/// egress (10,000 agents: about 1.7% of one 60 MB binary each). Served outside the
+/// download slots.
+pub const LINK_PROBE_BYTES: u64 = 1 << 20;
+
+/// How long a machine agent waits before it probes its link again after a probe failed
+/// (the controller down, restarting, the connection cut, or serving
+/// [`LINK_PROBES_AT_ONCE`] probes already).
+pub const LINK_PROBE_RETRY: Millis = Millis(30_000);
+
+/// Link probes one controller serves at once; past it a probe is answered 503 and the
+/// agent probes again after [`LINK_PROBE_RETRY`]. A probe shares the controller's egress
+/// with the downloads and the other probes, so it measures the smaller of the agent's link
+/// and that share: bounded, the share stays above the slow links a rollout must admit
+/// early (10,000 agents probing at once, 64 probes beside 64 downloads: about 78 Mbit/s
+/// of a 10 Gbit/s egress each).
+pub const LINK_PROBES_AT_ONCE: u32 = 64;
+
 /// The spread of the agents' start after they learn a new version: each waits a random
 /// part of it before asking for its binary, so that a fleet does not arrive at once.
 pub const AGENT_UPGRADE_SPREAD: Millis = Millis(3_000);

@@ -66,3 +66,37 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+/// The link probe (`GET /model/<uuid>/link-probe`, what a machine agent that never
+/// downloaded a binary times to learn its link's rate) needs a login as the tools do,
+/// answers 404 for another model, and is `LINK_PROBE_BYTES` zero bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_probe_is_served_only_to_a_login_and_is_a_mebibyte_of_zeros() {
+    let (_mirror, controller) = Controller::from_signed_mirror();
+    let file = controller.controller_file();
+    let path = format!("/model/{}/link-probe", file.model_uuid);
+    for (who, authorization) in [
+        ("nobody", None),
+        ("a wrong password", Some(basic("user-admin", "wrong"))),
+        (
+            "a machine that does not exist",
+            Some(basic("machine-7", &file.password)),
+        ),
+    ] {
+        let (status, body) = controller.https_get(&path, authorization).await;
+        assert_eq!(status, 401, "{who}: {}", String::from_utf8_lossy(&body));
+    }
+    let admin = || Some(basic("user-admin", &file.password));
+    let other = "/model/00000000-0000-4000-8000-000000000000/link-probe";
+    let (status, body) = controller.https_get(other, admin()).await;
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
+
+    let (status, body) = controller.https_get(&path, admin()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        body.len() as u64,
+        lockstep_core::upgrader::LINK_PROBE_BYTES,
+        "the probe's size"
+    );
+    assert!(body.iter().all(|byte| *byte == 0), "the probe is zeros");
+}

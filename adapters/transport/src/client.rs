@@ -504,7 +504,6 @@ impl Client {
         }
     }
 
-    /// Retries so far, by cause.
     /// The controller address this client is connected to, or tries next: `address`, or
     /// the fallback the core's [`Failover`] moved to after a connect failed.
     pub fn address(&self) -> &str {
@@ -515,6 +514,7 @@ impl Client {
         }
     }
 
+    /// Retries so far, by cause.
     pub fn stats(&self) -> ClientStats {
         ClientStats {
             upgrade_in_progress: self.stats.upgrade_in_progress.load(Ordering::Relaxed),

@@ -48,6 +48,7 @@ impl Api {
             .route("/api", get(websocket))
             .route("/model/{uuid}/api", get(websocket))
             .route("/model/{uuid}/tools/{binary}", get(tools))
+            .route("/model/{uuid}/link-probe", get(link_probe))
             .route("/model/{uuid}/charms", post(charms))
             .route("/livez", get(probes::livez))
             .route("/readyz", get(readyz))
@@ -403,6 +404,26 @@ async fn tools(
             hold.map(|axum::Extension(hold)| hold),
         )
         .await
+}
+
+/// A machine agent measures its link (`spec/wire.md`, "Link probes"): a login as for the
+/// tools endpoint.
+async fn link_probe(
+    State(api): State<Arc<Api>>,
+    admitted: Option<axum::Extension<Arc<Admitted>>>,
+    relayed: Option<axum::Extension<RelayedPeer>>,
+    Path(uuid): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let ticket = admitted
+        .as_ref()
+        .map(|axum::Extension(admitted)| &*admitted.ticket);
+    let source = source_of(ticket, relayed.map(|axum::Extension(peer)| peer));
+    let who = [Login::User, Login::ControllerAgent, Login::MachineAgent];
+    if let Err(refused) = auth::http_login(&api, source, ticket, &headers, &who).await {
+        return refused;
+    }
+    api.tools.link_probe(&uuid)
 }
 
 /// Whether machine agent `tag` asks for `binary` ahead of its admission: a version other

@@ -64,6 +64,8 @@ pub struct ToolsEndpoint {
     fetches: Fetches,
     /// Machine agents' downloads admitted and not finished, and those waiting.
     agent_downloads: Arc<Downloads>,
+    /// Link probes being served ([`upgrader::LINK_PROBES_AT_ONCE`] permits).
+    link_probes: Arc<tokio::sync::Semaphore>,
 }
 
 /// Machine agents' downloads: the slots taken and the queue of requests waiting for one.
@@ -182,7 +184,65 @@ impl ToolsEndpoint {
             cache,
             fetches: Fetches::default(),
             agent_downloads: Arc::default(),
+            link_probes: Arc::new(tokio::sync::Semaphore::new(
+                upgrader::LINK_PROBES_AT_ONCE as usize,
+            )),
         }
+    }
+
+    /// `GET /model/<uuid>/link-probe`: [`upgrader::LINK_PROBE_BYTES`] zero bytes, for a
+    /// machine agent that knows no download rate for its link to measure one (it times the
+    /// bytes, first to last, and reports the rate in its status, which a rollout's
+    /// admission order reads). Outside the download slots; 404 for another model, 503
+    /// past [`upgrader::LINK_PROBES_AT_ONCE`].
+    pub fn link_probe(&self, uuid: &str) -> Response {
+        if uuid != self.model_uuid {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                "not found",
+                format!("unknown model {uuid:?}"),
+            );
+        }
+        let Ok(permit) = Arc::clone(&self.link_probes).try_acquire_owned() else {
+            let mut busy = http_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "",
+                format!(
+                    "this controller is serving {} link probes; probe again later",
+                    upgrader::LINK_PROBES_AT_ONCE
+                ),
+            );
+            busy.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(upgrader::LINK_PROBE_RETRY.0 / 1000),
+            );
+            return busy;
+        };
+        static ZEROS: [u8; CHUNK_SIZE_BYTES] = [0; CHUNK_SIZE_BYTES];
+        // The permit goes with the body: released once it is sent, or dropped unsent.
+        let chunks = futures_util::stream::unfold(
+            (upgrader::LINK_PROBE_BYTES, permit),
+            |(left, permit)| async move {
+                if left == 0 {
+                    return None;
+                }
+                let chunk = left.min(CHUNK_SIZE_BYTES as u64);
+                let bytes = axum::body::Bytes::from_static(&ZEROS[..chunk as usize]);
+                Some((Ok::<_, std::io::Error>(bytes), (left - chunk, permit)))
+            },
+        );
+        (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+                (
+                    header::CONTENT_LENGTH,
+                    upgrader::LINK_PROBE_BYTES.to_string(),
+                ),
+                (header::CACHE_CONTROL, "no-store".to_owned()),
+            ],
+            axum::body::Body::from_stream(chunks),
+        )
+            .into_response()
     }
 
     /// `GET /model/<uuid>/tools/<binary>`: the binary's tarball from the cache, fetched
@@ -642,4 +702,45 @@ async fn serve_file(
         axum::body::Body::from_stream(chunks),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod link_probe_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn link_probes_past_the_bound_are_answered_busy_until_one_is_done() {
+        let endpoint = ToolsEndpoint::new("u".to_owned(), None);
+        assert_eq!(
+            endpoint.link_probe("other").status(),
+            StatusCode::NOT_FOUND,
+            "another model's uuid"
+        );
+        // Each response holds its permit until its body is sent or dropped.
+        let mut held: Vec<Response> = (0..upgrader::LINK_PROBES_AT_ONCE)
+            .map(|_| endpoint.link_probe("u"))
+            .collect();
+        assert!(
+            held.iter()
+                .all(|response| response.status() == StatusCode::OK)
+        );
+        let busy = endpoint.link_probe("u");
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            busy.headers()[header::RETRY_AFTER],
+            (upgrader::LINK_PROBE_RETRY.0 / 1000).to_string()
+        );
+        // One probe sent to the end: its permit goes back.
+        let done = held.pop().expect("one");
+        assert_eq!(
+            done.headers()[header::CONTENT_LENGTH],
+            upgrader::LINK_PROBE_BYTES.to_string()
+        );
+        let body = axum::body::to_bytes(done.into_body(), usize::MAX)
+            .await
+            .expect("the body");
+        assert_eq!(body.len() as u64, upgrader::LINK_PROBE_BYTES);
+        assert!(body.iter().all(|byte| *byte == 0));
+        assert_eq!(endpoint.link_probe("u").status(), StatusCode::OK);
+    }
 }
