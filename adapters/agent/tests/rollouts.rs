@@ -28,6 +28,28 @@ fn status_json(controller: &Controller) -> Value {
     serde_json::from_slice(&output.stdout).expect("status --format json is JSON")
 }
 
+/// The ids of machines 1 to `count` in the order a rollout chooses its canaries and then
+/// admits the fast end of its line (`rollout::canary_order`, `rollout::admission_order`):
+/// the fastest reported link first, machine-id order among equal rates. Waits until each
+/// agent reports a rate: its link probe's, for an agent provisioned from the controller's
+/// own binary, which the loopback makes about equal and so in no fixed order.
+async fn by_link_speed(controller: &Controller, count: usize) -> Vec<String> {
+    let ids: Vec<String> = (1..=count).map(|id| id.to_string()).collect();
+    let rate = |status: &Value, id: &str| {
+        status["machines"][id]["agent-status"]["data"]["download-rate"].as_u64()
+    };
+    let status = wait_for_status(
+        controller,
+        "every agent's link rate reported",
+        Duration::from_secs(60),
+        |status| ids.iter().all(|id| rate(status, id).is_some()),
+    )
+    .await;
+    let mut order = ids.clone();
+    order.sort_by_key(|id| (std::cmp::Reverse(rate(&status, id)), id.parse::<u32>().ok()));
+    order
+}
+
 /// Polls `lockstep status` until `done` says so, for at most `within`; returns that status.
 async fn wait_for_status(
     controller: &Controller,
@@ -142,23 +164,29 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
     );
     assert!(add.status.success(), "{}", text(&add));
     wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+    // The canary: the fastest link the agents' probes reported.
+    let canary = by_link_speed(&controller, 3).await.remove(0);
 
     let upgrade = controller.run(&["upgrade-controller", "--agent-version", &bad_text]);
     assert!(upgrade.status.success(), "{}", text(&upgrade));
     controller.wait_running(bad, READY_WITHIN).await;
 
-    // The canary, machine 1, fails its host steps: the rollout halts, naming it and why.
+    // The canary fails its host steps: the rollout halts, naming it and why.
     let halted = wait_for_status(&controller, "halted", Duration::from_secs(180), |status| {
         rollout(status)["state"] == "halted"
     })
     .await;
     let record = rollout(&halted);
     assert_eq!(record["target"], bad_text, "{record:#}");
-    assert_eq!(record["canaries"], serde_json::json!(["1"]), "{record:#}");
+    assert_eq!(
+        record["canaries"],
+        serde_json::json!([canary]),
+        "{record:#}"
+    );
     let failed = record["failed"].as_object().expect("failed agents");
-    assert_eq!(failed.keys().collect::<Vec<_>>(), ["1"], "{record:#}");
+    assert_eq!(failed.keys().collect::<Vec<_>>(), [&canary], "{record:#}");
     assert!(
-        failed["1"]
+        failed[&canary]
             .as_str()
             .unwrap()
             .contains(FAIL_MACHINE_HOST_STEPS),
@@ -198,15 +226,15 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
     let own_text = own().to_string();
     wait_for_status(
         &controller,
-        "machine 1 back on its first binary",
+        "the canary back on its first binary",
         Duration::from_secs(120),
-        |status| started_on(status, "1").as_deref() == Some(own_text.as_str()),
+        |status| started_on(status, &canary).as_deref() == Some(own_text.as_str()),
     )
     .await;
     // No other agent switched, nor fetched the bad binary.
     for dir in controller.data().machine_agent_dirs() {
         let conf = dir.read_agent_conf().unwrap().unwrap();
-        if conf.tag == "machine-1" {
+        if conf.tag == format!("machine-{canary}") {
             continue;
         }
         assert!(
@@ -310,15 +338,16 @@ async fn a_failing_canary_halts_the_rollout_abort_holds_the_fleet_and_resume_aft
 
 /// While the canary tries a binary (its host steps take 8 s here, as real steps take
 /// time), the agents next in line, as many as `rollout-max-at-once` (2) leaves beside it
-/// (one: machine 2), are told to fetch it ahead of their admission (`stage-version`): they
-/// download and keep it and go on running their own. Admitted once the canary is Ready on
-/// it, machine 2 switches without downloading it again. Read from the agents' own logs:
-/// each agent received the target once, machine 2 fetched it ahead and machine 3 did not,
-/// and no more than max-at-once agents were receiving a binary at any moment; `lockstep
-/// status` names machine 2 while the canary tries the binary. (The canary, machine 1, also
-/// fetches ahead when a coordinator pass prepared the rollout while the controller was
-/// still Ready on the old version, `rollout::prepare`; whether one did depends on the
-/// controller's timing here, so either is accepted for it.)
+/// (one: the next fastest link the agents' probes reported), are told to fetch it ahead of
+/// their admission (`stage-version`): they download and keep it and go on running their
+/// own. Admitted once the canary (the fastest link) is Ready on it, the next in line
+/// switches without downloading it again. Read from the agents' own logs: each agent
+/// received the target once, the next in line fetched it ahead and the last did not, and
+/// no more than max-at-once agents were receiving a binary at any moment; `lockstep status`
+/// names the next in line while the canary tries the binary. (The canary also fetches ahead
+/// when a coordinator pass prepared the rollout while the controller was still Ready on the
+/// old version, `rollout::prepare`; whether one did depends on the controller's timing
+/// here, so either is accepted for it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_without_a_second_download()
  {
@@ -337,6 +366,8 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
     );
     assert!(add.status.success(), "{}", text(&add));
     wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+    let order = by_link_speed(&controller, 3).await;
+    let (canary, next_in_line) = (order[0].clone(), order[1].clone());
 
     let upgrade = controller.run(&["upgrade-controller", "--agent-version", &target.to_string()]);
     assert!(upgrade.status.success(), "{}", text(&upgrade));
@@ -344,17 +375,16 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
     // `lockstep status` shows who fetches ahead while the canary tries the binary.
     let trying = wait_for_status(
         &controller,
-        "machine 2 told to fetch ahead",
+        "the next in line told to fetch ahead",
         Duration::from_secs(120),
-        |status| rollout(status)["fetching-ahead"] == serde_json::json!(["2"]),
+        |status| rollout(status)["fetching-ahead"] == serde_json::json!([next_in_line]),
     )
     .await;
     assert_eq!(rollout(&trying)["canaries-passed"], false, "{trying:#}");
     let done = finished_on(&controller, target).await;
-    // No agent reports a download rate yet: machine-id order, machine 1 the canary.
     assert_eq!(
         rollout(&done)["canaries"],
-        serde_json::json!(["1"]),
+        serde_json::json!([canary]),
         "{done:#}"
     );
     assert_eq!(
@@ -374,10 +404,10 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
             agent_logs(&controller)
         );
         let fetched_ahead = log.contains("fetched ahead of admission; kept, not switched to");
-        if tag != "machine-1" {
+        if tag != format!("machine-{canary}") {
             assert_eq!(
                 fetched_ahead,
-                tag == "machine-2",
+                tag == format!("machine-{next_in_line}"),
                 "{tag}: of the others, only the agent after the canary fetches ahead\n{}",
                 agent_logs(&controller)
             );
@@ -396,9 +426,9 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
 /// Before the controller runs the target (Juju's controllers first), the rollout is
 /// prepared (`rollout::prepare`): the controller's own download of N+1 is held at the
 /// mirror, so it stays Ready on N with the model's agent-version already N+1, and its
-/// coordinator writes a record that admits nobody and tells the canary (machine 1) and the
-/// next in line (machine 2, as `rollout-max-at-once` 2 leaves) to fetch ahead, as `lockstep
-/// status` shows. Released, the controller upgrades, the canary is admitted, and the fleet
+/// coordinator writes a record that admits nobody and tells the canary (the fastest link
+/// the agents' probes reported) and the next in line (the next fastest, as
+/// `rollout-max-at-once` 2 leaves) to fetch ahead, as `lockstep status` shows. Released, the controller upgrades, the canary is admitted, and the fleet
 /// finishes with no more than max-at-once agents receiving a binary at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_controller_upgrades_itself_the_canary_and_the_next_in_line_are_told_to_fetch_ahead()
@@ -429,22 +459,26 @@ async fn while_the_controller_upgrades_itself_the_canary_and_the_next_in_line_ar
     let add = controller.run(&["add-machine", "-n", "3"]);
     assert!(add.status.success(), "{}", text(&add));
     wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
+    let order = by_link_speed(&controller, 3).await;
+    // `fetching-ahead` lists ids in their text's order.
+    let mut ahead = vec![order[0].clone(), order[1].clone()];
+    ahead.sort();
 
     let upgrade = controller.run(&["upgrade-controller", "--agent-version", &target.to_string()]);
     assert!(upgrade.status.success(), "{}", text(&upgrade));
     let prepared = wait_for_status(
         &controller,
-        "the canary and machine 2 told to fetch ahead, nobody admitted",
+        "the canary and the next in line told to fetch ahead, nobody admitted",
         Duration::from_secs(120),
         |status| {
-            rollout(status)["fetching-ahead"] == serde_json::json!(["1", "2"])
+            rollout(status)["fetching-ahead"] == serde_json::json!(ahead)
                 && rollout(status)["admitted"] == 0
         },
     )
     .await;
     assert_eq!(
         rollout(&prepared)["canaries"],
-        serde_json::json!(["1"]),
+        serde_json::json!([order[0]]),
         "{prepared:#}"
     );
     assert!(
@@ -467,44 +501,81 @@ async fn while_the_controller_upgrades_itself_the_canary_and_the_next_in_line_ar
     assert!(most_at_once(&windows) <= 2, "{windows:?}");
 }
 
-/// Machine agents measure the download that brought their binary and report its rate
+/// Machine agents provisioned from the controller's own binary probe their link and report
+/// the probe's rate; once they download a binary they report that download's rate instead
 /// (`data.download-rate`, shown by `lockstep status`), and the next rollout admits the
 /// slowest of them first and then the fastest (`rollout::admission_order`): three agents
-/// upgraded once under Juju's policy report a rate; given records of 50, 1 and 20 MB/s
+/// report their probes (`link-probe.json`, one probe each), then, upgraded once under
+/// Juju's policy, the rates their downloads recorded; given records of 50, 1 and 20 MB/s
 /// (loopback makes them all fast) and restarted, they report those, and upgraded again
 /// with `rollout-max-at-once=1` they receive the second binary one after the other, the
 /// slowest first, then the fastest, read from their own logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_report_their_download_rate_and_the_next_rollout_admits_the_slowest_first() {
+async fn agents_report_their_link_probe_then_their_download_rate_and_the_next_rollout_admits_the_slowest_first()
+ {
     let (first, second) = (next(), later_patch(2));
     let (mirror, controller) = Controller::from_signed_mirror();
     let add = controller.run(&["add-machine", "-n", "3"]);
     assert!(add.status.success(), "{}", text(&add));
     wait_for_agents(&controller, 3, own(), Duration::from_secs(120)).await;
-    // Provisioned from the controller's own binary, no agent has downloaded anything.
-    let status = status_json(&controller);
+    let rate = |status: &Value, id: &str| {
+        status["machines"][id]["agent-status"]["data"]["download-rate"].as_u64()
+    };
+    // What each agent recorded: its link probe, and the rate of its download of `binary`.
+    let recorded = |id: &str, binary: Option<lockstep_core::Binary>| {
+        let dir = controller
+            .data()
+            .machine_agent_dirs()
+            .into_iter()
+            .find(|dir| dir.read_agent_conf().unwrap().unwrap().tag == format!("machine-{id}"))
+            .expect("the agent's data dir");
+        let probe = dir.read_link_probe().unwrap();
+        let downloaded = binary.and_then(|binary| {
+            dir.read_downloaded_tools(&binary)
+                .unwrap()
+                .and_then(|tools| tools.download_rate)
+        });
+        let log = std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap_or_default();
+        (probe, downloaded, log.matches("link probed").count())
+    };
+    // Provisioned from the controller's own binary, no agent has downloaded anything: each
+    // probes its link once and reports what the probe measured.
+    let probed = wait_for_status(
+        &controller,
+        "every agent's link probe reported",
+        Duration::from_secs(60),
+        |status| ["1", "2", "3"].iter().all(|id| rate(status, id).is_some()),
+    )
+    .await;
     for id in ["1", "2", "3"] {
-        assert!(
-            status["machines"][id]["agent-status"]["data"]
-                .get("download-rate")
-                .is_none(),
-            "machine {id}:\n{status:#}"
+        let (probe, _, probes) = recorded(id, None);
+        let probe = probe.unwrap_or_else(|| panic!("machine {id} kept no link probe"));
+        assert_eq!(probe.bytes, lockstep_core::upgrader::LINK_PROBE_BYTES);
+        assert!(probe.bytes_per_second > 0, "machine {id}: {probe:?}");
+        assert_eq!(
+            rate(&probed, id),
+            Some(probe.bytes_per_second),
+            "machine {id} reports its probe:\n{probed:#}"
         );
+        assert_eq!(probes, 1, "machine {id} probed once");
     }
 
-    // Juju's policy: every agent at once. Each then reports the rate it measured.
+    // Juju's policy: every agent at once. Each then reports the rate its download
+    // measured, not its probe's.
     let upgrade = controller.run(&["upgrade-controller", "--agent-version", &first.to_string()]);
     assert!(upgrade.status.success(), "{}", text(&upgrade));
     controller.wait_running(first, READY_WITHIN).await;
     wait_for_agents(&controller, 3, first, Duration::from_secs(300)).await;
-    let rate = |status: &Value, id: &str| {
-        status["machines"][id]["agent-status"]["data"]["download-rate"].as_u64()
-    };
     let measured = wait_for_status(
         &controller,
         "every agent's download rate reported",
         Duration::from_secs(60),
-        |status| ["1", "2", "3"].iter().all(|id| rate(status, id).is_some()),
+        |status| {
+            ["1", "2", "3"].iter().all(|id| {
+                let (_, downloaded, _) = recorded(id, Some(host_binary(first)));
+                downloaded.is_some() && rate(status, id) == downloaded
+            })
+        },
     )
     .await;
     assert!(
@@ -513,6 +584,13 @@ async fn agents_report_their_download_rate_and_the_next_rollout_admits_the_slowe
             .all(|id| rate(&measured, id).is_some_and(|rate| rate > 0)),
         "{measured:#}"
     );
+    for id in ["1", "2", "3"] {
+        let (_, _, probes) = recorded(id, None);
+        assert_eq!(
+            probes, 1,
+            "machine {id} did not probe again once it had downloaded"
+        );
+    }
     // `lockstep status` shows it too.
     let tabular = controller.run(&["status"]);
     let shown = String::from_utf8_lossy(&tabular.stdout).into_owned();

@@ -42,13 +42,13 @@ use lockstep_core::steps::{StepKey, StepKind};
 use lockstep_core::{Binary, Lifecycle, ParseVersionError, Phase, Role, Roles, Timestamp, Version};
 use lockstep_transport::client::{Client, ClientConfig, ClientError};
 use serde_json::{Value, json};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::error::DaemonError;
 use crate::daemon::restart::{self, RestartMode};
 use crate::daemon::step_runner::{self, HostContext};
-use crate::datadir::{AgentConf, DataDir, DataDirError, DownloadedTools};
+use crate::datadir::{AgentConf, DataDir, DataDirError, DownloadedTools, LinkProbe};
 use crate::notify::Notifier;
 use crate::quote::{QUOTE_LENGTH_MAX, quote};
 
@@ -156,6 +156,14 @@ pub enum MachineAgentError {
     #[error("cannot download {binary} from the controller: {error}")]
     Download {
         binary: Binary,
+        #[source]
+        error: Box<lockstep_streams::DownloadError>,
+    },
+    /// The link probe failed (the controller down or restarting, busy with other probes,
+    /// the connection cut): tried again after `LINK_PROBE_RETRY`.
+    #[error("cannot probe the link to the controller at {url}: {error}")]
+    LinkProbe {
+        url: String,
         #[source]
         error: Box<lockstep_streams::DownloadError>,
     },
@@ -429,17 +437,26 @@ pub async fn run(agent: MachineAgent, notifier: Notifier) -> Result<i32, DaemonE
         message: String::new(),
     });
     // The rate of the download that brought this binary, reported in every status so the
-    // staged rollout can admit slow links early next time (none for a provisioned one).
-    let download_rate = data
-        .read_downloaded_tools(&running)
-        .ok()
-        .flatten()
-        .and_then(|tools| tools.download_rate);
+    // staged rollout can admit slow links early next time; for an agent that downloaded
+    // none (provisioned from the controller's disk), its link probe's, made now if it has
+    // none yet.
+    let link_rate = Arc::new(AtomicU64::new(known_link_rate(&data, &running)));
+    let link_probed = Arc::new(tokio::sync::Notify::new());
+    let probe_task = (link_rate.load(Ordering::SeqCst) == 0).then(|| {
+        tokio::spawn(probe_link(
+            Arc::clone(&api),
+            data.clone(),
+            conf.clone(),
+            Arc::clone(&link_rate),
+            Arc::clone(&link_probed),
+        ))
+    });
     let status_task = tokio::spawn(report_status(
         Arc::clone(&api),
         conf.tag.clone(),
         running.clone(),
-        download_rate,
+        Arc::clone(&link_rate),
+        link_probed,
         status_rx,
     ));
     let ahead = Ahead {
@@ -474,6 +491,9 @@ pub async fn run(agent: MachineAgent, notifier: Notifier) -> Result<i32, DaemonE
     watch_task.abort();
     ahead.stop();
     status_task.abort();
+    if let Some(task) = probe_task {
+        task.abort();
+    }
     match exit {
         Exit::Shutdown => {
             tracing::info!(target: "lockstep::agent", "machine agent stopped");
@@ -661,19 +681,23 @@ struct Reported {
 
 /// Sends `Machiner.SetStatus` whenever the reported status changes, and every
 /// [`STATUS_INTERVAL`] regardless; `data` carries the phase, the binary it runs and, when
-/// known, `download-rate`: bytes per second of the download that brought that binary.
+/// known (`link_rate` not 0), `download-rate`: bytes per second of the download that
+/// brought that binary, or of the agent's link probe (reported as soon as `link_probed`
+/// says the probe ended).
 async fn report_status(
     api: Arc<Client>,
     tag: String,
     running: Binary,
-    download_rate: Option<u64>,
+    link_rate: Arc<AtomicU64>,
+    link_probed: Arc<tokio::sync::Notify>,
     mut status: watch::Receiver<Reported>,
 ) {
     loop {
         let current = status.borrow_and_update().clone();
         let (word, info) = status_of(current.phase, &current.message);
         let mut data = json!({"phase": current.phase.as_str(), "version": running.to_string()});
-        if let Some(rate) = download_rate {
+        let rate = link_rate.load(Ordering::SeqCst);
+        if rate > 0 {
             data["download-rate"] = json!(rate);
         }
         let params = json!({"entities": [{
@@ -692,7 +716,15 @@ async fn report_status(
                 tracing::debug!(target: "lockstep::agent", %error, "status not reported");
             }
         }
-        let _ = tokio::time::timeout(STATUS_INTERVAL, status.changed()).await;
+        // A change of status, or a link probe that ended (its rate is news for a rollout
+        // about to choose its canaries), is reported at once.
+        let _ = tokio::time::timeout(STATUS_INTERVAL, async {
+            tokio::select! {
+                _ = status.changed() => {}
+                _ = link_probed.notified() => {}
+            }
+        })
+        .await;
     }
 }
 
@@ -1297,33 +1329,7 @@ async fn stage_from_controller(
     let (base, file) = url
         .rsplit_once('/')
         .ok_or_else(|| MachineAgentError::NotToolsUrl { url: url.clone() })?;
-    let mut config = lockstep_streams::HttpConfig {
-        system_roots: false,
-        // One attempt per call: "busy" is retried below, on the core's backoff, and any
-        // other failure goes back to the core, which retries the staging itself.
-        retry: lockstep_streams::RetryPolicy {
-            attempts_max: 1,
-            ..lockstep_streams::RetryPolicy::default()
-        },
-        basic_auth: Some(lockstep_streams::BasicAuth {
-            user: conf.tag.clone(),
-            password: conf.apipassword.as_str().to_owned(),
-        }),
-        // The connection stays open (idle in `source`'s pool) after the last byte until
-        // `source` is dropped, right after the download is logged and verified: the
-        // controller holds this download's slot until the agent hangs up, so the agent's
-        // logged window (first byte to last) lies inside its slot. Hung up by hyper as the
-        // last byte arrives instead, a next agent could start before this one logged it.
-        ..lockstep_streams::HttpConfig::default()
-    };
-    config
-        .trust_pem(conf.cacert.as_bytes())
-        .map_err(|error| MachineAgentError::CaCert {
-            agent_conf: data.agent_conf_path(),
-            error,
-        })?;
-    let source = lockstep_streams::HttpSource::new(&format!("{base}/"), config)
-        .map_err(|error| MachineAgentError::ToolsSource { error })?;
+    let source = controller_source(data, conf, base)?;
     let entry = lockstep_core::policy::CatalogueEntry {
         binary: plan.binary.clone(),
         stream: lockstep_core::policy::Stream::Released,
@@ -1425,6 +1431,148 @@ async fn stage_from_controller(
             error,
         })??;
     Ok(())
+}
+
+/// A download source on the controller's HTTPS endpoints under `base` (`https://<address>/model/<uuid>`):
+/// TLS checked against the controller's CA in `agent.conf`, this agent's credentials.
+fn controller_source(
+    data: &DataDir,
+    conf: &AgentConf,
+    base: &str,
+) -> Result<lockstep_streams::HttpSource, MachineAgentError> {
+    let mut config = lockstep_streams::HttpConfig {
+        system_roots: false,
+        // One attempt per call: the callers retry ("busy" on the core's backoff; any other
+        // failure of a staging goes back to the core, which retries it itself).
+        retry: lockstep_streams::RetryPolicy {
+            attempts_max: 1,
+            ..lockstep_streams::RetryPolicy::default()
+        },
+        basic_auth: Some(lockstep_streams::BasicAuth {
+            user: conf.tag.clone(),
+            password: conf.apipassword.as_str().to_owned(),
+        }),
+        // The connection stays open (idle in `source`'s pool) after the last byte until
+        // `source` is dropped, right after a download is logged and verified: the
+        // controller holds this download's slot until the agent hangs up, so the agent's
+        // logged window (first byte to last) lies inside its slot. Hung up by hyper as the
+        // last byte arrives instead, a next agent could start before this one logged it.
+        ..lockstep_streams::HttpConfig::default()
+    };
+    config
+        .trust_pem(conf.cacert.as_bytes())
+        .map_err(|error| MachineAgentError::CaCert {
+            agent_conf: data.agent_conf_path(),
+            error,
+        })?;
+    lockstep_streams::HttpSource::new(&format!("{base}/"), config)
+        .map_err(|error| MachineAgentError::ToolsSource { error })
+}
+
+/// The link this agent reports (`download-rate` in its status), bytes per second: from the
+/// download that brought the binary it runs, else from its last link probe; 0 while
+/// neither is known.
+fn known_link_rate(data: &DataDir, running: &Binary) -> u64 {
+    data.read_downloaded_tools(running)
+        .ok()
+        .flatten()
+        .and_then(|tools| tools.download_rate)
+        .or_else(|| {
+            data.read_link_probe()
+                .ok()
+                .flatten()
+                .map(|probe| probe.bytes_per_second)
+        })
+        .unwrap_or(0)
+}
+
+/// An agent that knows no rate for its link (it never downloaded a binary: provisioned from
+/// the controller's own disk, as the local provider does) measures one, so that a fleet's
+/// first rollout can admit its slow links early as a later one does
+/// (`rollout::admission_order`): after the core's start spread, `LINK_PROBE_BYTES` from
+/// the controller's probe endpoint (`GET /model/<uuid>/link-probe`, with this agent's login
+/// and the controller's CA), timed from its first byte to its last. Kept in
+/// `link-probe.json` and put in `rate`, which the status reports at once (`probed`) and
+/// from then on; a probe that failed is made again after `LINK_PROBE_RETRY`, until one
+/// succeeds.
+async fn probe_link(
+    api: Arc<Client>,
+    data: DataDir,
+    conf: AgentConf,
+    rate: Arc<AtomicU64>,
+    probed: Arc<tokio::sync::Notify>,
+) {
+    let spread = lockstep_core::upgrader::agent_upgrade_delay(random());
+    tokio::time::sleep(Duration::from_millis(spread.0)).await;
+    loop {
+        let base = format!("https://{}/model/{}", api.address(), conf.model);
+        match probe_once(&data, &conf, &base).await {
+            Ok(probe) => {
+                tracing::info!(target: "lockstep::agent", bytes = probe.bytes, bytes_per_second = probe.bytes_per_second, "link probed (no download measured it yet)");
+                if let Err(error) = data.write_link_probe(&probe) {
+                    tracing::warn!(target: "lockstep::agent", %error, "the link probe is reported but not kept: the next start probes again");
+                }
+                rate.store(probe.bytes_per_second, Ordering::SeqCst);
+                // A permit if the reporter is mid-call: it reports again right after.
+                probed.notify_one();
+                return;
+            }
+            Err(error) => {
+                let retry = lockstep_core::upgrader::LINK_PROBE_RETRY;
+                tracing::info!(target: "lockstep::agent", %error, retry_s = retry.0 / 1000, "link probe failed; probing again later");
+                tokio::time::sleep(Duration::from_millis(retry.0)).await;
+            }
+        }
+    }
+}
+
+/// One link probe from the controller at `base`: the bytes checked (size and sha256: zeros)
+/// and timed; the file they went to removed.
+async fn probe_once(
+    data: &DataDir,
+    conf: &AgentConf,
+    base: &str,
+) -> Result<LinkProbe, MachineAgentError> {
+    let size_bytes = lockstep_core::upgrader::LINK_PROBE_BYTES;
+    let zeros = vec![0u8; size_bytes as usize];
+    let entry = lockstep_core::policy::CatalogueEntry {
+        binary: Binary::parse("0.0.0-ubuntu-amd64").expect("a binary"),
+        stream: lockstep_core::policy::Stream::Released,
+        size_bytes,
+        sha256: Sha256(<sha2::Sha256 as sha2::Digest>::digest(&zeros).into()),
+        path: "link-probe".to_owned(),
+    };
+    let source = controller_source(data, conf, base)?;
+    let cache = data.tools_cache_dir();
+    std::fs::create_dir_all(&cache).map_err(|error| MachineAgentError::CreateCache {
+        path: cache.clone(),
+        error,
+    })?;
+    let destination = cache.join("link-probe");
+    let started = Instant::now();
+    let mut first: Option<(Instant, u64)> = None;
+    let mut last: Option<(Instant, u64)> = None;
+    let mut window = |progress: lockstep_streams::DownloadProgress| {
+        if first.is_none() && progress.received_bytes > 0 {
+            first = Some((Instant::now(), progress.received_bytes));
+        }
+        if progress.received_bytes == progress.total_bytes {
+            last = Some((Instant::now(), progress.received_bytes));
+        }
+    };
+    let result = source.download(&entry, &destination, &mut window).await;
+    let _ = std::fs::remove_file(&destination);
+    result.map_err(|error| MachineAgentError::LinkProbe {
+        url: format!("{base}/link-probe"),
+        error: Box::new(error),
+    })?;
+    Ok(LinkProbe {
+        bytes_per_second: download_rate(started, first, last, size_bytes),
+        bytes: size_bytes,
+        unix_seconds: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs()),
+    })
 }
 
 #[cfg(test)]

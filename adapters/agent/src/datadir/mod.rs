@@ -12,6 +12,7 @@
 //! ├── server-key.pem                   its private key, 0600
 //! ├── streams-mark.json                simplestreams high-water mark (never moves back)
 //! ├── metadata-keys.asc                public keys that must sign the mirror's metadata, 0600
+//! ├── link-probe.json                  a machine agent's measure of its link, if it probed
 //! ├── logs/                            the daemon's logs
 //! ├── ha/machine-<N>/                  controllers `enable-ha` added, each a data dir
 //! ├── cache/
@@ -58,6 +59,7 @@ mod error;
 mod files;
 mod identity;
 mod layout;
+mod link_probe;
 mod metadata_keys;
 pub mod names;
 mod sweep;
@@ -71,6 +73,7 @@ pub use identity::{
     read_binary_identity, read_force_version,
 };
 pub use layout::{AGENT_OS, DataDir, check_tag, host_arch, host_binary, juju_arch};
+pub use link_probe::LinkProbe;
 pub use metadata_keys::{read_keyring, read_metadata_ca};
 pub use names::*;
 pub use sweep::Swept;

@@ -31,6 +31,10 @@ pub const TOOLS: &str = "tools";
 pub const EXECUTABLE: &str = "lockstepd";
 /// A binary's provenance, in its directory (Juju's name).
 pub const DOWNLOADED_TOOLS: &str = "downloaded-tools.txt";
+/// A machine agent's link probe's result (it never downloaded a binary).
+pub const LINK_PROBE: &str = "link-probe.json";
+/// Largest `link-probe.json` read.
+pub const LINK_PROBE_BYTES_MAX: u64 = 4 * 1024;
 /// The version a binary reports, beside its executable (Juju's name).
 pub const FORCE_VERSION: &str = "FORCE-VERSION";
 
