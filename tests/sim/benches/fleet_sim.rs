@@ -6,8 +6,8 @@
 //! fleet's upgrade time (virtual) to the bandwidth bound, `agents × binary size / (sum of
 //! the controllers' egress) + binary size / upstream`; the issue's target is 1.1×.
 //!
-//! Each seed runs twice: as a fleet's first rollout (no agent's download rate known, so
-//! machine-id order) and as a later one (each agent's rate from its last download known, so
+//! Each seed runs twice: as a fleet's first rollout (no agent's download rate known at the
+//! start: each probes its link after its start spread, as the real agent does) and as a later one (each agent's rate from its last download known, so
 //! slow links are admitted early and canaries are the fastest); the later one prints last.
 //!
 //! ```text

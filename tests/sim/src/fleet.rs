@@ -134,7 +134,7 @@ impl FleetRun {
         });
         let _ = writeln!(
             out,
-            "queued requests: {} (most waiting on one controller: {}); busy answers: {} ({} downloads given up after {} s of them); downloads cut by a crash: {}; most at once on one controller: {} (max-agent-downloads {}); controllers' egress used {:.0}% of the upgrade time",
+            "queued requests: {} (most waiting on one controller: {}); busy answers: {} ({} downloads given up after {} s of them); downloads cut by a crash: {}; most at once on one controller: {} (max-agent-downloads {}); link probes served (agents that knew no rate): {} ({} answered busy); controllers' egress used {:.0}% of the upgrade time",
             links.queued,
             links.most_waiting,
             links.busy,
@@ -143,6 +143,8 @@ impl FleetRun {
             links.cut,
             links.most_at_once,
             crate::sim::agent_downloads_max(&fleet),
+            links.probes,
+            links.probes_busy,
             utilisation * 100.0
         );
         // The egress used in each 10 s from agent-version set to the end of the upgrade.

@@ -331,7 +331,9 @@ pub struct Fleet {
     /// The fleet went through an earlier upgrade: each agent's status says how fast the
     /// download of the binary it runs was (its link, with jitter), so the rollout admits
     /// slow links early (`rollout::admission_order`). `false`: a fleet's first rollout,
-    /// which knows no rate and goes in machine-id order.
+    /// which knows no rate when it starts: each agent probes its link after its start
+    /// spread (`upgrader::LINK_PROBE_BYTES`), as the real machine agent does, and the
+    /// rollout uses the rates as they are reported.
     pub rates_known: bool,
 }
 
@@ -668,7 +670,7 @@ impl fmt::Display for Scenario {
                 if fleet.rates_known {
                     "each agent's last download rate known (an earlier upgrade's)"
                 } else {
-                    "no download rate known (a first rollout)"
+                    "no download rate known (a first rollout: the agents probe their links)"
                 }
             )?;
         }

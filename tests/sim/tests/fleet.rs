@@ -83,7 +83,8 @@ fn a_small_fleet_upgrades_under_juju_s_policy_and_under_a_tight_rollout_with_and
         },
         ..Fleet::default()
     };
-    // A fleet's first rollout knows no agent's download rate: machine-id order.
+    // A fleet's first rollout knows no agent's download rate when it starts: the agents
+    // probe their links.
     let first_rollout = Fleet {
         rates_known: false,
         ..tight
@@ -105,6 +106,12 @@ fn a_small_fleet_upgrades_under_juju_s_policy_and_under_a_tight_rollout_with_and
             "{summary}"
         );
         assert!(run.ratio().is_some_and(|ratio| ratio >= 1.0), "{summary}");
+        // Only agents that know no rate for their link probe it.
+        assert_eq!(
+            figures.links.probes > 0,
+            name == "tight, first rollout",
+            "{summary}"
+        );
     }
 }
 

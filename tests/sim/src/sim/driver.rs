@@ -30,6 +30,10 @@ const CONTROLLER_TICK_MS: u64 = 2_000;
 /// `stage-version`): not a request of its core, whose ids count up from 0 (`u64::MAX` is
 /// the agents' calls that await nothing).
 pub(super) const PRESTAGE: RequestId = RequestId(u64::MAX - 1);
+
+/// The request id of a machine agent's link probe ([`lockstep_core::upgrader::LINK_PROBE_BYTES`]):
+/// no request of its core either.
+pub(super) const LINK_PROBE: RequestId = RequestId(u64::MAX - 2);
 /// Machine agents poll their controller's `Upgrader.DesiredVersion` this often.
 const AGENT_POLL_MS: u64 = 10_000;
 
@@ -697,5 +701,53 @@ impl Sim {
         } else {
             self.await_request(host, id, Request::StageBinary(waiting), Route::Controller);
         }
+    }
+}
+
+impl Sim {
+    /// [`Event::LinkProbe`]: a machine agent that knows no rate for its link (it never
+    /// downloaded a binary) asks a controller for a link probe, as lockstep-agent's machine
+    /// agent does after its start spread, and looks again after
+    /// [`lockstep_core::upgrader::LINK_PROBE_RETRY`]: a probe lost (the message, a crash of
+    /// either end) is asked for again until a rate is known.
+    pub(super) fn link_probe(&mut self, host: usize, incarnation: u64) {
+        if !self.current(host, incarnation)
+            || self
+                .links
+                .as_ref()
+                .is_none_or(|links| links.measured[host].is_some())
+        {
+            return;
+        }
+        let controller = self.rng.index(usize::from(self.scenario.controllers));
+        let message = Message::LinkProbe {
+            host,
+            incarnation,
+            controller,
+        };
+        self.send(Party::Host(host), Party::Host(controller), message);
+        let again = self.queue.now + lockstep_core::upgrader::LINK_PROBE_RETRY.0;
+        self.queue
+            .schedule(again, Event::LinkProbe { host, incarnation });
+    }
+
+    /// `host`'s link probe ended: it reports its status at once, with the rate (as
+    /// lockstep-agent's status reporter does when its probe ends), rather than at its next
+    /// heartbeat: a rollout's canaries, chosen as soon as it is prepared, are the fastest
+    /// links known then.
+    pub(super) fn report_link_probe(&mut self, host: usize, incarnation: u64) {
+        if !self.current(host, incarnation) {
+            return;
+        }
+        let Some(phase) = self.hosts[host].process.as_ref().map(Lifecycle::phase) else {
+            return;
+        };
+        let controller = self.pick_controller();
+        let call = AgentCall::Report {
+            phase,
+            info: String::new(),
+            poll: false,
+        };
+        self.send_agent_call(host, incarnation, controller, call);
     }
 }

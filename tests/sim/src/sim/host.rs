@@ -198,6 +198,19 @@ impl Sim {
         if controller && self.scenario.fleet.is_some() {
             self.schedule_rollout_pass(host, incarnation);
         }
+        if !controller
+            && self
+                .links
+                .as_ref()
+                .is_some_and(|links| links.measured[host].is_none())
+        {
+            // No rate known for its link: it probes it after the core's start spread.
+            let delay = lockstep_core::upgrader::agent_upgrade_delay(self.rng.next_u64());
+            self.queue.schedule(
+                self.queue.now + delay.0,
+                Event::LinkProbe { host, incarnation },
+            );
+        }
         let listed = self.streams.listed.clone();
         self.observe(Observation::Booted {
             host,

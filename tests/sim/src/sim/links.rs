@@ -23,6 +23,11 @@
 //!   fetches ahead of admission that wait (the tools endpoint tells them by the binary: not
 //!   the version the agent is told to run).
 //!
+//! - A machine agent that knows no rate for its link (a fleet's first rollout) probes it
+//!   soon after it starts: [`upgrader::LINK_PROBE_BYTES`] from a controller, outside the
+//!   download slots, sharing the egress like a download; the rate measured is the one its
+//!   status reports until a download measures another.
+//!
 //! Latency per message is the network's (`network.rs`). A download in progress is a
 //! stream: its bytes are not lost one message at a time, but the connection dies with
 //! either end (a crash), and the agent then tries again.
@@ -65,6 +70,9 @@ struct Download {
     first_byte_at: u64,
     /// Waiting for the controller's upstream fetch of `binary`.
     waiting: bool,
+    /// A link probe ([`upgrader::LINK_PROBE_BYTES`]): outside the download slots, and what
+    /// it measures is the agent's rate from then on.
+    probe: bool,
 }
 
 /// One controller's side.
@@ -83,6 +91,13 @@ struct ControllerLink {
     /// How long a download holds its slot, as the controller estimates it from those that
     /// ended (`upgrader::transfer_estimate`), for the wait a busy answer asks for.
     transfer: Option<lockstep_core::Millis>,
+}
+
+impl ControllerLink {
+    /// Download slots in use: every download but the link probes.
+    fn slots_taken(&self) -> u32 {
+        self.downloads.iter().filter(|d| !d.probe).count() as u32
+    }
 }
 
 /// A request waiting in a controller's queue for a download slot.
@@ -116,6 +131,10 @@ pub struct LinkStats {
     pub busy_gave_up: u64,
     /// Downloads cut by a crash of either end.
     pub cut: u64,
+    /// Link probes the controllers served to the end (agents that knew no rate).
+    pub probes: u64,
+    /// Link probes answered busy (past `LINK_PROBES_AT_ONCE`).
+    pub probes_busy: u64,
     /// Upstream fetches by controllers (their own staging included).
     pub upstream_fetches: u64,
     /// The most downloads one controller served at once.
@@ -350,7 +369,7 @@ impl Sim {
             .iter()
             .filter(|queued| request.ahead || !queued.ahead)
             .count() as u32;
-        let in_flight = link.downloads.len() as u32;
+        let in_flight = link.slots_taken();
         let transfer = link.transfer;
         match upgrader::admit_agent_download(in_flight, ahead_of_it, links.downloads_max, transfer)
         {
@@ -380,6 +399,52 @@ impl Sim {
         }
     }
 
+    /// The probe endpoint of `controller` gets `host`'s link probe: served at once, outside
+    /// the download slots ([`upgrader::LINK_PROBE_BYTES`], sharing the egress with the
+    /// downloads), unless the agent is downloading a binary already, which measures its
+    /// link as well, or the controller serves [`upgrader::LINK_PROBES_AT_ONCE`] probes
+    /// already (busy: the agent probes again at its next try).
+    pub(super) fn serve_probe(&mut self, controller: usize, host: usize, incarnation: u64) {
+        let now = self.queue.now;
+        let jitter = self.links().jitter_per_mille;
+        let spread = self.rng.range(1000 - jitter, 1000 + jitter);
+        let links = self.links();
+        if links.receiving[host].is_some() || links.queued[host].is_some() {
+            return;
+        }
+        let probing = links.controllers[controller]
+            .downloads
+            .iter()
+            .filter(|d| d.probe)
+            .count();
+        if probing >= upgrader::LINK_PROBES_AT_ONCE as usize {
+            // 503: the agent probes again at its next try (`LINK_PROBE_RETRY`).
+            links.stats.probes_busy += 1;
+            return;
+        }
+        let cap = (links.agent_link[host] * spread / 1000).max(1);
+        let size_bytes = upgrader::LINK_PROBE_BYTES;
+        links.settle(controller, now);
+        links.controllers[controller].downloads.push(Download {
+            host,
+            incarnation,
+            id: super::driver::LINK_PROBE,
+            attempt: 0,
+            binary: Version::ZERO,
+            cap,
+            size_bytes,
+            remaining: u128::from(size_bytes) * 1000,
+            rate: 1,
+            admitted_at: now,
+            first_byte_at: now,
+            waiting: false,
+            probe: true,
+        });
+        links.receiving[host] = Some(controller);
+        let next = links.reshare(controller, now);
+        self.schedule_link(controller, next);
+    }
+
     fn answer_busy(&mut self, controller: usize, request: &Queued, retry_after: u64) {
         self.links().stats.busy += 1;
         let message = Message::DownloadBusy {
@@ -397,7 +462,7 @@ impl Sim {
         loop {
             let links = self.links();
             let link = &mut links.controllers[controller];
-            if link.downloads.len() as u32 >= links.downloads_max.max(1) {
+            if link.slots_taken() >= links.downloads_max.max(1) {
                 return;
             }
             let Some(next) = link.queue.pop_front() else {
@@ -463,9 +528,10 @@ impl Sim {
             admitted_at: now,
             first_byte_at: now,
             waiting: !cached,
+            probe: false,
         });
         let fetch = !cached && link.fetching.insert(binary);
-        let at_once = link.downloads.len() as u32;
+        let at_once = link.slots_taken();
         links.stats.most_at_once = links.stats.most_at_once.max(at_once);
         links.receiving[host] = Some(controller);
         if fetch {
@@ -496,6 +562,15 @@ impl Sim {
             .into_iter()
             .partition(|d| !d.waiting && d.remaining == 0);
         link.downloads = going;
+        let (probes, done): (Vec<Download>, Vec<Download>) =
+            done.into_iter().partition(|d| d.probe);
+        for probe in &probes {
+            // The agent's rate from now on, first byte to last, as it reports it.
+            links.receiving[probe.host] = None;
+            links.stats.probes += 1;
+            let elapsed = now.saturating_sub(probe.first_byte_at).max(1);
+            links.measured[probe.host] = Some((probe.size_bytes * 1000 / elapsed).max(1));
+        }
         for download in &done {
             links.receiving[download.host] = None;
             links.stats.transfers_ms.push(now - download.admitted_at);
@@ -516,6 +591,9 @@ impl Sim {
         let next = links.reshare(controller, now);
         self.schedule_link(controller, next);
         self.fill_slots(controller);
+        for probe in probes {
+            self.report_link_probe(probe.host, probe.incarnation);
+        }
         for download in done {
             // The last byte reaches the agent after the link's latency.
             let message = Message::Reply {
@@ -586,7 +664,7 @@ impl Sim {
             link.generation += 1;
             let cut = std::mem::take(&mut link.downloads);
             let waiting = std::mem::take(&mut link.queue);
-            links.stats.cut += cut.len() as u64;
+            links.stats.cut += cut.iter().filter(|d| !d.probe).count() as u64;
             for download in cut {
                 links.receiving[download.host] = None;
             }

@@ -193,6 +193,12 @@ enum Event {
         host: usize,
         incarnation: u64,
     },
+    /// A machine agent that knows no rate for its link probes it, or checks that its
+    /// last probe measured one (and probes again if not).
+    LinkProbe {
+        host: usize,
+        incarnation: u64,
+    },
     /// A machine agent's staging finds the binary on disk already (fetched ahead).
     StagedOnDisk {
         host: usize,
@@ -574,6 +580,7 @@ impl Sim {
                 version,
             } => self.feed_version(host, incarnation, version),
             Event::Prestage { host, incarnation } => self.start_prestage(host, incarnation),
+            Event::LinkProbe { host, incarnation } => self.link_probe(host, incarnation),
             Event::StagedOnDisk {
                 host,
                 incarnation,
@@ -641,6 +648,15 @@ impl Sim {
             } => self.poll_reply(host, incarnation, agent_version, stage.map(|plan| *plan)),
             Message::VersionChanged { host, incarnation } => {
                 self.version_changed(host, incarnation)
+            }
+            Message::LinkProbe {
+                host,
+                incarnation,
+                controller,
+            } => {
+                if self.hosts[controller].process.is_some() {
+                    self.serve_probe(controller, host, incarnation);
+                }
             }
             Message::DownloadBusy {
                 host,

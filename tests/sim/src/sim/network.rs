@@ -118,6 +118,12 @@ pub(super) enum Message {
     /// A machine agent's `Upgrader.WatchAPIVersion` watcher fires (its `NotifyWatcher.Next`
     /// returns): its desired version may have changed, and it asks again.
     VersionChanged { host: usize, incarnation: u64 },
+    /// A machine agent asks `controller`'s probe endpoint for a link probe.
+    LinkProbe {
+        host: usize,
+        incarnation: u64,
+        controller: usize,
+    },
     StreamRequest {
         host: usize,
         incarnation: u64,
