@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::DataDir;
+use super::layout::DataDir;
 use super::error::DataDirError;
 use super::files::read_capped;
 use super::names::{LINK_PROBE, LINK_PROBE_BYTES_MAX, PRIVATE_FILE_MODE};
