@@ -17,17 +17,7 @@ async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_t
     let path = format!("/model/{}/tools/{binary}", file.model_uuid);
     let cache = controller.data().tools_cache_dir();
 
-    for (who, authorization) in [
-        ("nobody", None),
-        ("a wrong password", Some(basic("user-admin", "wrong"))),
-        (
-            "a machine that does not exist",
-            Some(basic("machine-7", &file.password)),
-        ),
-    ] {
-        let (status, body) = controller.https_get(&path, authorization).await;
-        assert_eq!(status, 401, "{who}: {}", String::from_utf8_lossy(&body));
-    }
+    refused_without_a_login(&controller, &path, &file.password).await;
     assert!(
         !cache.join(format!("juju-{binary}.tgz")).exists(),
         "a refused download fetched the binary"
@@ -43,6 +33,22 @@ async fn agent_binaries_are_served_only_to_a_login_and_as_the_mirror_published_t
         body == published,
         "the download differs from the mirror's tarball"
     );
+}
+
+/// `path` answers 401 to nobody, to a wrong password and to a machine that does not exist
+/// (`password`: the admin's, right for the admin only).
+async fn refused_without_a_login(controller: &Controller, path: &str, password: &str) {
+    for (who, authorization) in [
+        ("nobody", None),
+        ("a wrong password", Some(basic("user-admin", "wrong"))),
+        (
+            "a machine that does not exist",
+            Some(basic("machine-7", password)),
+        ),
+    ] {
+        let (status, body) = controller.https_get(path, authorization).await;
+        assert_eq!(status, 401, "{who}: {}", String::from_utf8_lossy(&body));
+    }
 }
 
 /// The mirror's tarball of `binary` (`tools/<stream>/juju-<binary>.tgz`).
@@ -75,17 +81,7 @@ async fn the_link_probe_is_served_only_to_a_login_and_is_a_mebibyte_of_zeros() {
     let (_mirror, controller) = Controller::from_signed_mirror();
     let file = controller.controller_file();
     let path = format!("/model/{}/link-probe", file.model_uuid);
-    for (who, authorization) in [
-        ("nobody", None),
-        ("a wrong password", Some(basic("user-admin", "wrong"))),
-        (
-            "a machine that does not exist",
-            Some(basic("machine-7", &file.password)),
-        ),
-    ] {
-        let (status, body) = controller.https_get(&path, authorization).await;
-        assert_eq!(status, 401, "{who}: {}", String::from_utf8_lossy(&body));
-    }
+    refused_without_a_login(&controller, &path, &file.password).await;
     let admin = || Some(basic("user-admin", &file.password));
     let other = "/model/00000000-0000-4000-8000-000000000000/link-probe";
     let (status, body) = controller.https_get(other, admin()).await;

@@ -380,12 +380,7 @@ async fn tools(
     Path((uuid, binary)): Path<(String, String)>,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    let ticket = admitted
-        .as_ref()
-        .map(|axum::Extension(admitted)| &*admitted.ticket);
-    let source = source_of(ticket, relayed.map(|axum::Extension(peer)| peer));
-    let who = [Login::User, Login::ControllerAgent, Login::MachineAgent];
-    let (login, tag) = match auth::http_login(&api, source, ticket, &headers, &who).await {
+    let (login, tag) = match agents_or_users(&api, admitted, relayed, &headers).await {
         Ok(login) => login,
         Err(refused) => return refused,
     };
@@ -406,8 +401,8 @@ async fn tools(
         .await
 }
 
-/// A machine agent measures its link (`spec/wire.md`, "Link probes"): a login as for the
-/// tools endpoint.
+/// A machine agent measures its link (`spec/wire.md`, `GET /model/<uuid>/link-probe`): a
+/// login as for the tools endpoint.
 async fn link_probe(
     State(api): State<Arc<Api>>,
     admitted: Option<axum::Extension<Arc<Admitted>>>,
@@ -415,15 +410,26 @@ async fn link_probe(
     Path(uuid): Path<String>,
     headers: axum::http::HeaderMap,
 ) -> Response {
+    if let Err(refused) = agents_or_users(&api, admitted, relayed, &headers).await {
+        return refused;
+    }
+    api.tools.link_probe(&uuid)
+}
+
+/// The login of a request to the tools or link-probe endpoint: a user's, or an agent's
+/// (`auth::http_login`), from the peer the connection (or the launcher's relay) names.
+async fn agents_or_users(
+    api: &Api,
+    admitted: Option<axum::Extension<Arc<Admitted>>>,
+    relayed: Option<axum::Extension<RelayedPeer>>,
+    headers: &axum::http::HeaderMap,
+) -> Result<(Login, String), Response> {
     let ticket = admitted
         .as_ref()
         .map(|axum::Extension(admitted)| &*admitted.ticket);
     let source = source_of(ticket, relayed.map(|axum::Extension(peer)| peer));
     let who = [Login::User, Login::ControllerAgent, Login::MachineAgent];
-    if let Err(refused) = auth::http_login(&api, source, ticket, &headers, &who).await {
-        return refused;
-    }
-    api.tools.link_probe(&uuid)
+    auth::http_login(api, source, ticket, headers, &who).await
 }
 
 /// Whether machine agent `tag` asks for `binary` ahead of its admission: a version other

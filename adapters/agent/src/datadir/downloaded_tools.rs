@@ -8,7 +8,7 @@ use lockstep_core::version::Binary;
 use serde::{Deserialize, Serialize};
 
 use super::error::DataDirError;
-use super::files::read_capped;
+use super::files::read_json_capped;
 use super::names::{DOWNLOADED_TOOLS, DOWNLOADED_TOOLS_BYTES_MAX};
 
 /// A binary's provenance, `downloaded-tools.txt` in its directory, JSON with Juju's keys.
@@ -39,16 +39,7 @@ impl DownloadedTools {
     /// refused naming the file and the offending value (a sha256 that is not 64 hex digits,
     /// a version that is not a binary).
     pub fn read(dir: &Path) -> Result<Option<DownloadedTools>, DataDirError> {
-        let path = dir.join(DOWNLOADED_TOOLS);
-        let Some(bytes) = read_capped(&path, DOWNLOADED_TOOLS_BYTES_MAX)? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|error| DataDirError::Malformed {
-                path,
-                detail: error.to_string(),
-            })
+        read_json_capped(&dir.join(DOWNLOADED_TOOLS), DOWNLOADED_TOOLS_BYTES_MAX)
     }
 
     /// The file's content.

@@ -56,6 +56,23 @@ pub(super) fn read_capped(
     Ok(Some(bytes))
 }
 
+/// A JSON file of at most `size_bytes_max` bytes; `None` when it does not exist. A malformed
+/// one is refused naming the file and what is wrong.
+pub(super) fn read_json_capped<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    size_bytes_max: u64,
+) -> Result<Option<T>, DataDirError> {
+    let Some(bytes) = read_capped(path, size_bytes_max)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|error| DataDirError::Malformed {
+            path: path.to_path_buf(),
+            detail: error.to_string(),
+        })
+}
+
 /// The sha256 and size in bytes of a file, reading at most `size_bytes_max` bytes.
 pub(super) fn sha256_of_file(
     path: &Path,

@@ -4,9 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::DataDir;
 use super::error::DataDirError;
-use super::files::read_capped;
+use super::files::read_json_capped;
+use super::layout::DataDir;
 use super::names::{LINK_PROBE, LINK_PROBE_BYTES_MAX, PRIVATE_FILE_MODE};
 
 /// One link probe's result.
@@ -31,16 +31,7 @@ impl DataDir {
     /// The last link probe's result; `None` when the agent never probed. A malformed file
     /// is refused naming it.
     pub fn read_link_probe(&self) -> Result<Option<LinkProbe>, DataDirError> {
-        let path = self.link_probe_path();
-        let Some(bytes) = read_capped(&path, LINK_PROBE_BYTES_MAX)? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|error| DataDirError::Malformed {
-                path,
-                detail: error.to_string(),
-            })
+        read_json_capped(&self.link_probe_path(), LINK_PROBE_BYTES_MAX)
     }
 
     /// Replaces `link-probe.json` atomically.
