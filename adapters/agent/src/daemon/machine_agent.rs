@@ -1536,6 +1536,8 @@ async fn probe_once(
     let size_bytes = lockstep_core::upgrader::LINK_PROBE_BYTES;
     let zeros = vec![0u8; size_bytes as usize];
     let entry = lockstep_core::policy::CatalogueEntry {
+        // The source names a download by its binary; a probe is none (its errors are
+        // wrapped in `LinkProbe`, which names the URL).
         binary: Binary::parse("0.0.0-ubuntu-amd64").expect("a binary"),
         stream: lockstep_core::policy::Stream::Released,
         size_bytes,

@@ -34,6 +34,7 @@ pub(super) const PRESTAGE: RequestId = RequestId(u64::MAX - 1);
 /// The request id of a machine agent's link probe ([`lockstep_core::upgrader::LINK_PROBE_BYTES`]):
 /// no request of its core either.
 pub(super) const LINK_PROBE: RequestId = RequestId(u64::MAX - 2);
+
 /// Machine agents poll their controller's `Upgrader.DesiredVersion` this often.
 const AGENT_POLL_MS: u64 = 10_000;
 
