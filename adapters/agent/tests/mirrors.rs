@@ -379,19 +379,7 @@ async fn a_controller_restarted_while_its_mirror_hangs_is_ready_without_checking
 /// A controller bootstrapped, Ready, from N and N+1 on a mirror served over HTTP whose
 /// metadata answers can be made to hang ([`HttpMirror::blackhole_metadata`]).
 async fn ready_behind_a_mirror_that_can_hang() -> (Mirror, HttpMirror, Controller) {
-    let mirror = Mirror::n_and_next(Published::Lockstepd);
-    let served =
-        HttpMirror::serve_holding(mirror.path(), Duration::ZERO, HoldBack::MetadataFromNow);
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &served.tools_url(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
+    let (mirror, served, controller) = Controller::from_held_http_mirror(HoldBack::MetadataFromNow);
     controller.wait_ready(READY_WITHIN).await;
     (mirror, served, controller)
 }

@@ -9,8 +9,8 @@ use lockstep_agent::daemon::failpoints::{FAIL_MACHINE_HOST_STEPS, PAUSE_MACHINE_
 use lockstep_agent::datadir::host_binary;
 use serde_json::Value;
 
-use crate::common::http_mirror::{HoldBack, HttpMirror};
-use crate::common::{self, Controller, LOCKSTEPD, later_patch, next, own, text};
+use crate::common::http_mirror::HoldBack;
+use crate::common::{Controller, LOCKSTEPD, later_patch, next, own, text};
 use crate::common::{agents_download_windows, download_windows, most_at_once};
 use crate::machine_agents::{agent_logs, wait_for_agents};
 
@@ -434,22 +434,8 @@ async fn the_agents_after_the_canary_fetch_the_binary_ahead_and_switch_to_it_wit
 async fn while_the_controller_upgrades_itself_the_canary_and_the_next_in_line_are_told_to_fetch_ahead()
  {
     let target = next();
-    let mirror = common::Mirror::n_and_next(common::Published::Lockstepd);
-    let served = HttpMirror::serve_holding(
-        mirror.path(),
-        Duration::ZERO,
-        HoldBack::Binary(host_binary(target).to_string()),
-    );
-    let controller = Controller::bootstrap(
-        &[
-            "--metadata-source",
-            &served.tools_url(),
-            "--metadata-key",
-            &mirror.key(),
-        ],
-        &[],
-    );
-    controller.assert_bootstrapped();
+    let (_mirror, served, controller) =
+        Controller::from_held_http_mirror(HoldBack::Binary(host_binary(target).to_string()));
     let set = controller.run(&[
         "model-config",
         "rollout-canaries=1",

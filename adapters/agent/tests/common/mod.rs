@@ -195,6 +195,27 @@ impl Controller {
         (mirror, controller)
     }
 
+    /// A controller bootstrapped from a signed mirror of this build as N and N+1 served over
+    /// HTTP, which holds back what `back` says (asserted bootstrapped); the mirror and its
+    /// server with it.
+    pub fn from_held_http_mirror(
+        back: http_mirror::HoldBack,
+    ) -> (Mirror, http_mirror::HttpMirror, Controller) {
+        let mirror = Mirror::n_and_next(Published::Lockstepd);
+        let served = http_mirror::HttpMirror::serve_holding(mirror.path(), Duration::ZERO, back);
+        let controller = Controller::bootstrap(
+            &[
+                "--metadata-source",
+                &served.tools_url(),
+                "--metadata-key",
+                &mirror.key(),
+            ],
+            &[],
+        );
+        controller.assert_bootstrapped();
+        (mirror, served, controller)
+    }
+
     /// `lockstep bootstrap --api-port 0 <args>`; the controller is left running even if
     /// bootstrap failed (the caller asserts).
     pub fn bootstrap(args: &[&str], env: &[(&str, &str)]) -> Controller {
