@@ -1,8 +1,9 @@
 //! The launcher's side of the relay (`spec/relay.md`): one client connection, held across
 //! every restart of the worker.
 //!
-//! [`FrontDoor::serve`] takes the client's frames from a channel and gives back what the
-//! client gets, so the websocket, its TLS and its admission stay the caller's. For each
+//! [`FrontDoor::serve`] reads the client's frames from a [`ClientFrames`] (the websocket
+//! itself, or a channel in the tests) and gives back what the client gets through an
+//! [`Outbox`], so the websocket's TLS and its admission stay the caller's. For each
 //! connection it keeps:
 //!
 //! - every call forwarded to the worker until its reply came (at most
@@ -81,6 +82,78 @@ impl From<mpsc::Sender<ToClient>> for Outbox {
             sender,
             admitted: None,
         }
+    }
+}
+
+/// Where [`FrontDoor::serve`] reads a client's frames: a channel (`mpsc::Receiver`, as the
+/// tests drive it), or the websocket itself ([`FrontDoor::serve_websocket`]), read on the
+/// serving loop so that a call costs no hand-over between futures.
+pub trait ClientFrames: Send {
+    /// The client's next API frame; `None` once the client is gone. Must be
+    /// cancel-safe: the serving loop drops it when a reply comes first.
+    fn next_frame(&mut self) -> impl std::future::Future<Output = Option<String>> + Send;
+}
+
+impl ClientFrames for mpsc::Receiver<String> {
+    fn next_frame(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
+        self.recv()
+    }
+}
+
+/// A client's websocket, read for its text frames: a binary frame or the client's close
+/// is answered with a close (1003, 1000) and ends it; a frame over the size closes the
+/// connection's slot (`frame-size`); pings and pongs are tungstenite's.
+struct WebsocketFrames<S> {
+    stream: futures_util::stream::SplitStream<tokio_tungstenite::WebSocketStream<S>>,
+    /// The writer's queue, for the close that answers the client's (not counted as a
+    /// reply's bytes).
+    closing: mpsc::Sender<ToClient>,
+    admitted: Option<Arc<Admitted>>,
+    /// Past the client's close, a binary frame or an error: nothing more is read.
+    ended: bool,
+}
+
+impl<S> ClientFrames for WebsocketFrames<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    async fn next_frame(&mut self) -> Option<String> {
+        use tokio_tungstenite::tungstenite::Message as Ws;
+        while !self.ended {
+            // `ended` is set before any await that follows a read, so a read dropped
+            // there (a reply came first) never reads past the end.
+            let Some(message) = self.stream.next().await else {
+                self.ended = true;
+                break;
+            };
+            let close = match message {
+                Ok(Ws::Text(text)) => return Some(text.as_str().to_owned()),
+                Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_)) => continue,
+                Ok(Ws::Binary(_)) => ToClient::Close {
+                    code: 1003,
+                    reason: "binary frames are not part of the API".to_owned(),
+                },
+                // Answered with a close frame, as RFC 6455 asks.
+                Ok(Ws::Close(_)) => ToClient::Close {
+                    code: 1000,
+                    reason: String::new(),
+                },
+                Err(tokio_tungstenite::tungstenite::Error::Capacity(_)) => {
+                    self.ended = true;
+                    if let Some(admitted) = &self.admitted {
+                        admitted.close(crate::limits::Refusal::FrameSize);
+                    }
+                    break;
+                }
+                Err(_) => {
+                    self.ended = true;
+                    break;
+                }
+            };
+            self.ended = true;
+            let _ = self.closing.send(close).await;
+        }
+        None
     }
 }
 
@@ -174,7 +247,7 @@ impl FrontDoor {
         peer: SocketAddr,
         reached: Option<SocketAddr>,
         path: String,
-        mut from_client: mpsc::Receiver<String>,
+        mut from_client: impl ClientFrames,
         to_client: impl Into<Outbox>,
         mut on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
     ) {
@@ -229,7 +302,7 @@ impl FrontDoor {
                 .front()
                 .map(|held| held.arrived + self.wait_max);
             tokio::select! {
-                frame = from_client.recv(), if room => {
+                frame = from_client.next_frame(), if room => {
                     let Some(frame) = frame else { return };
                     for answer in self.client_sent(&mut connection, frame).await {
                         if to_client.send(ToClient::Frame(answer)).await.is_err() {
@@ -266,7 +339,7 @@ impl FrontDoor {
                         next_attempt = Instant::now();
                     }
                 },
-                () = tokio::time::sleep_until(next_attempt), if no_worker => {}
+                () = sleep_until_some(no_worker.then_some(next_attempt)) => {}
                 changed = listening.changed(), if no_worker => {
                     if changed.is_ok() {
                         next_attempt = Instant::now();
@@ -320,60 +393,27 @@ impl FrontDoor {
             || crate::limits::ApiLimits::default().write_timeout,
             |admitted| admitted.limits().write_timeout,
         );
-        let (mut sink, mut stream) = socket.split();
-        let (frames, from_client) = mpsc::channel::<String>(REQUESTS_IN_FLIGHT_MAX);
+        let (mut sink, stream) = socket.split();
         let (sender, mut gets) = mpsc::channel::<ToClient>(crate::connection::REPLIES_QUEUED_MAX);
         let to_client = Outbox {
             sender,
             admitted: admitted.clone(),
         };
-        let closing = to_client.sender.clone();
-        let reader = {
-            let admitted = admitted.clone();
-            async move {
-                while let Some(message) = stream.next().await {
-                    match message {
-                        Ok(Ws::Text(text)) => {
-                            if frames.send(text.as_str().to_owned()).await.is_err() {
-                                break;
-                            }
-                        }
-                        Ok(Ws::Binary(_)) => {
-                            let close = ToClient::Close {
-                                code: 1003,
-                                reason: "binary frames are not part of the API".to_owned(),
-                            };
-                            let _ = closing.send(close).await;
-                            break;
-                        }
-                        Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_)) => {}
-                        Ok(Ws::Close(_)) => {
-                            // Answered with a close frame, as RFC 6455 asks.
-                            let close = ToClient::Close {
-                                code: 1000,
-                                reason: String::new(),
-                            };
-                            let _ = closing.send(close).await;
-                            break;
-                        }
-                        Err(tokio_tungstenite::tungstenite::Error::Capacity(_)) => {
-                            if let Some(admitted) = &admitted {
-                                admitted.close(crate::limits::Refusal::FrameSize);
-                            }
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
+        let from_client = WebsocketFrames {
+            stream,
+            closing: to_client.sender.clone(),
+            admitted: admitted.clone(),
+            ended: false,
         };
         let writer = {
             let (admitted, closed) = (admitted.clone(), closed.clone());
             async move {
+                // One wait for the close, registered once for the connection's life.
+                let mut cancelled = std::pin::pin!(closed.cancelled());
                 loop {
                     let message = tokio::select! {
                         message = gets.recv() => message,
-                        () = closed.cancelled() => None,
+                        () = &mut cancelled => None,
                     };
                     let Some(message) = message else { break };
                     match message {
@@ -381,7 +421,7 @@ impl FrontDoor {
                             let bytes = frame.len();
                             let written = tokio::select! {
                                 written = tokio::time::timeout(write_timeout, sink.send(Ws::Text(frame.into()))) => written,
-                                () = closed.cancelled() => break,
+                                () = &mut cancelled => break,
                             };
                             if let Some(admitted) = &admitted {
                                 admitted.release_reply(bytes);
@@ -431,10 +471,12 @@ impl FrontDoor {
         });
         let served = self.serve(peer, reached, path, from_client, to_client, on_login);
         let mut writer = std::pin::pin!(writer);
-        // The connection ends when the client goes (the reader ends, and with it the
-        // frames) or the writer ends: the front door or the launcher closed it.
+        // The connection ends when the client goes (its frames end) or the writer ends:
+        // the front door or the launcher closed it.
+        // Served first: a reply it queues is written in the same poll.
         let client_went = tokio::select! {
-            () = async { tokio::join!(reader, served); } => true,
+            biased;
+            () = served => true,
             () = &mut writer => false,
         };
         if client_went {
