@@ -1,9 +1,9 @@
 //! The launcher's side of the relay (`spec/relay.md`): one client connection, held across
 //! every restart of the worker.
 //!
-//! [`FrontDoor::serve`] reads the client's frames from a [`ClientFrames`] (the websocket
-//! itself, or a channel in the tests) and gives back what the client gets through an
-//! [`Outbox`], so the websocket's TLS and its admission stay the caller's. For each
+//! [`FrontDoor::serve`] reads the client's frames from a [`ClientFrames`] and gives what
+//! the client gets to a [`ClientSink`] (the websocket itself, or channels in the tests), so
+//! the websocket's TLS and its admission stay the caller's. For each
 //! connection it keeps:
 //!
 //! - every call forwarded to the worker until its reply came (at most
@@ -24,6 +24,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use std::future::Future;
+use std::task::{Context, Poll};
 
 use futures_util::{SinkExt, StreamExt};
 use lockstep_core::gate::{self, BetweenWorkers, GateView, Login};
@@ -63,123 +66,332 @@ pub enum ToClient {
     Close { code: u16, reason: String },
 }
 
-/// Where one client's frames go: the channel to its websocket's writer and, for a
-/// connection the launcher admitted, its account of reply bytes, which counts a frame from
-/// the moment it is queued until it is written (the writer releases it), as the worker's
-/// own server does: a client that does not read is closed for `reply-bytes` or
-/// `write-timeout`, never buffered for without bound.
+/// What a client sent: an API frame, or the end of its frames.
 #[derive(Debug)]
-pub struct Outbox {
-    sender: mpsc::Sender<ToClient>,
-    /// The connection's slot in the launcher's admission, if it has one.
-    admitted: Option<Arc<Admitted>>,
-}
-
-impl From<mpsc::Sender<ToClient>> for Outbox {
-    /// An outbox that counts nothing: for a connection not admitted by the launcher.
-    fn from(sender: mpsc::Sender<ToClient>) -> Outbox {
-        Outbox {
-            sender,
-            admitted: None,
-        }
-    }
+pub enum FromClient {
+    /// A text frame: one API call.
+    Frame(String),
+    /// The client is gone (it closed, sent what the API does not take, or its socket
+    /// failed); `answer` is what it is told on the way out (a close frame), if anything.
+    Gone { answer: Option<ToClient> },
 }
 
 /// Where [`FrontDoor::serve`] reads a client's frames: a channel (`mpsc::Receiver`, as the
 /// tests drive it), or the websocket itself ([`FrontDoor::serve_websocket`]), read on the
 /// serving loop so that a call costs no hand-over between futures.
 pub trait ClientFrames: Send {
-    /// The client's next API frame; `None` once the client is gone. Must be
-    /// cancel-safe: the serving loop drops it when a reply comes first.
-    fn next_frame(&mut self) -> impl std::future::Future<Output = Option<String>> + Send;
+    /// The client's next frame, or its end. Must be cancel-safe: the serving loop drops it
+    /// when a reply comes first.
+    fn next_frame(&mut self) -> impl std::future::Future<Output = FromClient> + Send;
 }
 
 impl ClientFrames for mpsc::Receiver<String> {
-    fn next_frame(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
-        self.recv()
+    async fn next_frame(&mut self) -> FromClient {
+        match self.recv().await {
+            Some(frame) => FromClient::Frame(frame),
+            None => FromClient::Gone { answer: None },
+        }
     }
 }
+
+/// The client's connection is gone, or was closed for what it held.
+#[derive(Debug)]
+pub struct Gone;
+
+/// Where [`FrontDoor::serve`] puts what the client gets: a channel (`mpsc::Sender`, as the
+/// tests read it), or the websocket itself ([`FrontDoor::serve_websocket`]), written on the
+/// serving loop.
+pub trait ClientSink: Send {
+    /// Queues `message` for the client, and writes what it can of the queue at once.
+    /// `Err(Gone)`: the connection ends.
+    fn send(
+        &mut self,
+        message: ToClient,
+    ) -> impl std::future::Future<Output = Result<(), Gone>> + Send;
+
+    /// Writes what is queued: `Ok` once it is all written, `Err(Gone)` when the connection
+    /// ends (closed, or a write failed or took too long). Pending while nothing is queued.
+    /// Must be cancel-safe: the serving loop drops it when something else comes first.
+    fn write(&mut self) -> impl std::future::Future<Output = Result<(), Gone>> + Send;
+}
+
+impl ClientSink for mpsc::Sender<ToClient> {
+    async fn send(&mut self, message: ToClient) -> Result<(), Gone> {
+        mpsc::Sender::send(self, message).await.map_err(|_| Gone)
+    }
+
+    async fn write(&mut self) -> Result<(), Gone> {
+        std::future::pending().await
+    }
+}
+
+impl<T: ClientSink> ClientSink for &mut T {
+    fn send(
+        &mut self,
+        message: ToClient,
+    ) -> impl std::future::Future<Output = Result<(), Gone>> + Send {
+        (**self).send(message)
+    }
+
+    fn write(&mut self) -> impl std::future::Future<Output = Result<(), Gone>> + Send {
+        (**self).write()
+    }
+}
+
+type Ws = tokio_tungstenite::tungstenite::Message;
 
 /// A client's websocket, read for its text frames: a binary frame or the client's close
 /// is answered with a close (1003, 1000) and ends it; a frame over the size closes the
 /// connection's slot (`frame-size`); pings and pongs are tungstenite's.
 struct WebsocketFrames<S> {
     stream: futures_util::stream::SplitStream<tokio_tungstenite::WebSocketStream<S>>,
-    /// The writer's queue, for the close that answers the client's (not counted as a
-    /// reply's bytes).
-    closing: mpsc::Sender<ToClient>,
     admitted: Option<Arc<Admitted>>,
-    /// Past the client's close, a binary frame or an error: nothing more is read.
-    ended: bool,
 }
 
 impl<S> ClientFrames for WebsocketFrames<S>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    async fn next_frame(&mut self) -> Option<String> {
-        use tokio_tungstenite::tungstenite::Message as Ws;
-        while !self.ended {
-            // `ended` is set before any await that follows a read, so a read dropped
-            // there (a reply came first) never reads past the end.
+    async fn next_frame(&mut self) -> FromClient {
+        loop {
             let Some(message) = self.stream.next().await else {
-                self.ended = true;
-                break;
+                return FromClient::Gone { answer: None };
             };
-            let close = match message {
-                Ok(Ws::Text(text)) => return Some(text.as_str().to_owned()),
+            let answer = match message {
+                Ok(Ws::Text(text)) => return FromClient::Frame(text.as_str().to_owned()),
                 Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_)) => continue,
-                Ok(Ws::Binary(_)) => ToClient::Close {
+                Ok(Ws::Binary(_)) => Some(ToClient::Close {
                     code: 1003,
                     reason: "binary frames are not part of the API".to_owned(),
-                },
+                }),
                 // Answered with a close frame, as RFC 6455 asks.
-                Ok(Ws::Close(_)) => ToClient::Close {
+                Ok(Ws::Close(_)) => Some(ToClient::Close {
                     code: 1000,
                     reason: String::new(),
-                },
+                }),
                 Err(tokio_tungstenite::tungstenite::Error::Capacity(_)) => {
-                    self.ended = true;
                     if let Some(admitted) = &self.admitted {
                         admitted.close(crate::limits::Refusal::FrameSize);
                     }
-                    break;
+                    None
                 }
-                Err(_) => {
-                    self.ended = true;
-                    break;
-                }
+                Err(_) => None,
             };
-            self.ended = true;
-            let _ = self.closing.send(close).await;
+            return FromClient::Gone { answer };
         }
-        None
     }
 }
 
-/// The client's connection is gone, or was closed for what it held.
-#[derive(Debug)]
-struct Gone;
+/// A client's websocket, written on the serving loop: a reply is handed to the websocket
+/// and flushed as soon as it is queued; one the socket does not take at once stays queued
+/// and is written by [`ClientSink::write`]. For a connection the launcher admitted, a
+/// reply's bytes are counted from the moment it is queued until it is written, as the
+/// worker's own server does, so a client that does not read is closed for `reply-bytes`
+/// or `write-timeout`, never buffered for without bound.
+struct WebsocketSink<S> {
+    sink: futures_util::stream::SplitSink<tokio_tungstenite::WebSocketStream<S>, Ws>,
+    admitted: Option<Arc<Admitted>>,
+    /// How long a write may wait for the client's socket (`--write-timeout-sec`).
+    write_timeout: Duration,
+    /// Queued, not yet handed to the websocket.
+    queued: VecDeque<ToClient>,
+    /// Bytes of replies handed to the websocket and not flushed yet.
+    unflushed: usize,
+    /// Armed while a flush waits for the client's socket.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The connection's slot closed (a deadline, a cap): waited on once for its life.
+    closed: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    /// A close frame was handed over: once it is flushed, nothing more is written.
+    closing: bool,
+    /// The websocket refused the close (it answers the client's own close itself).
+    close_refused: bool,
+    /// Why the connection ended, once it has.
+    ended: Option<SinkEnd>,
+}
 
-impl Outbox {
-    /// Queues `message` for the client, its bytes counted first.
-    async fn send(&self, message: ToClient) -> Result<(), Gone> {
-        let bytes = match &message {
-            ToClient::Frame(frame) => frame.len(),
-            ToClient::Close { .. } => 0,
-        };
-        if let Some(admitted) = &self.admitted
-            && !admitted.reserve_reply(bytes)
+/// Why a [`WebsocketSink`] stopped writing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SinkEnd {
+    /// A close frame was sent.
+    Closed,
+    /// The launcher closed the connection's slot, or a write took too long.
+    Refused,
+    /// The socket failed.
+    Failed,
+}
+
+impl<S> WebsocketSink<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    fn release(&mut self) {
+        if let Some(admitted) = &self.admitted {
+            admitted.release_reply(self.unflushed);
+        }
+        self.unflushed = 0;
+    }
+
+    fn end(&mut self, end: SinkEnd) -> Poll<Result<(), Gone>> {
+        self.ended = Some(end);
+        self.release();
+        for message in self.queued.drain(..) {
+            if let (ToClient::Frame(frame), Some(admitted)) = (message, &self.admitted) {
+                admitted.release_reply(frame.len());
+            }
+        }
+        Poll::Ready(Err(Gone))
+    }
+
+    /// Hands what is queued to the websocket and flushes it: `Ready(Ok)` when all is
+    /// written, `Ready(Err)` when the connection ended, `Pending` while the socket
+    /// does not take it or, with nothing queued, until the slot is closed.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Gone>> {
+        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+        if self.ended.is_some() {
+            return Poll::Ready(Err(Gone));
+        }
+        if self.closed.as_mut().poll(cx).is_ready() {
+            return self.end(SinkEnd::Refused);
+        }
+        if self.idle() {
+            return Poll::Pending;
+        }
+        loop {
+            while !self.queued.is_empty() && !self.closing {
+                match self.sink.poll_ready_unpin(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(_)) => return self.end(SinkEnd::Failed),
+                    Poll::Pending => break,
+                }
+                let started = match self.queued.pop_front().expect("not empty") {
+                    ToClient::Frame(frame) => {
+                        self.unflushed += frame.len();
+                        self.sink.start_send_unpin(Ws::Text(frame.into()))
+                    }
+                    ToClient::Close { code, reason } => {
+                        self.closing = true;
+                        let close = CloseFrame {
+                            code: CloseCode::from(code),
+                            reason: reason.into(),
+                        };
+                        // After the client's own close frame, tungstenite has queued its
+                        // answer already and refuses another: flushing sends it.
+                        let _ = self.sink.start_send_unpin(Ws::Close(Some(close)));
+                        Ok(())
+                    }
+                };
+                if started.is_err() {
+                    return self.end(SinkEnd::Failed);
+                }
+            }
+            match self.sink.poll_flush_unpin(cx) {
+                Poll::Ready(result) => {
+                    if self.closing && result.is_err() && !self.close_refused {
+                        // The split sink's flush first hands it the close, which
+                        // tungstenite refuses after the client's own; the next flush
+                        // sends tungstenite's answer.
+                        self.close_refused = true;
+                        continue;
+                    }
+                    self.deadline = None;
+                    if self.closing {
+                        return self.end(SinkEnd::Closed);
+                    }
+                    if result.is_err() {
+                        return self.end(SinkEnd::Failed);
+                    }
+                    self.release();
+                    if self.queued.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    // Flushed, and the websocket takes more now: hand the rest over.
+                }
+                Poll::Pending => {
+                    let timeout = self.write_timeout;
+                    let deadline = self
+                        .deadline
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        if let Some(admitted) = &self.admitted {
+                            admitted.close(crate::limits::Refusal::WriteTimeout);
+                        }
+                        return self.end(SinkEnd::Refused);
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    /// Nothing queued, handed over or being flushed.
+    fn idle(&self) -> bool {
+        self.queued.is_empty() && self.unflushed == 0 && !self.closing && self.deadline.is_none()
+    }
+
+    /// After the serving loop: what is queued is written (the answer to the client's
+    /// close, the worker's close) unless the connection was refused; then, if the launcher
+    /// closed it (a deadline, a cap, a write that took too long), the client is told why,
+    /// if its socket still takes it.
+    async fn finish(mut self, peer: SocketAddr) {
+        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+        if self.ended.is_none() {
+            let _ = tokio::time::timeout(
+                CLOSE_TIMEOUT,
+                std::future::poll_fn(|cx| match self.poll_write(cx) {
+                    // Nothing left to write: done, whatever the slot does later.
+                    Poll::Pending if self.idle() => Poll::Ready(Ok(())),
+                    other => other,
+                }),
+            )
+            .await;
+        }
+        if matches!(self.ended, Some(SinkEnd::Closed | SinkEnd::Failed)) {
+            return;
+        }
+        if let Some(reason) = self
+            .admitted
+            .as_ref()
+            .and_then(|admitted| admitted.ticket.reason())
         {
-            admitted.release_reply(bytes);
+            tracing::debug!(target: "lockstep::front", %peer, %reason, "connection closed by the launcher");
+            let close = Ws::Close(Some(CloseFrame {
+                code: CloseCode::Policy,
+                reason: format!("closed by the controller: {reason}").into(),
+            }));
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.sink.send(close)).await;
+        }
+    }
+}
+
+impl<S> ClientSink for WebsocketSink<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    async fn send(&mut self, message: ToClient) -> Result<(), Gone> {
+        if self.ended.is_some() {
             return Err(Gone);
         }
-        self.sender.send(message).await.map_err(|_| {
-            if let Some(admitted) = &self.admitted {
-                admitted.release_reply(bytes);
-            }
-            Gone
+        if let (ToClient::Frame(frame), Some(admitted)) = (&message, &self.admitted)
+            && !admitted.reserve_reply(frame.len())
+        {
+            admitted.release_reply(frame.len());
+            return Err(Gone);
+        }
+        self.queued.push_back(message);
+        // Written at once if the socket takes it; otherwise by `write`, unless the queue
+        // is full, when this waits for it.
+        let full = crate::connection::REPLIES_QUEUED_MAX;
+        std::future::poll_fn(|cx| match self.poll_write(cx) {
+            Poll::Pending if self.queued.len() < full => Poll::Ready(Ok(())),
+            other => other,
         })
+        .await
+    }
+
+    async fn write(&mut self) -> Result<(), Gone> {
+        std::future::poll_fn(|cx| self.poll_write(cx)).await
     }
 }
 
@@ -248,10 +460,9 @@ impl FrontDoor {
         reached: Option<SocketAddr>,
         path: String,
         mut from_client: impl ClientFrames,
-        to_client: impl Into<Outbox>,
+        mut to_client: impl ClientSink,
         mut on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
     ) {
-        let to_client: Outbox = to_client.into();
         let mut connection = Connection {
             number: self.connections.fetch_add(1, Ordering::Relaxed),
             peer,
@@ -302,14 +513,23 @@ impl FrontDoor {
                 .front()
                 .map(|held| held.arrived + self.wait_max);
             tokio::select! {
-                frame = from_client.next_frame(), if room => {
-                    let Some(frame) = frame else { return };
-                    for answer in self.client_sent(&mut connection, frame).await {
-                        if to_client.send(ToClient::Frame(answer)).await.is_err() {
-                            return;
+                frame = from_client.next_frame(), if room => match frame {
+                    FromClient::Frame(frame) => {
+                        for answer in self.client_sent(&mut connection, frame).await {
+                            if to_client.send(ToClient::Frame(answer)).await.is_err() {
+                                return;
+                            }
                         }
                     }
-                }
+                    FromClient::Gone { answer } => {
+                        if let Some(answer) = answer {
+                            let _ = to_client.send(answer).await;
+                        }
+                        return;
+                    }
+                },
+                // What the client's socket did not take at once.
+                written = to_client.write() => if written.is_err() { return },
                 message = next_message(&mut connection.relay) => match message {
                     Ok(Some(Message::Reply(reply))) => {
                         if reply.login.is_some()
@@ -369,7 +589,7 @@ impl FrontDoor {
     ///
     /// `admitted` is the connection's slot in the launcher's admission, held until the
     /// websocket ends: it is told of the login, it counts the bytes queued for the client
-    /// ([`Outbox`]), and closing it (a deadline, a cap, a frame over the size, a write that
+    /// (from queued to written), and closing it (a deadline, a cap, a frame over the size, a write that
     /// took longer than the write timeout) closes the websocket with the reason (1008).
     pub async fn serve_websocket<S>(
         &self,
@@ -381,9 +601,6 @@ impl FrontDoor {
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        use tokio_tungstenite::tungstenite::Message as Ws;
-        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-        use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
         let closed = admitted
             .as_ref()
             .map_or_else(tokio_util::sync::CancellationToken::new, |admitted| {
@@ -393,96 +610,32 @@ impl FrontDoor {
             || crate::limits::ApiLimits::default().write_timeout,
             |admitted| admitted.limits().write_timeout,
         );
-        let (mut sink, stream) = socket.split();
-        let (sender, mut gets) = mpsc::channel::<ToClient>(crate::connection::REPLIES_QUEUED_MAX);
-        let to_client = Outbox {
-            sender,
-            admitted: admitted.clone(),
-        };
+        let (sink, stream) = socket.split();
         let from_client = WebsocketFrames {
             stream,
-            closing: to_client.sender.clone(),
             admitted: admitted.clone(),
-            ended: false,
         };
-        let writer = {
-            let (admitted, closed) = (admitted.clone(), closed.clone());
-            async move {
-                // One wait for the close, registered once for the connection's life.
-                let mut cancelled = std::pin::pin!(closed.cancelled());
-                loop {
-                    let message = tokio::select! {
-                        message = gets.recv() => message,
-                        () = &mut cancelled => None,
-                    };
-                    let Some(message) = message else { break };
-                    match message {
-                        ToClient::Frame(frame) => {
-                            let bytes = frame.len();
-                            let written = tokio::select! {
-                                written = tokio::time::timeout(write_timeout, sink.send(Ws::Text(frame.into()))) => written,
-                                () = &mut cancelled => break,
-                            };
-                            if let Some(admitted) = &admitted {
-                                admitted.release_reply(bytes);
-                            }
-                            match written {
-                                Ok(Ok(())) => {}
-                                Ok(Err(_)) => return,
-                                Err(_) => {
-                                    if let Some(admitted) = &admitted {
-                                        admitted.close(crate::limits::Refusal::WriteTimeout);
-                                    }
-                                    break;
-                                }
-                            }
-                        }
-                        ToClient::Close { code, reason } => {
-                            let close = CloseFrame {
-                                code: CloseCode::from(code),
-                                reason: reason.into(),
-                            };
-                            // After the client's own close frame, tungstenite has queued
-                            // its answer already and refuses another: flushing sends it.
-                            let _ = sink.send(Ws::Close(Some(close))).await;
-                            let _ = sink.flush().await;
-                            return;
-                        }
-                    }
-                }
-                // Closed by the launcher (a deadline, a cap): tell the client why, if its
-                // socket still takes it.
-                if let Some(reason) = admitted
-                    .as_ref()
-                    .and_then(|admitted| admitted.ticket.reason())
-                {
-                    tracing::debug!(target: "lockstep::front", %peer, %reason, "connection closed by the launcher");
-                    let close = Ws::Close(Some(CloseFrame {
-                        code: CloseCode::Policy,
-                        reason: format!("closed by the controller: {reason}").into(),
-                    }));
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.send(close)).await;
-                }
-            }
+        let mut to_client = WebsocketSink {
+            sink,
+            admitted: admitted.clone(),
+            write_timeout,
+            queued: VecDeque::new(),
+            unflushed: 0,
+            deadline: None,
+            closed: Box::pin(closed.cancelled_owned()),
+            closing: false,
+            close_refused: false,
+            ended: None,
         };
         // The slot is held (`admitted` kept) until the websocket ends: dropping it closes.
         let on_login = admitted.clone().map(|admitted| {
             Box::new(move || admitted.logged_in()) as Box<dyn FnOnce() -> bool + Send>
         });
-        let served = self.serve(peer, reached, path, from_client, to_client, on_login);
-        let mut writer = std::pin::pin!(writer);
-        // The connection ends when the client goes (its frames end) or the writer ends:
-        // the front door or the launcher closed it.
-        // Served first: a reply it queues is written in the same poll.
-        let client_went = tokio::select! {
-            biased;
-            () = served => true,
-            () = &mut writer => false,
-        };
-        if client_went {
-            // What was queued for the client (its close frame's answer) goes out first.
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
-        }
+        // The connection ends when the client goes (its frames end), the worker closes
+        // it, or its socket fails or is closed by the launcher (the sink ends).
+        self.serve(peer, reached, path, from_client, &mut to_client, on_login)
+            .await;
+        to_client.finish(peer).await;
         drop(admitted);
     }
 
