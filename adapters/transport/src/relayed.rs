@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use futures_util::stream::FuturesUnordered;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use lockstep_core::gate::Login;
 use lockstep_core::lifecycle::Revision;
 use serde_json::Value;
@@ -357,6 +357,11 @@ where
                 out.reserve(4 + bytes.len());
                 out.extend_from_slice(&length.to_be_bytes());
                 out.extend_from_slice(&bytes);
+                // Written now if the pipe takes it (it nearly always does); otherwise by
+                // the write branch, which registers for the pipe's room.
+                if let Some(Err(error)) = writer.write_buf(&mut out).now_or_never() {
+                    return Err(RelayError(format!("writing the stream: {error}")));
+                }
             }
             call = read(&mut frames, version), if answers.len() < REQUESTS_IN_FLIGHT_MAX => match call {
                 Ok(Some(Message::Call(call))) => answers.push(answer(api, session, call)),
