@@ -1,0 +1,283 @@
+//! What the front door costs a real controller: the same clients, side by side, against a
+//! `lockstepd` bootstrapped the way the README says (behind the front door, the default: the
+//! launcher owns the port and relays each connection to the worker) and one bootstrapped
+//! with `LOCKSTEPD_FRONT_DOOR=false` (the worker serves the API port itself).
+//!
+//! Run: `cargo bench -p lockstep-agent --bench front_door`. Each round runs `CONNECTIONS`
+//! lockstep clients, each on its own connection, of `CALLS` sequential `Pinger.Ping`
+//! against one controller, then the other (rounds alternate, so a noisy neighbour hits
+//! both). Prints per round calls per second (of the calls alone: each client's connection
+//! and login are made before the clock starts), p50/p99, and the CPU per call of every
+//! process involved (this one, with the clients, and the daemon's launcher and worker, read
+//! from `/proc`), then the medians, the CPU per call the front door adds and its throughput
+//! as a ratio of the direct one. Issue 19's targets: ratio at least 0.8, at most 30 µs
+//! added at p50. `benches/relay.rs` in lockstep-transport measures the same in one process.
+//! `LOCKSTEP_BENCH_QUICK=1`: one round of a tenth of the calls (CI runs it).
+#![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockstep_agent::cli::bootstrap::ControllerFile;
+use lockstep_agent::datadir::DataDir;
+use lockstep_core::client::RetryPolicy;
+use serde_json::json;
+
+const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
+
+const CONNECTIONS: usize = 4;
+const CALLS: usize = 5_000;
+const ROUNDS: usize = 5;
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A controller bootstrapped for the bench, stopped (by its launcher's pid) when dropped.
+struct Controller {
+    _dir: tempfile::TempDir,
+    data: DataDir,
+}
+
+impl Controller {
+    fn bootstrap(front_door: bool) -> Controller {
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path().join("controller"));
+        let output = Command::new(LOCKSTEP)
+            .arg("--data-dir")
+            .arg(data.root())
+            // Juju's client store beside the temporary data dir, never the real one.
+            .env("JUJU_DATA", dir.path().join("juju"))
+            .env("LOCKSTEPD_FRONT_DOOR", front_door.to_string())
+            .args(["bootstrap", "--api-port", "0"])
+            .output()
+            .expect("lockstep runs");
+        let controller = Controller { _dir: dir, data };
+        assert!(
+            output.status.success(),
+            "bootstrap failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        controller
+    }
+
+    fn client(&self) -> lockstep_transport::client::Client {
+        ControllerFile::read(&self.data)
+            .expect("controller.yaml")
+            .client(RetryPolicy {
+                initial: lockstep_core::Millis(10),
+                maximum: lockstep_core::Millis(100),
+                attempts_max: 100,
+            })
+    }
+
+    fn launcher_pid(&self) -> u32 {
+        std::fs::read_to_string(self.data.pid_path())
+            .expect("the launcher's pid file")
+            .trim()
+            .parse()
+            .expect("a pid")
+    }
+
+    /// CPU time, user and system, of the launcher and every process it started (the worker).
+    fn cpu_time(&self) -> Duration {
+        let launcher = self.launcher_pid();
+        let mut total = process_cpu(launcher).unwrap_or_default();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse().ok())
+            else {
+                continue;
+            };
+            if parent(pid) == Some(launcher) {
+                total += process_cpu(pid).unwrap_or_default();
+            }
+        }
+        total
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.data.pid_path())
+            && let Ok(pid) = pid.trim().parse()
+        {
+            lockstep_agent::cli::demo::stop_daemon(pid);
+        }
+    }
+}
+
+/// `/proc/<pid>/stat`'s fields after the command (which is in parentheses and may hold
+/// spaces): state, ppid, ...
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    Some(after.split(' ').map(str::to_owned).collect())
+}
+
+fn parent(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// utime + stime of `pid`, its threads included.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let fields = stat_fields(pid)?;
+    // Fields 14 and 15 of stat(5), counted from 1 with the pid and the command first.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let per_second = rustix::param::clock_ticks_per_second();
+    Some(Duration::from_secs_f64(ticks as f64 / per_second as f64))
+}
+
+/// This process's CPU time, user and system, every thread.
+fn own_cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).expect("positive"),
+        u32::try_from(now.tv_nsec).expect("under a second"),
+    )
+}
+
+struct Round {
+    calls_per_second: f64,
+    p50: Duration,
+    p99: Duration,
+    /// CPU of this process (the clients) and of the daemon's processes, per call.
+    cpu_per_call: Duration,
+}
+
+fn percentile(sorted: &[Duration], at: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * at).round() as usize;
+    sorted[index]
+}
+
+async fn round(controller: &Controller, calls: usize) -> Round {
+    let logged_in = Arc::new(tokio::sync::Barrier::new(CONNECTIONS + 1));
+    let clients: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let client = controller.client();
+            let logged_in = Arc::clone(&logged_in);
+            tokio::spawn(async move {
+                // Connects and logs in before the clock starts.
+                let ping = client
+                    .call("Pinger", 1, "Ping", json!({}), DEADLINE)
+                    .await
+                    .expect("the first ping");
+                assert_eq!(ping, json!({}));
+                logged_in.wait().await;
+                let mut durations = Vec::with_capacity(calls);
+                for _ in 0..calls {
+                    let started = Instant::now();
+                    let ping = client
+                        .call("Pinger", 1, "Ping", json!({}), DEADLINE)
+                        .await
+                        .expect("a ping");
+                    durations.push(started.elapsed());
+                    assert_eq!(ping, json!({}));
+                }
+                let stats = client.stats();
+                assert_eq!(stats.disconnected, 0, "a connection closed: {stats:?}");
+                durations
+            })
+        })
+        .collect();
+    logged_in.wait().await;
+    let cpu_before = own_cpu_time() + controller.cpu_time();
+    let mut all = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for handle in clients {
+        let durations = handle.await.unwrap();
+        slowest = slowest.max(durations.iter().sum());
+        all.extend(durations);
+    }
+    let cpu = own_cpu_time() + controller.cpu_time() - cpu_before;
+    assert_eq!(all.len(), CONNECTIONS * calls);
+    all.sort();
+    Round {
+        calls_per_second: all.len() as f64 / slowest.as_secs_f64(),
+        p50: percentile(&all, 0.5),
+        p99: percentile(&all, 0.99),
+        cpu_per_call: cpu / u32::try_from(all.len()).expect("few calls"),
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+    let (rounds, calls) = if quick {
+        (1, CALLS / 10)
+    } else {
+        (ROUNDS, CALLS)
+    };
+    assert!(
+        Path::new("/proc/self/stat").exists(),
+        "the bench reads /proc"
+    );
+    let direct = Controller::bootstrap(false);
+    let front = Controller::bootstrap(true);
+    println!(
+        "lockstep-agent front door bench{}: {CONNECTIONS} lockstep clients x {calls} sequential \
+         Pinger.Ping over TLS 1.3, against lockstepd with LOCKSTEPD_FRONT_DOOR=false (direct) \
+         and behind its front door (front), {rounds} rounds alternating",
+        if quick {
+            " (quick: LOCKSTEP_BENCH_QUICK)"
+        } else {
+            ""
+        },
+    );
+    println!("round  path      calls/s      p50 µs    p99 µs   CPU µs/call");
+    let (mut direct_rounds, mut front_rounds) = (Vec::new(), Vec::new());
+    for number in 1..=rounds {
+        for (name, controller, results) in [
+            ("direct", &direct, &mut direct_rounds),
+            ("front", &front, &mut front_rounds),
+        ] {
+            let measured = round(controller, calls).await;
+            println!(
+                "{number:>5}  {name:<7} {:>9.0} {:>11.1} {:>9.1} {:>13.1}",
+                measured.calls_per_second,
+                measured.p50.as_secs_f64() * 1e6,
+                measured.p99.as_secs_f64() * 1e6,
+                measured.cpu_per_call.as_secs_f64() * 1e6
+            );
+            results.push(measured);
+        }
+    }
+    let summary = |rounds: &[Round]| {
+        (
+            median(rounds.iter().map(|r| r.calls_per_second).collect()),
+            median(rounds.iter().map(|r| r.p50.as_secs_f64() * 1e6).collect()),
+            median(rounds.iter().map(|r| r.p99.as_secs_f64() * 1e6).collect()),
+            median(
+                rounds
+                    .iter()
+                    .map(|r| r.cpu_per_call.as_secs_f64() * 1e6)
+                    .collect(),
+            ),
+        )
+    };
+    let (direct_rate, direct_p50, direct_p99, direct_cpu) = summary(&direct_rounds);
+    let (front_rate, front_p50, front_p99, front_cpu) = summary(&front_rounds);
+    println!(
+        "median direct {direct_rate:.0} calls/s, p50 {direct_p50:.1} µs, p99 {direct_p99:.1} µs, \
+         CPU {direct_cpu:.1} µs/call"
+    );
+    println!(
+        "median front  {front_rate:.0} calls/s, p50 {front_p50:.1} µs, p99 {front_p99:.1} µs, \
+         CPU {front_cpu:.1} µs/call"
+    );
+    println!(
+        "CPU per call added by the front door: {:.1} µs (the clients' share included in both)",
+        front_cpu - direct_cpu
+    );
+    println!(
+        "ratio front door / direct throughput: {:.2}; p50 added: {:.1} µs",
+        front_rate / direct_rate,
+        front_p50 - direct_p50
+    );
+}
