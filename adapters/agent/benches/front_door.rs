@@ -24,6 +24,10 @@ use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::DataDir;
 use lockstep_core::client::RetryPolicy;
 use serde_json::json;
+use side_by_side::{Round, own_cpu_time};
+
+#[path = "../../transport/benches/side_by_side/mod.rs"]
+mod side_by_side;
 
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
 
@@ -129,28 +133,6 @@ fn process_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64(ticks as f64 / per_second as f64))
 }
 
-/// This process's CPU time, user and system, every thread.
-fn own_cpu_time() -> Duration {
-    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    Duration::new(
-        u64::try_from(now.tv_sec).expect("positive"),
-        u32::try_from(now.tv_nsec).expect("under a second"),
-    )
-}
-
-struct Round {
-    calls_per_second: f64,
-    p50: Duration,
-    p99: Duration,
-    /// CPU of this process (the clients) and of the daemon's processes, per call.
-    cpu_per_call: Duration,
-}
-
-fn percentile(sorted: &[Duration], at: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * at).round() as usize;
-    sorted[index]
-}
-
 async fn round(controller: &Controller, calls: usize) -> Round {
     let logged_in = Arc::new(tokio::sync::Barrier::new(CONNECTIONS + 1));
     let clients: Vec<_> = (0..CONNECTIONS)
@@ -192,18 +174,7 @@ async fn round(controller: &Controller, calls: usize) -> Round {
     }
     let cpu = own_cpu_time() + controller.cpu_time() - cpu_before;
     assert_eq!(all.len(), CONNECTIONS * calls);
-    all.sort();
-    Round {
-        calls_per_second: all.len() as f64 / slowest.as_secs_f64(),
-        p50: percentile(&all, 0.5),
-        p99: percentile(&all, 0.99),
-        cpu_per_call: cpu / u32::try_from(all.len()).expect("few calls"),
-    }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    Round::new(all, slowest, cpu)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -230,7 +201,7 @@ async fn main() {
             ""
         },
     );
-    println!("round  path      calls/s      p50 µs    p99 µs   CPU µs/call");
+    side_by_side::header();
     let (mut direct_rounds, mut front_rounds) = (Vec::new(), Vec::new());
     for number in 1..=rounds {
         for (name, controller, results) in [
@@ -238,46 +209,9 @@ async fn main() {
             ("front", &front, &mut front_rounds),
         ] {
             let measured = round(controller, calls).await;
-            println!(
-                "{number:>5}  {name:<7} {:>9.0} {:>11.1} {:>9.1} {:>13.1}",
-                measured.calls_per_second,
-                measured.p50.as_secs_f64() * 1e6,
-                measured.p99.as_secs_f64() * 1e6,
-                measured.cpu_per_call.as_secs_f64() * 1e6
-            );
+            side_by_side::row(number, name, &measured);
             results.push(measured);
         }
     }
-    let summary = |rounds: &[Round]| {
-        (
-            median(rounds.iter().map(|r| r.calls_per_second).collect()),
-            median(rounds.iter().map(|r| r.p50.as_secs_f64() * 1e6).collect()),
-            median(rounds.iter().map(|r| r.p99.as_secs_f64() * 1e6).collect()),
-            median(
-                rounds
-                    .iter()
-                    .map(|r| r.cpu_per_call.as_secs_f64() * 1e6)
-                    .collect(),
-            ),
-        )
-    };
-    let (direct_rate, direct_p50, direct_p99, direct_cpu) = summary(&direct_rounds);
-    let (front_rate, front_p50, front_p99, front_cpu) = summary(&front_rounds);
-    println!(
-        "median direct {direct_rate:.0} calls/s, p50 {direct_p50:.1} µs, p99 {direct_p99:.1} µs, \
-         CPU {direct_cpu:.1} µs/call"
-    );
-    println!(
-        "median front  {front_rate:.0} calls/s, p50 {front_p50:.1} µs, p99 {front_p99:.1} µs, \
-         CPU {front_cpu:.1} µs/call"
-    );
-    println!(
-        "CPU per call added by the front door: {:.1} µs (the clients' share included in both)",
-        front_cpu - direct_cpu
-    );
-    println!(
-        "ratio front door / direct throughput: {:.2}; p50 added: {:.1} µs",
-        front_rate / direct_rate,
-        front_p50 - direct_p50
-    );
+    side_by_side::summary(&direct_rounds, &front_rounds);
 }

@@ -20,6 +20,8 @@
 #![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 mod common;
+#[path = "side_by_side/mod.rs"]
+mod side_by_side;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,29 +31,12 @@ use lockstep_transport::front::FrontDoor;
 use lockstep_transport::relay;
 use lockstep_transport::relayed::{self, Launcher};
 use lockstep_transport::tls::Credentials;
+use side_by_side::{Round, own_cpu_time};
 use tokio::net::TcpListener;
 
 const CONNECTIONS: usize = 4;
 const CALLS: usize = 2_000;
 const ROUNDS: usize = 5;
-
-struct Round {
-    calls_per_second: f64,
-    p50: Duration,
-    p99: Duration,
-    /// The process's CPU time (every thread: clients, front door, worker) per call, from
-    /// the moment every client had logged in to the last reply.
-    cpu_per_call: Duration,
-}
-
-/// This process's CPU time, user and system, every thread.
-fn cpu_time() -> Duration {
-    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    Duration::new(
-        u64::try_from(now.tv_sec).expect("positive"),
-        u32::try_from(now.tv_nsec).expect("under a second"),
-    )
-}
 
 /// One round. Throughput counts the calls only: the clients call concurrently, so the
 /// calls took as long as the slowest client's round trips together (its connection and
@@ -68,7 +53,7 @@ async fn round(port: u16, ca: &str, calls: usize) -> Round {
         })
         .collect();
     logged_in.wait().await;
-    let cpu_before = cpu_time();
+    let cpu_before = own_cpu_time();
     let mut all = Vec::new();
     let mut slowest = Duration::ZERO;
     for handle in clients {
@@ -76,20 +61,9 @@ async fn round(port: u16, ca: &str, calls: usize) -> Round {
         slowest = slowest.max(durations.iter().sum());
         all.extend(durations);
     }
-    let cpu = cpu_time() - cpu_before;
+    let cpu = own_cpu_time() - cpu_before;
     assert_eq!(all.len(), CONNECTIONS * calls);
-    all.sort();
-    Round {
-        calls_per_second: all.len() as f64 / slowest.as_secs_f64(),
-        p50: common::percentile(&all, 0.5),
-        p99: common::percentile(&all, 0.99),
-        cpu_per_call: cpu / u32::try_from(all.len()).expect("few calls"),
-    }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    Round::new(all, slowest, cpu)
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -156,7 +130,7 @@ async fn main() {
             ""
         },
     );
-    println!("round  path      calls/s      p50 µs    p99 µs   CPU µs/call");
+    side_by_side::header();
     let (mut direct_rounds, mut front_rounds) = (Vec::new(), Vec::new());
     for number in 1..=rounds {
         for (name, port, results) in [
@@ -167,13 +141,7 @@ async fn main() {
                 continue;
             }
             let measured = round(port, &credentials.ca_pem, calls).await;
-            println!(
-                "{number:>5}  {name:<7} {:>9.0} {:>11.1} {:>9.1} {:>13.1}",
-                measured.calls_per_second,
-                measured.p50.as_secs_f64() * 1e6,
-                measured.p99.as_secs_f64() * 1e6,
-                measured.cpu_per_call.as_secs_f64() * 1e6
-            );
+            side_by_side::row(number, name, &measured);
             results.push(measured);
         }
     }
@@ -185,36 +153,5 @@ async fn main() {
         // One path only (LOCKSTEP_RELAY_BENCH_ONLY, for a profile of it): no ratio.
         return;
     }
-    let summary = |rounds: &[Round]| {
-        (
-            median(rounds.iter().map(|r| r.calls_per_second).collect()),
-            median(rounds.iter().map(|r| r.p50.as_secs_f64() * 1e6).collect()),
-            median(rounds.iter().map(|r| r.p99.as_secs_f64() * 1e6).collect()),
-            median(
-                rounds
-                    .iter()
-                    .map(|r| r.cpu_per_call.as_secs_f64() * 1e6)
-                    .collect(),
-            ),
-        )
-    };
-    let (direct_rate, direct_p50, direct_p99, direct_cpu) = summary(&direct_rounds);
-    let (front_rate, front_p50, front_p99, front_cpu) = summary(&front_rounds);
-    println!(
-        "median direct {direct_rate:.0} calls/s, p50 {direct_p50:.1} µs, p99 {direct_p99:.1} µs, \
-         CPU {direct_cpu:.1} µs/call"
-    );
-    println!(
-        "median front  {front_rate:.0} calls/s, p50 {front_p50:.1} µs, p99 {front_p99:.1} µs, \
-         CPU {front_cpu:.1} µs/call"
-    );
-    println!(
-        "CPU per call added by the front door: {:.1} µs (the clients' share included in both)",
-        front_cpu - direct_cpu
-    );
-    println!(
-        "ratio front door / direct throughput: {:.2}; p50 added: {:.1} µs",
-        front_rate / direct_rate,
-        front_p50 - direct_p50
-    );
+    side_by_side::summary(&direct_rounds, &front_rounds);
 }
