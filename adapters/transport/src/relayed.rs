@@ -320,8 +320,9 @@ async fn restored(api: &Api, open: &Open) -> Result<Session, String> {
 const REPLIES_BUFFERED_BYTES_MAX: usize = 256 << 10;
 
 /// Serves one connection's calls on this task: each call's answer is a future polled here
-/// (no task spawned per call), and the replies are written as they complete, those that
-/// complete together in one write. Reading, answering and writing never wait on each other:
+/// (no task spawned per call), and each reply is written as soon as it is encoded if the
+/// pipe takes it; what the pipe does not take waits in a buffer, written together by the
+/// loop's write branch. Reading, answering and writing never wait on each other:
 /// a reply the launcher is slow to take does not stop calls from being read, so neither
 /// side can block the other (the launcher never has more than [`REQUESTS_IN_FLIGHT_MAX`]
 /// calls unanswered, and so many are always read).
