@@ -255,6 +255,41 @@ async fn auto_upgrade_fetches_the_new_binary_ahead_unless_told_not_to() {
     }
 }
 
+/// `lockstep bootstrap` says the controller is available only once `agent.conf` records
+/// that bootstrap is over, whether it hears Ready from the launcher's `READY=1` or through
+/// the API (the silent-launcher failpoint). Every snapshot write is held back 1.5 s by a
+/// failpoint, so a gate opened before its write would let bootstrap return first. A
+/// controller killed as bootstrap returned would otherwise restart still bootstrapping,
+/// where `--auto-upgrade` applies and an `agent-version` set since is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_says_available_only_once_agent_conf_records_bootstrap_complete() {
+    for silent in [false, true] {
+        let mut env = vec![("LOCKSTEPD_FAILPOINT_PERSIST_PAUSE_MS", "1500")];
+        if silent {
+            env.push(("LOCKSTEPD_FAILPOINT_SILENT_LAUNCHER", "1"));
+        }
+        let controller = Controller::bootstrap(&[], &env);
+        let conf = controller
+            .data()
+            .read_agent_conf()
+            .expect("agent.conf reads")
+            .expect("agent.conf exists");
+        controller.assert_bootstrapped();
+        assert!(
+            controller
+                .log()
+                .contains("failpoint: pausing before the snapshot is written"),
+            "silent {silent}: the snapshot writes were held back:\n{}",
+            controller.log()
+        );
+        assert!(
+            conf.bootstrap_complete,
+            "silent {silent}: bootstrap said {:?} before agent.conf said bootstrap-complete",
+            text(&controller.bootstrap)
+        );
+    }
+}
+
 /// Bootstrap waits for the `READY=1` its launcher forwards to bootstrap's own notification
 /// socket, showing the launcher's status lines; a launcher that forwards nothing (the
 /// failpoint: as one from before it forwarded them) is waited for through the API. Both

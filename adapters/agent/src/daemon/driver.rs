@@ -31,6 +31,7 @@ use lockstep_streams::{DownloadError, LookupError, SourceError};
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::capabilities::CapabilitySource;
+use crate::daemon::gate_hold::GateHold;
 use crate::daemon::step_runner::{self, HostContext};
 use crate::datadir::{DataDir, DataDirError, DownloadedTools};
 use crate::metadata::{MetadataSource, MetadataTrust, unix_now};
@@ -181,6 +182,8 @@ pub struct Driver {
     tasks: tokio::task::JoinSet<()>,
     /// Set when the driver ends: operations being retried give up.
     stopping: Arc<AtomicBool>,
+    /// An opening gate waits for the `agent.conf` writes asked for before it.
+    hold: GateHold,
 }
 
 impl std::fmt::Debug for Driver {
@@ -224,6 +227,7 @@ impl Driver {
             watch_cancel: None,
             tasks: tokio::task::JoinSet::new(),
             stopping: Arc::new(AtomicBool::new(false)),
+            hold: GateHold::default(),
         };
         (driver, handles)
     }
@@ -263,6 +267,7 @@ impl Driver {
             tokio::select! {
                 input = self.inputs.recv() => {
                     let input = input.expect("the driver holds a sender");
+                    self.hold.input(&input);
                     let now = self.now();
                     self.core.handle(now, input);
                 }
@@ -304,18 +309,13 @@ impl Driver {
     /// Drains every output of the last input. `Some` when the process must end.
     fn drain(&mut self) -> Option<Exit> {
         let mut exit = None;
-        while let Some(output) = self.core.poll_output() {
+        let outputs: Vec<Output> = std::iter::from_fn(|| self.core.poll_output()).collect();
+        self.hold.outputs(&outputs);
+        for output in outputs {
             match output {
                 Output::Gate(view) => {
-                    tracing::info!(
-                        target: "lockstep::agent",
-                        phase = view.phase.as_str(),
-                        limited = view.is_limited(),
-                        "gate"
-                    );
-                    self.gate.send_replace(view);
-                    if view.phase == Phase::Ready {
-                        self.notifier.ready();
+                    if let Some(view) = self.hold.gate(view) {
+                        self.publish_gate(view);
                     }
                 }
                 Output::Status(report) => {
@@ -358,7 +358,26 @@ impl Driver {
                 other => unreachable!("an output this driver does not handle: {other:?}"),
             }
         }
+        if let Some(view) = self.hold.release() {
+            self.publish_gate(view);
+        }
         exit
+    }
+
+    /// Publishes a gate the core set, once [`GateHold`] lets it: to the API and to the
+    /// supervisor (`READY=1`, which `lockstep bootstrap` waits for before it says the
+    /// controller is available).
+    fn publish_gate(&mut self, view: GateView) {
+        tracing::info!(
+            target: "lockstep::agent",
+            phase = view.phase.as_str(),
+            limited = view.is_limited(),
+            "gate"
+        );
+        self.gate.send_replace(view);
+        if view.phase == Phase::Ready {
+            self.notifier.ready();
+        }
     }
 
     /// `RestartInto`: point `tools/<tag>` at the binary; the caller restarts the process.
@@ -382,7 +401,14 @@ impl Driver {
         match request {
             Request::PersistSnapshot(snapshot) => {
                 let data = config.data.clone();
+                #[cfg(feature = "failpoints")]
+                let pause = crate::daemon::failpoints::persist_pause();
                 self.blocking(id, "persist agent.conf", move || {
+                    #[cfg(feature = "failpoints")]
+                    if let Some(pause) = pause {
+                        tracing::warn!(target: "lockstep::agent", pause_ms = pause.as_millis() as u64, "failpoint: pausing before the snapshot is written");
+                        std::thread::sleep(pause);
+                    }
                     let mut conf = data.read_agent_conf()?.ok_or_else(|| {
                         OperationError::AgentConfVanished {
                             path: data.agent_conf_path(),

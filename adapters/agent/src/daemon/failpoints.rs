@@ -46,6 +46,19 @@ pub fn machine_host_step_pause(running: lockstep_core::Version) -> Option<Durati
 /// so that a test can kill or cut off the coordinator while a database step is under way.
 pub const PAUSE_DATABASE_STEP_MS: &str = "LOCKSTEPD_FAILPOINT_DB_STEP_PAUSE_MS";
 
+/// When this variable holds a number of milliseconds, every write of the lifecycle's
+/// snapshot to `agent.conf` pauses that long before it writes: a test can then see what
+/// the agent shows while that write is under way.
+pub const PAUSE_PERSIST_MS: &str = "LOCKSTEPD_FAILPOINT_PERSIST_PAUSE_MS";
+
+/// The pause [`PAUSE_PERSIST_MS`] asks for, if any.
+pub fn persist_pause() -> Option<Duration> {
+    std::env::var(PAUSE_PERSIST_MS)
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .map(Duration::from_millis)
+}
+
 /// When this variable is set, the launcher forwards none of its worker's notifications to
 /// its own `NOTIFY_SOCKET` (as a launcher from before they were forwarded): `lockstep
 /// bootstrap` then waits through the API.

@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockstep_core::gate::GateView;
 use lockstep_core::jobs::{Job, JobsError};
 use lockstep_core::lifecycle::{
     Config, ControllerSet, Input, ModelView, Output, Request, RequestId, StagePlan, StageSource,
@@ -46,6 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::error::DaemonError;
+use crate::daemon::gate_hold::GateHold;
 use crate::daemon::restart::{self, RestartMode};
 use crate::daemon::step_runner::{self, HostContext};
 use crate::datadir::{AgentConf, DataDir, DataDirError, DownloadedTools, LinkProbe};
@@ -485,6 +487,7 @@ pub async fn run(agent: MachineAgent, notifier: Notifier) -> Result<i32, DaemonE
         tasks: tokio::task::JoinSet::new(),
         tools_url: ToolsUrl::default(),
         ahead: ahead.clone(),
+        hold: GateHold::default(),
     };
     let exit = driver.run(&mut shutdown).await;
     driver.tasks.shutdown().await;
@@ -853,6 +856,8 @@ struct MachineDriver {
     tasks: tokio::task::JoinSet<()>,
     tools_url: ToolsUrl,
     ahead: Ahead,
+    /// An opening gate waits for the `agent.conf` writes asked for before it.
+    hold: GateHold,
 }
 
 /// The fetch of a binary ahead of this agent's admission (a staged rollout's
@@ -996,6 +1001,7 @@ impl MachineDriver {
             tokio::select! {
                 input = self.inputs.recv() => {
                     let input = input.expect("the driver holds a sender");
+                    self.hold.input(&input);
                     let now = self.now();
                     self.core.handle(now, input);
                 }
@@ -1023,15 +1029,14 @@ impl MachineDriver {
 
     fn drain(&mut self) -> Option<Exit> {
         let mut exit = None;
-        while let Some(output) = self.core.poll_output() {
+        let outputs: Vec<Output> = std::iter::from_fn(|| self.core.poll_output()).collect();
+        self.hold.outputs(&outputs);
+        for output in outputs {
             match output {
                 Output::Gate(view) => {
-                    tracing::info!(target: "lockstep::agent", phase = view.phase.as_str(), "phase");
-                    if view.phase == Phase::Ready {
-                        self.notifier.ready();
+                    if let Some(view) = self.hold.gate(view) {
+                        self.publish_gate(view);
                     }
-                    self.status
-                        .send_modify(|reported| reported.phase = view.phase);
                 }
                 Output::Status(report) => self.status_report(&report),
                 Output::Request { id, request } => match request {
@@ -1056,7 +1061,21 @@ impl MachineDriver {
                 other => unreachable!("an output this driver does not handle: {other:?}"),
             }
         }
+        if let Some(view) = self.hold.release() {
+            self.publish_gate(view);
+        }
         exit
+    }
+
+    /// The phase a gate the core set, once [`GateHold`] lets it: to the supervisor
+    /// (`READY=1`) and to the controller, whose rollouts go on when an agent says Ready.
+    fn publish_gate(&mut self, view: GateView) {
+        tracing::info!(target: "lockstep::agent", phase = view.phase.as_str(), "phase");
+        if view.phase == Phase::Ready {
+            self.notifier.ready();
+        }
+        self.status
+            .send_modify(|reported| reported.phase = view.phase);
     }
 
     fn status_report(&mut self, report: &StatusReport) {
@@ -1064,8 +1083,12 @@ impl MachineDriver {
             tracing::info!(target: "lockstep::agent", phase = report.phase.as_str(), "{}", report.message);
         }
         self.notifier.status(&crate::notify::status_line(report));
+        // While an opening gate is held, the phase reported stays the one published.
+        let holding = self.hold.holding();
         self.status.send_modify(|reported| {
-            reported.phase = report.phase;
+            if !holding {
+                reported.phase = report.phase;
+            }
             reported.message = report.message.clone();
         });
     }

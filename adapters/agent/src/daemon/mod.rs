@@ -44,6 +44,7 @@ pub mod driver;
 pub mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+pub mod gate_hold;
 pub mod launcher;
 pub mod machine_agent;
 pub mod memory;
