@@ -4,7 +4,8 @@
 //! with `LOCKSTEPD_FRONT_DOOR=false` (the worker serves the API port itself).
 //!
 //! Run: `cargo bench -p lockstep-agent --bench front_door`. Each round runs `CONNECTIONS`
-//! lockstep clients, each on its own connection, of `CALLS` sequential `Pinger.Ping`
+//! (4; `LOCKSTEP_BENCH_CONNECTIONS` for another number: 1 shows the latency of an idle
+//! machine, 4 one whose two cores are busy) lockstep clients, each on its own connection, of `CALLS` sequential `Pinger.Ping`
 //! against one controller, then the other (rounds alternate, so a noisy neighbour hits
 //! both). Prints per round calls per second (of the calls alone: each client's connection
 //! and login are made before the clock starts), p50/p99, and the CPU per call of every
@@ -32,6 +33,17 @@ mod side_by_side;
 const LOCKSTEP: &str = env!("CARGO_BIN_EXE_lockstep");
 
 const CONNECTIONS: usize = 4;
+
+/// `LOCKSTEP_BENCH_CONNECTIONS`, or [`CONNECTIONS`].
+fn connections() -> usize {
+    match std::env::var("LOCKSTEP_BENCH_CONNECTIONS") {
+        Ok(text) => match text.parse::<usize>() {
+            Ok(count) if count > 0 => count,
+            _ => panic!("LOCKSTEP_BENCH_CONNECTIONS={text:?} is not a positive number"),
+        },
+        Err(_) => CONNECTIONS,
+    }
+}
 const CALLS: usize = 5_000;
 const ROUNDS: usize = 5;
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -133,9 +145,9 @@ fn process_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64(ticks as f64 / per_second as f64))
 }
 
-async fn round(controller: &Controller, calls: usize) -> Round {
-    let logged_in = Arc::new(tokio::sync::Barrier::new(CONNECTIONS + 1));
-    let clients: Vec<_> = (0..CONNECTIONS)
+async fn round(controller: &Controller, connections: usize, calls: usize) -> Round {
+    let logged_in = Arc::new(tokio::sync::Barrier::new(connections + 1));
+    let clients: Vec<_> = (0..connections)
         .map(|_| {
             let client = controller.client();
             let logged_in = Arc::clone(&logged_in);
@@ -173,7 +185,7 @@ async fn round(controller: &Controller, calls: usize) -> Round {
         all.extend(durations);
     }
     let cpu = own_cpu_time() + controller.cpu_time() - cpu_before;
-    assert_eq!(all.len(), CONNECTIONS * calls);
+    assert_eq!(all.len(), connections * calls);
     Round::new(all, slowest, cpu)
 }
 
@@ -185,6 +197,7 @@ async fn main() {
     } else {
         (ROUNDS, CALLS)
     };
+    let connections = connections();
     assert!(
         Path::new("/proc/self/stat").exists(),
         "the bench reads /proc"
@@ -192,7 +205,7 @@ async fn main() {
     let direct = Controller::bootstrap(false);
     let front = Controller::bootstrap(true);
     println!(
-        "lockstep-agent front door bench{}: {CONNECTIONS} lockstep clients x {calls} sequential \
+        "lockstep-agent front door bench{}: {connections} lockstep clients x {calls} sequential \
          Pinger.Ping over TLS 1.3, against lockstepd with LOCKSTEPD_FRONT_DOOR=false (direct) \
          and behind its front door (front), {rounds} rounds alternating",
         if quick {
@@ -208,7 +221,7 @@ async fn main() {
             ("direct", &direct, &mut direct_rounds),
             ("front", &front, &mut front_rounds),
         ] {
-            let measured = round(controller, calls).await;
+            let measured = round(controller, connections, calls).await;
             side_by_side::row(number, name, &measured);
             results.push(measured);
         }
