@@ -25,7 +25,7 @@ use lockstep_agent::cli::bootstrap::ControllerFile;
 use lockstep_agent::datadir::DataDir;
 use lockstep_core::client::RetryPolicy;
 use serde_json::json;
-use side_by_side::{Round, own_cpu_time};
+use side_by_side::{Plan, Round, own_cpu_time};
 
 #[path = "../../transport/benches/side_by_side/mod.rs"]
 mod side_by_side;
@@ -177,13 +177,7 @@ async fn round(controller: &Controller, connections: usize, calls: usize) -> Rou
         .collect();
     logged_in.wait().await;
     let cpu_before = own_cpu_time() + controller.cpu_time();
-    let mut all = Vec::new();
-    let mut slowest = Duration::ZERO;
-    for handle in clients {
-        let durations = handle.await.unwrap();
-        slowest = slowest.max(durations.iter().sum());
-        all.extend(durations);
-    }
+    let (all, slowest) = side_by_side::gather(clients).await;
     let cpu = own_cpu_time() + controller.cpu_time() - cpu_before;
     assert_eq!(all.len(), connections * calls);
     Round::new(all, slowest, cpu)
@@ -191,12 +185,8 @@ async fn round(controller: &Controller, connections: usize, calls: usize) -> Rou
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
-    let (rounds, calls) = if quick {
-        (1, CALLS / 10)
-    } else {
-        (ROUNDS, CALLS)
-    };
+    let plan = Plan::from_env(ROUNDS, CALLS);
+    let (rounds, calls) = (plan.rounds, plan.calls);
     let connections = connections();
     assert!(
         Path::new("/proc/self/stat").exists(),
@@ -208,23 +198,11 @@ async fn main() {
         "lockstep-agent front door bench{}: {connections} lockstep clients x {calls} sequential \
          Pinger.Ping over TLS 1.3, against lockstepd with LOCKSTEPD_FRONT_DOOR=false (direct) \
          and behind its front door (front), {rounds} rounds alternating",
-        if quick {
-            " (quick: LOCKSTEP_BENCH_QUICK)"
-        } else {
-            ""
-        },
+        plan.note(),
     );
-    side_by_side::header();
-    let (mut direct_rounds, mut front_rounds) = (Vec::new(), Vec::new());
-    for number in 1..=rounds {
-        for (name, controller, results) in [
-            ("direct", &direct, &mut direct_rounds),
-            ("front", &front, &mut front_rounds),
-        ] {
-            let measured = round(controller, connections, calls).await;
-            side_by_side::row(number, name, &measured);
-            results.push(measured);
-        }
-    }
-    side_by_side::summary(&direct_rounds, &front_rounds);
+    side_by_side::alternate(rounds, |path| {
+        let controller = if path == "direct" { &direct } else { &front };
+        Some(round(controller, connections, calls))
+    })
+    .await;
 }

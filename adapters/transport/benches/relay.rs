@@ -31,7 +31,7 @@ use lockstep_transport::front::FrontDoor;
 use lockstep_transport::relay;
 use lockstep_transport::relayed::{self, Launcher};
 use lockstep_transport::tls::Credentials;
-use side_by_side::{Round, own_cpu_time};
+use side_by_side::{Plan, Round, own_cpu_time};
 use tokio::net::TcpListener;
 
 const CONNECTIONS: usize = 4;
@@ -54,13 +54,7 @@ async fn round(port: u16, ca: &str, calls: usize) -> Round {
         .collect();
     logged_in.wait().await;
     let cpu_before = own_cpu_time();
-    let mut all = Vec::new();
-    let mut slowest = Duration::ZERO;
-    for handle in clients {
-        let durations = handle.await.unwrap();
-        slowest = slowest.max(durations.iter().sum());
-        all.extend(durations);
-    }
+    let (all, slowest) = side_by_side::gather(clients).await;
     let cpu = own_cpu_time() - cpu_before;
     assert_eq!(all.len(), CONNECTIONS * calls);
     Round::new(all, slowest, cpu)
@@ -68,13 +62,9 @@ async fn round(port: u16, ca: &str, calls: usize) -> Round {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
     let only = std::env::var("LOCKSTEP_RELAY_BENCH_ONLY").ok();
-    let (rounds, calls) = if quick {
-        (1, CALLS / 10)
-    } else {
-        (ROUNDS, CALLS)
-    };
+    let plan = Plan::from_env(ROUNDS, CALLS);
+    let (rounds, calls) = (plan.rounds, plan.calls);
     let credentials = Credentials::generate("bench", &[]).unwrap();
     let (_gate, gate_view) = tokio::sync::watch::channel(common::view(Phase::Ready));
     let api = common::api(gate_view);
@@ -124,34 +114,22 @@ async fn main() {
         "lockstep-transport relay bench{}: {CONNECTIONS} connections x {calls} sequential \
          Pinger.Ping over TLS 1.3, direct to the API and through the front door, {rounds} \
          rounds alternating",
-        if quick {
-            " (quick: LOCKSTEP_BENCH_QUICK)"
-        } else {
-            ""
-        },
+        plan.note(),
     );
-    side_by_side::header();
-    let (mut direct_rounds, mut front_rounds) = (Vec::new(), Vec::new());
-    for number in 1..=rounds {
-        for (name, port, results) in [
-            ("direct", direct_port, &mut direct_rounds),
-            ("front", front_port, &mut front_rounds),
-        ] {
-            if only.as_deref().is_some_and(|only| only != name) {
-                continue;
-            }
-            let measured = round(port, &credentials.ca_pem, calls).await;
-            side_by_side::row(number, name, &measured);
-            results.push(measured);
+    // One path only (LOCKSTEP_RELAY_BENCH_ONLY, for a profile of it): no ratio.
+    side_by_side::alternate(rounds, |path| {
+        if only.as_deref().is_some_and(|only| only != path) {
+            return None;
         }
-    }
+        let port = if path == "direct" {
+            direct_port
+        } else {
+            front_port
+        };
+        Some(round(port, &credentials.ca_pem, calls))
+    })
+    .await;
     server.abort();
     relay_server.abort();
     front_server.abort();
-
-    if direct_rounds.is_empty() || front_rounds.is_empty() {
-        // One path only (LOCKSTEP_RELAY_BENCH_ONLY, for a profile of it): no ratio.
-        return;
-    }
-    side_by_side::summary(&direct_rounds, &front_rounds);
 }

@@ -3,7 +3,86 @@
 //! against a real controller): a round's figures and the report, so that both print the
 //! same lines. Included by path (`#[path]`) from both.
 
+use std::future::Future;
 use std::time::Duration;
+
+/// Waits for every client of a round: all their calls' durations, and the longest a
+/// client took for its calls together (the clients call concurrently, so the round's calls
+/// took that long).
+pub async fn gather(
+    clients: Vec<tokio::task::JoinHandle<Vec<Duration>>>,
+) -> (Vec<Duration>, Duration) {
+    let mut all = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for handle in clients {
+        let durations = handle.await.expect("a client of the bench");
+        slowest = slowest.max(durations.iter().sum());
+        all.extend(durations);
+    }
+    (all, slowest)
+}
+
+/// How many rounds of how many calls per client a run makes.
+pub struct Plan {
+    pub quick: bool,
+    pub rounds: usize,
+    pub calls: usize,
+}
+
+impl Plan {
+    /// `rounds` of `calls`, or with `LOCKSTEP_BENCH_QUICK=1` (CI's quick mode) one round of
+    /// a tenth of the calls.
+    pub fn from_env(rounds: usize, calls: usize) -> Plan {
+        let quick = std::env::var_os("LOCKSTEP_BENCH_QUICK").is_some_and(|value| value != "0");
+        if quick {
+            Plan {
+                quick,
+                rounds: 1,
+                calls: calls / 10,
+            }
+        } else {
+            Plan {
+                quick,
+                rounds,
+                calls,
+            }
+        }
+    }
+
+    /// What the title says of quick mode.
+    pub fn note(&self) -> &'static str {
+        if self.quick {
+            " (quick: LOCKSTEP_BENCH_QUICK)"
+        } else {
+            ""
+        }
+    }
+}
+
+/// The rounds of a run, the direct path then the front door's in each: prints the
+/// header, every round's line and, when both paths ran, the [`summary`]. `measure` runs
+/// one round of the path it is given (`"direct"` or `"front"`), or answers `None` for a
+/// path left out.
+pub async fn alternate<F, Fut>(rounds: usize, mut measure: F)
+where
+    F: FnMut(&'static str) -> Option<Fut>,
+    Fut: Future<Output = Round>,
+{
+    header();
+    let (mut direct, mut front) = (Vec::new(), Vec::new());
+    for number in 1..=rounds {
+        for (path, results) in [("direct", &mut direct), ("front", &mut front)] {
+            if let Some(round) = measure(path) {
+                let measured = round.await;
+                row(number, path, &measured);
+                results.push(measured);
+            }
+        }
+    }
+    if !direct.is_empty() && !front.is_empty() {
+        summary(&direct, &front);
+    }
+}
 
 /// One round of one path: every client's sequential calls.
 pub struct Round {
@@ -49,12 +128,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// The columns [`row`] prints.
-pub fn header() {
+fn header() {
     println!("round  path      calls/s      p50 µs    p99 µs   CPU µs/call");
 }
 
 /// One round's line.
-pub fn row(number: usize, path: &str, round: &Round) {
+fn row(number: usize, path: &str, round: &Round) {
     println!(
         "{number:>5}  {path:<7} {:>9.0} {:>11.1} {:>9.1} {:>13.1}",
         round.calls_per_second,
@@ -67,7 +146,7 @@ pub fn row(number: usize, path: &str, round: &Round) {
 /// The medians of each path over its rounds, the CPU per call the front door adds, its
 /// throughput as a ratio of the direct one and its added p50 (issue 19's targets: at
 /// least 0.8, at most 30 µs).
-pub fn summary(direct: &[Round], front: &[Round]) {
+fn summary(direct: &[Round], front: &[Round]) {
     let medians = |rounds: &[Round]| {
         (
             median(rounds.iter().map(|r| r.calls_per_second).collect()),
