@@ -7,6 +7,7 @@
 
 #![allow(clippy::print_stderr)]
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::hostile::loads::{LEGIT_SOURCE, Received, Target, receive, request, send};
@@ -158,4 +159,100 @@ async fn writes_in_flight_when_the_worker_is_killed_9_are_each_answered_once_and
         WRITES / 2
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.close(None)).await;
+}
+
+/// The launcher's threads named `front-door-<n>`, and the nanoseconds each has run
+/// (`/proc/<pid>/task/<tid>/schedstat`'s first field).
+fn front_threads(launcher: u32) -> BTreeMap<String, u64> {
+    let mut threads = BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{launcher}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let Ok(name) = std::fs::read_to_string(task.join("comm")) else {
+            continue;
+        };
+        let name = name.trim().to_owned();
+        if !name.starts_with("front-door-") {
+            continue;
+        }
+        let ran = std::fs::read_to_string(task.join("schedstat"))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        threads.insert(name, ran);
+    }
+    threads
+}
+
+/// `--front-door-threads` (here `LOCKSTEPD_FRONT_DOOR_THREADS=2`, as a unit file would set
+/// it) starts that many connection threads in the launcher, and the connections are spread
+/// over them: two logged-in connections, each making calls, make both threads run. With 0
+/// the launcher starts none (its runtime serves the connections), and the calls are served
+/// all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_front_doors_connections_are_spread_over_its_connection_threads() {
+    let target = Target::bootstrap(&[("LOCKSTEPD_FRONT_DOOR_THREADS", "2")]);
+    assert!(
+        target.controller.log().contains("threads=2"),
+        "{}",
+        target.controller.log()
+    );
+    let before = front_threads(target.launcher);
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        ["front-door-0", "front-door-1"],
+        "the launcher's connection threads"
+    );
+    let mut first = target.logged_in_from(LEGIT_SOURCE).await.unwrap();
+    let mut second = target.logged_in_from(LEGIT_SOURCE).await.unwrap();
+    for id in 2..200 {
+        for socket in [&mut first, &mut second] {
+            let ping = json!({"request-id": id, "type": "Pinger", "version": 1, "request": "Ping", "params": {}});
+            let pong = request(socket, ping).await.unwrap();
+            assert_eq!(pong["response"], json!({}), "{pong}");
+        }
+    }
+    let after = front_threads(target.launcher);
+    for (name, ran) in &after {
+        assert!(
+            *ran > before[name],
+            "{name} never ran: the connections were not spread over the threads \
+             ({before:?} then {after:?})"
+        );
+    }
+    for socket in [&mut first, &mut second] {
+        let _ = tokio::time::timeout(Duration::from_secs(1), socket.close(None)).await;
+    }
+    drop(target);
+
+    let shared = Target::bootstrap(&[("LOCKSTEPD_FRONT_DOOR_THREADS", "0")]);
+    assert!(
+        shared.controller.log().contains("threads=0"),
+        "{}",
+        shared.controller.log()
+    );
+    assert_eq!(front_threads(shared.launcher), BTreeMap::new());
+    let mut socket = shared.logged_in_from(LEGIT_SOURCE).await.unwrap();
+    let ping =
+        json!({"request-id": 2, "type": "Pinger", "version": 1, "request": "Ping", "params": {}});
+    let pong = request(&mut socket, ping).await.unwrap();
+    assert_eq!(pong["response"], json!({}), "{pong}");
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.close(None)).await;
+}
+
+/// A number of threads out of range is refused before anything starts, naming the flag.
+#[test]
+fn a_front_door_thread_count_out_of_range_is_refused_naming_the_flag() {
+    let output = std::process::Command::new(crate::common::LOCKSTEPD)
+        .args(["--front-door-threads", "1025", "--data-dir", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--front-door-threads") && stderr.contains("1025"),
+        "{stderr}"
+    );
 }

@@ -94,6 +94,7 @@ pub mod served;
 pub mod server;
 pub mod session;
 pub mod state;
+pub mod threads;
 pub mod tls;
 pub mod tools;
 pub mod tools_endpoint;

@@ -31,6 +31,7 @@ pub use crate::wire::SERVER_VERSION;
 
 use crate::admission::{Admitted, Connections, Metered};
 use crate::hold::ConnectionHold;
+use crate::threads::ConnectionThreads;
 use crate::tools_endpoint::Downloader;
 use crate::{auth, charms_endpoint, connection, probes};
 use lockstep_core::gate::Login;
@@ -75,6 +76,7 @@ impl Api {
             Arc::clone(&self.connections),
             self.config.limits.clone(),
             router,
+            None,
         )
         .await;
     }
@@ -88,12 +90,16 @@ impl Api {
 /// `Extension<Arc<ConnectionHold>>`, and the address it reached as an
 /// `Extension<ServerAddress>`.
 /// Serves until dropped, which ends every connection it accepted.
+///
+/// With `threads`, each connection is served on one of those threads for its whole life
+/// ([`ConnectionThreads`]); without, on the caller's runtime.
 pub async fn serve_connections(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     connections_held: Arc<Connections>,
     limits: ApiLimits,
     router: Router,
+    threads: Option<Arc<ConnectionThreads>>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let limits = Arc::new(limits);
@@ -142,10 +148,30 @@ pub async fn serve_connections(
             router = router.layer(axum::Extension(ServerAddress(address)));
         }
         let handshake_timeout = limits.tls_handshake_timeout;
-        connections.spawn(async move {
+        // On a thread of its own, the socket moves to that thread's runtime.
+        let tcp = match &threads {
+            None => Accepted::Here(tcp),
+            Some(_) => match tcp.into_std() {
+                Ok(tcp) => Accepted::Moving(tcp),
+                Err(error) => {
+                    tracing::warn!(target: "lockstep::api", %peer, %error, "cannot move the connection to a connection thread");
+                    continue;
+                }
+            },
+        };
+        let serve = async move {
+            let tcp = match tcp.register() {
+                Ok(tcp) => tcp,
+                Err(error) => {
+                    tracing::warn!(target: "lockstep::api", %peer, %error, "cannot register the connection with its thread");
+                    return;
+                }
+            };
             let closed = admitted.ticket.closed.clone();
-            let handshake =
-                tokio::time::timeout(handshake_timeout, acceptor.accept(Metered::new(tcp, &admitted)));
+            let handshake = tokio::time::timeout(
+                handshake_timeout,
+                acceptor.accept(Metered::new(tcp, &admitted)),
+            );
             let stream = tokio::select! {
                 handshake = handshake => match handshake {
                     Ok(Ok(stream)) => stream,
@@ -174,7 +200,31 @@ pub async fn serve_connections(
                 }
                 () = closed.cancelled() => {}
             }
-        });
+        };
+        match &threads {
+            None => {
+                connections.spawn(serve);
+            }
+            Some(threads) => threads.spawn(&mut connections, serve),
+        }
+    }
+}
+
+/// An accepted socket: registered with the accepting runtime, or on its way to a
+/// connection thread's.
+enum Accepted {
+    Here(tokio::net::TcpStream),
+    Moving(std::net::TcpStream),
+}
+
+impl Accepted {
+    /// The socket, registered with the runtime this is called on.
+    fn register(self) -> std::io::Result<tokio::net::TcpStream> {
+        match self {
+            Accepted::Here(tcp) => Ok(tcp),
+            // `into_std` leaves it non-blocking, as `from_std` needs.
+            Accepted::Moving(tcp) => tokio::net::TcpStream::from_std(tcp),
+        }
     }
 }
 

@@ -60,6 +60,16 @@ struct Args {
         value_name = "true|false"
     )]
     front_door: bool,
+    /// How many threads serve the front door's connections, each connection on one thread
+    /// for its whole life. Default: half the CPUs, rounded up. 0: no threads of their own;
+    /// the launcher's runtime serves them, its threads sharing every connection's tasks.
+    #[arg(
+        long,
+        env = "LOCKSTEPD_FRONT_DOOR_THREADS",
+        value_parser = clap::value_parser!(u16).range(0..=1024),
+        value_name = "N"
+    )]
+    front_door_threads: Option<u16>,
     /// Seconds a new binary may take from start to Ready before the agent falls back.
     #[arg(
         long,
@@ -258,6 +268,10 @@ fn main() -> ExitCode {
                 store: store_overrides(&args),
                 worker_args,
                 front_door: args.front_door.then(|| args.api_limits.limits()),
+                front_door_threads: args.front_door_threads.map_or_else(
+                    lockstep_transport::threads::ConnectionThreads::default_count,
+                    usize::from,
+                ),
             }))
         }
     };

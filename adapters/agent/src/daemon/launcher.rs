@@ -52,6 +52,10 @@ pub struct LauncherOptions {
     /// websocket, admission within these limits) and relays them to the current worker
     /// (`spec/relay.md`), so that a worker's restart closes none of them.
     pub front_door: Option<lockstep_transport::limits::ApiLimits>,
+    /// `--front-door-threads`: how many threads serve the front door's connections
+    /// ([`lockstep_transport::threads::ConnectionThreads`]); 0: the launcher's own runtime
+    /// serves them.
+    pub front_door_threads: usize,
 }
 
 /// How long a login or read that reaches the front door between two workers waits for the
@@ -148,6 +152,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
                 &options.data_dir,
                 listener,
                 limits.clone(),
+                options.front_door_threads,
                 &relay_socket,
             )?;
             (Some(door), Some(served), None)
@@ -302,6 +307,7 @@ fn front_door(
     data_dir: &std::path::Path,
     listener: std::net::TcpListener,
     limits: lockstep_transport::limits::ApiLimits,
+    threads: usize,
     relay_socket: &std::path::Path,
 ) -> Result<(Arc<lockstep_transport::front::FrontDoor>, AbortOnDrop), DaemonError> {
     use lockstep_transport::admission::Connections;
@@ -324,14 +330,27 @@ fn front_door(
         &crate::steps::build_version().to_string(),
         FRONT_DOOR_WAIT,
     ));
-    tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), "front door: the launcher holds the clients' connections and relays them to the worker");
+    tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), threads, "front door: the launcher holds the clients' connections and relays them to the worker");
     let router = door.router(Arc::clone(&connections));
+    // Each connection is read, relayed and written on one of `threads` threads: a call then
+    // wakes the launcher only for the client's frame and the worker's reply, never one of
+    // its threads for another.
+    // 0: on the launcher's own runtime, whose threads share every connection's tasks.
+    let threads = match threads {
+        0 => None,
+        count => Some(Arc::new(
+            lockstep_transport::threads::ConnectionThreads::start("front-door", count).map_err(
+                DaemonError::system("start the front door's connection threads"),
+            )?,
+        )),
+    };
     let served = AbortOnDrop(tokio::spawn(lockstep_transport::server::serve_connections(
         listener,
         tls,
         connections,
         limits,
         router,
+        threads,
     )));
     Ok((door, served))
 }
