@@ -5,14 +5,26 @@
 //!
 //! Run: `cargo bench -p lockstep-agent --bench front_door`. Each round runs `CONNECTIONS`
 //! (4; `LOCKSTEP_BENCH_CONNECTIONS` for another number: 1 shows the latency of an idle
-//! machine, 4 one whose two cores are busy) lockstep clients, each on its own connection, of `CALLS` sequential `Pinger.Ping`
-//! against one controller, then the other (rounds alternate, so a noisy neighbour hits
-//! both). Prints per round calls per second (of the calls alone: each client's connection
-//! and login are made before the clock starts), p50/p99, and the CPU per call of every
-//! process involved (this one, with the clients, and the daemon's launcher and worker, read
-//! from `/proc`), then the medians, the CPU per call the front door adds and its throughput
-//! as a ratio of the direct one. Issue 19's targets: ratio at least 0.8, at most 30 µs
-//! added at p50. `benches/relay.rs` in lockstep-transport measures the same in one process.
+//! machine, 4 one whose two cores are busy) lockstep clients, each on its own connection,
+//! of `CALLS` sequential `Pinger.Ping` on each of four paths in turn (rounds alternate, so a
+//! noisy neighbour hits them all):
+//!
+//! - `direct`: the controller whose worker serves the port (the baseline);
+//! - `hop`: the same controller through a process that only copies bytes between the
+//!   client's loopback connection and the worker's ([`Forwarder`]: this bench run again, one
+//!   thread, TLS end to end): what a process in the path costs by itself;
+//! - `front`: the controller behind its front door, as bootstrapped by default;
+//! - `front0`: a third controller behind its front door with
+//!   `LOCKSTEPD_FRONT_DOOR_THREADS=0`, its connections served by the launcher's runtime
+//!   instead of a thread of their own.
+//!
+//! Prints per round calls per second (of the calls alone: each client's connection and
+//! login are made before the clock starts), p50/p99, and the CPU per call of every process
+//! involved (this one, with the clients, the daemon's launcher and worker, read from
+//! `/proc`, and the forwarder), then the medians and, for each path against `direct`, its
+//! throughput ratio, the p50 and the CPU per call it adds. Issue 19's targets for the front
+//! door: ratio at least 0.8, at most 30 µs added at p50. `benches/relay.rs` in
+//! lockstep-transport measures the front door in one process.
 //! `LOCKSTEP_BENCH_QUICK=1`: one round of a tenth of the calls (CI runs it).
 #![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
@@ -55,10 +67,16 @@ struct Controller {
 }
 
 impl Controller {
-    fn bootstrap(front_door: bool) -> Controller {
+    /// A controller behind its front door or not; `threads`: its
+    /// `LOCKSTEPD_FRONT_DOOR_THREADS`, when not the default.
+    fn bootstrap(front_door: bool, threads: Option<&str>) -> Controller {
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::new(dir.path().join("controller"));
-        let output = Command::new(LOCKSTEP)
+        let mut command = Command::new(LOCKSTEP);
+        if let Some(threads) = threads {
+            command.env("LOCKSTEPD_FRONT_DOOR_THREADS", threads);
+        }
+        let output = command
             .arg("--data-dir")
             .arg(data.root())
             // Juju's client store beside the temporary data dir, never the real one.
@@ -76,14 +94,18 @@ impl Controller {
         controller
     }
 
-    fn client(&self) -> lockstep_transport::client::Client {
-        ControllerFile::read(&self.data)
-            .expect("controller.yaml")
-            .client(RetryPolicy {
-                initial: lockstep_core::Millis(10),
-                maximum: lockstep_core::Millis(100),
-                attempts_max: 100,
-            })
+    /// A client of this controller, reaching it at `address` instead of its own (through
+    /// the [`Forwarder`]) when given.
+    fn client_at(&self, address: Option<&str>) -> lockstep_transport::client::Client {
+        let mut file = ControllerFile::read(&self.data).expect("controller.yaml");
+        if let Some(address) = address {
+            file.api_endpoints = vec![address.to_owned()];
+        }
+        file.client(RetryPolicy {
+            initial: lockstep_core::Millis(10),
+            maximum: lockstep_core::Millis(100),
+            attempts_max: 100,
+        })
     }
 
     fn launcher_pid(&self) -> u32 {
@@ -145,11 +167,81 @@ fn process_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64(ticks as f64 / per_second as f64))
 }
 
-async fn round(controller: &Controller, connections: usize, calls: usize) -> Round {
+/// The floor of any relay: a process of its own (this bench, run again with
+/// [`FORWARD_TO`]) that copies each connection's bytes to the direct controller's port and
+/// back, on one thread, and does nothing else (TLS stays end to end). What the front door
+/// costs beyond it is its own work: TLS, the websocket, the relay protocol. Killed by its
+/// pid when dropped.
+struct Forwarder {
+    child: std::process::Child,
+    address: String,
+}
+
+/// Set in the forwarder's environment: the address it copies connections to.
+const FORWARD_TO: &str = "LOCKSTEP_BENCH_FORWARD_TO";
+
+impl Forwarder {
+    fn start(to: &str) -> Forwarder {
+        use std::io::BufRead;
+        let mut child = Command::new(std::env::current_exe().expect("this bench's path"))
+            .env(FORWARD_TO, to)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the forwarder starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("its stdout"))
+            .read_line(&mut line)
+            .expect("the forwarder prints its address");
+        Forwarder {
+            child,
+            address: line.trim().to_owned(),
+        }
+    }
+
+    /// The forwarder's own life: listens on a free loopback port, prints it, and copies.
+    fn serve(to: String) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            println!("{}", listener.local_addr().unwrap());
+            loop {
+                let (mut client, _) = listener.accept().await.unwrap();
+                let to = to.clone();
+                tokio::spawn(async move {
+                    let mut server = tokio::net::TcpStream::connect(&to).await.unwrap();
+                    client.set_nodelay(true).unwrap();
+                    server.set_nodelay(true).unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+    }
+
+    fn cpu_time(&self) -> Duration {
+        process_cpu(self.child.id()).unwrap_or_default()
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn round(
+    controller: &Controller,
+    through: Option<&Forwarder>,
+    connections: usize,
+    calls: usize,
+) -> Round {
     let logged_in = Arc::new(tokio::sync::Barrier::new(connections + 1));
     let clients: Vec<_> = (0..connections)
         .map(|_| {
-            let client = controller.client();
+            let client = controller.client_at(through.map(|forwarder| forwarder.address.as_str()));
             let logged_in = Arc::clone(&logged_in);
             tokio::spawn(async move {
                 // Connects and logs in before the clock starts.
@@ -176,15 +268,28 @@ async fn round(controller: &Controller, connections: usize, calls: usize) -> Rou
         })
         .collect();
     logged_in.wait().await;
-    let cpu_before = own_cpu_time() + controller.cpu_time();
+    let forwarder_cpu = || through.map(Forwarder::cpu_time).unwrap_or_default();
+    let cpu_before = own_cpu_time() + controller.cpu_time() + forwarder_cpu();
     let (all, slowest) = side_by_side::gather(clients).await;
-    let cpu = own_cpu_time() + controller.cpu_time() - cpu_before;
+    let cpu = own_cpu_time() + controller.cpu_time() + forwarder_cpu() - cpu_before;
     assert_eq!(all.len(), connections * calls);
     Round::new(all, slowest, cpu)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    if let Ok(to) = std::env::var(FORWARD_TO) {
+        Forwarder::serve(to);
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(bench());
+}
+
+async fn bench() {
     let plan = Plan::from_env(ROUNDS, CALLS);
     let (rounds, calls) = (plan.rounds, plan.calls);
     let connections = connections();
@@ -192,17 +297,29 @@ async fn main() {
         Path::new("/proc/self/stat").exists(),
         "the bench reads /proc"
     );
-    let direct = Controller::bootstrap(false);
-    let front = Controller::bootstrap(true);
+    let direct = Controller::bootstrap(false, None);
+    let front = Controller::bootstrap(true, None);
+    let shared = Controller::bootstrap(true, Some("0"));
+    let direct_address = ControllerFile::read(&direct.data)
+        .expect("controller.yaml")
+        .api_endpoints[0]
+        .clone();
+    let forwarder = Forwarder::start(&direct_address);
     println!(
         "lockstep-agent front door bench{}: {connections} lockstep clients x {calls} sequential \
-         Pinger.Ping over TLS 1.3, against lockstepd with LOCKSTEPD_FRONT_DOOR=false (direct) \
-         and behind its front door (front), {rounds} rounds alternating",
+         Pinger.Ping over TLS 1.3, against lockstepd with LOCKSTEPD_FRONT_DOOR=false (direct), \
+         the same through a process that only copies bytes (hop), lockstepd behind its \
+         front door (front) and behind a front door without threads of its own \
+         (front0: LOCKSTEPD_FRONT_DOOR_THREADS=0), {rounds} rounds alternating",
         plan.note(),
     );
-    side_by_side::alternate(rounds, |path| {
-        let controller = if path == "direct" { &direct } else { &front };
-        Some(round(controller, connections, calls))
+    side_by_side::alternate(rounds, &["direct", "hop", "front", "front0"], |path| {
+        Some(match path {
+            "direct" => round(&direct, None, connections, calls),
+            "hop" => round(&direct, Some(&forwarder), connections, calls),
+            "front" => round(&front, None, connections, calls),
+            _ => round(&shared, None, connections, calls),
+        })
     })
     .await;
 }

@@ -117,7 +117,7 @@ async fn main() {
         plan.note(),
     );
     // One path only (LOCKSTEP_RELAY_BENCH_ONLY, for a profile of it): no ratio.
-    side_by_side::alternate(rounds, |path| {
+    side_by_side::alternate(rounds, &["direct", "front"], |path| {
         if only.as_deref().is_some_and(|only| only != path) {
             return None;
         }

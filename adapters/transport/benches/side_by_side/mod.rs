@@ -59,28 +59,30 @@ impl Plan {
     }
 }
 
-/// The rounds of a run, the direct path then the front door's in each: prints the
-/// header, every round's line and, when both paths ran, the [`summary`]. `measure` runs
-/// one round of the path it is given (`"direct"` or `"front"`), or answers `None` for a
-/// path left out.
-pub async fn alternate<F, Fut>(rounds: usize, mut measure: F)
+/// The rounds of a run, each of `paths` in turn in each round (the first is the baseline,
+/// `"direct"`): prints the header, every round's line and, when more than one path ran,
+/// the [`summary`]. `measure` runs one round of the path it is given, or answers `None`
+/// for a path left out.
+pub async fn alternate<F, Fut>(rounds: usize, paths: &[&'static str], mut measure: F)
 where
     F: FnMut(&'static str) -> Option<Fut>,
     Fut: Future<Output = Round>,
 {
     header();
-    let (mut direct, mut front) = (Vec::new(), Vec::new());
+    let mut results: Vec<(&'static str, Vec<Round>)> =
+        paths.iter().map(|&path| (path, Vec::new())).collect();
     for number in 1..=rounds {
-        for (path, results) in [("direct", &mut direct), ("front", &mut front)] {
+        for (path, rounds) in &mut results {
             if let Some(round) = measure(path) {
                 let measured = round.await;
                 row(number, path, &measured);
-                results.push(measured);
+                rounds.push(measured);
             }
         }
     }
-    if !direct.is_empty() && !front.is_empty() {
-        summary(&direct, &front);
+    results.retain(|(_, rounds)| !rounds.is_empty());
+    if results.len() > 1 {
+        summary(&results);
     }
 }
 
@@ -143,10 +145,10 @@ fn row(number: usize, path: &str, round: &Round) {
     );
 }
 
-/// The medians of each path over its rounds, the CPU per call the front door adds, its
-/// throughput as a ratio of the direct one and its added p50 (issue 19's targets: at
-/// least 0.8, at most 30 µs).
-fn summary(direct: &[Round], front: &[Round]) {
+/// The medians of each path over its rounds and, for each path after the first (the
+/// baseline), the CPU per call it adds, its throughput as a ratio of the baseline's and its
+/// added p50 (issue 19's targets for the front door: at least 0.8, at most 30 µs).
+fn summary(paths: &[(&'static str, Vec<Round>)]) {
     let medians = |rounds: &[Round]| {
         (
             median(rounds.iter().map(|r| r.calls_per_second).collect()),
@@ -160,23 +162,23 @@ fn summary(direct: &[Round], front: &[Round]) {
             ),
         )
     };
-    let (direct_rate, direct_p50, direct_p99, direct_cpu) = medians(direct);
-    let (front_rate, front_p50, front_p99, front_cpu) = medians(front);
-    println!(
-        "median direct {direct_rate:.0} calls/s, p50 {direct_p50:.1} µs, p99 {direct_p99:.1} µs, \
-         CPU {direct_cpu:.1} µs/call"
-    );
-    println!(
-        "median front  {front_rate:.0} calls/s, p50 {front_p50:.1} µs, p99 {front_p99:.1} µs, \
-         CPU {front_cpu:.1} µs/call"
-    );
-    println!(
-        "CPU per call added by the front door: {:.1} µs (the clients' share included in both)",
-        front_cpu - direct_cpu
-    );
-    println!(
-        "ratio front door / direct throughput: {:.2}; p50 added: {:.1} µs",
-        front_rate / direct_rate,
-        front_p50 - direct_p50
-    );
+    let all: Vec<_> = paths
+        .iter()
+        .map(|(path, rounds)| (*path, medians(rounds)))
+        .collect();
+    for (path, (rate, p50, p99, cpu)) in &all {
+        println!(
+            "median {path:<6} {rate:.0} calls/s, p50 {p50:.1} µs, p99 {p99:.1} µs, CPU {cpu:.1} µs/call"
+        );
+    }
+    let (baseline, (base_rate, base_p50, _, base_cpu)) = all[0];
+    for (path, (rate, p50, _, cpu)) in &all[1..] {
+        println!(
+            "{path} / {baseline}: throughput ratio {:.2}, p50 added {:.1} µs, CPU per call added \
+             {:.1} µs (the clients' share included in both)",
+            rate / base_rate,
+            p50 - base_p50,
+            cpu - base_cpu
+        );
+    }
 }
