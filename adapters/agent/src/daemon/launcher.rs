@@ -334,8 +334,8 @@ fn front_door(
     let router = door.router(Arc::clone(&connections));
     // Each connection is read, relayed and written on one of `threads` threads: a call then
     // wakes the launcher only for the client's frame and the worker's reply, never one of
-    // its threads for another.
-    // 0: on the launcher's own runtime, whose threads share every connection's tasks.
+    // its threads for another. With 0, on the launcher's own runtime, whose threads share
+    // every connection's tasks.
     let threads = match threads {
         0 => None,
         count => Some(Arc::new(
