@@ -211,7 +211,7 @@ pub enum ControllerEvent {
         key: String,
         message: String,
     },
-    /// The worker re-executes into `binary`, the listening socket handed over.
+    /// The worker re-executes into `binary`.
     ReExecuting { binary: String },
 }
 
@@ -236,7 +236,7 @@ impl ControllerEvent {
                 format!("{kind} step {key}: {message}")
             }
             ControllerEvent::ReExecuting { binary } => {
-                format!("restart: re-executes into {binary} (listening socket handed over)")
+                format!("restart: re-executes into {binary}")
             }
         }
     }
@@ -524,7 +524,7 @@ pub async fn deployer(
             match &result {
                 Ok(_) if refused + reconnected > 0 => format!(
                     "{} done after {refused} answers `upgrade in progress` and {reconnected} \
-                     closed connections, each retried with the same operation-id",
+                     connections closed or refused, each retried with the same operation-id",
                     commands::describe_change(&change),
                 ),
                 Ok(_) => format!("{} done", commands::describe_change(&change)),
@@ -642,7 +642,7 @@ pub async fn watcher(
         timeline.add_at(
             at,
             "watcher",
-            "an attempt found its connection closed; reconnects and resumes",
+            "an attempt found its connection closed or refused; reconnects and resumes",
         );
     }
     WatcherRun {
@@ -865,9 +865,11 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
     ));
     // The watcher's session spanned the restart: reads are served in every phase, so N's
     // worker delivered the state to it while limited, before the re-exec; N+1's delivered
-    // the deployed state to it after Ready, on a new connection (the re-exec closes every
-    // connection). Its client counts a closed connection only when an attempt finds it
-    // closed, not when it notices one while idle, so that count is shown, not required.
+    // the deployed state to it after Ready (behind the front door on the same connection;
+    // with `--front-door=false` on a new one, the re-exec closing every connection). Its
+    // client counts an attempt that found its connection closed or could not connect (one
+    // made before the launcher listens), not a connection it notices closed while idle, so
+    // that count is shown, not required.
     let watcher = &observed.watcher;
     let watcher_spanned = match (re_exec_at, ready_at) {
         (Some(re_exec), Some(ready)) => {
@@ -884,7 +886,7 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
         format!(
             "the watcher started at {}, was first delivered the state (by {}'s worker, \
              limited) at {}, the controller re-executed at {}, Ready at {}, the watcher's \
-             last changes delivered at {} ({} attempts found the connection closed, {} \
+             last changes delivered at {} ({} attempts found the connection closed or refused, {} \
              answers `upgrade in progress`)",
             seconds(Some(watcher.started)),
             observed
@@ -928,7 +930,7 @@ pub fn claims(observed: &Observed) -> Vec<Claim> {
         if errors.is_empty() {
             format!(
                 "no client error: the deployer's {} calls succeeded (after retrying {} \
-                 `upgrade in progress` answers and {} closed connections), the watcher \
+                 `upgrade in progress` answers and {} connections closed or refused), the watcher \
                  (after {} and {}) and the final status too",
                 observed.deployer.len(),
                 retried(|call| call.refused),
@@ -1208,6 +1210,18 @@ pub async fn run(
     }
 }
 
+/// Returns once `address` accepts a TCP connection (closed at once), or after `timeout`:
+/// the clients started then retry on their own.
+async fn listening(address: &str, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 async fn run_demo(
     keep: bool,
     timeout: Duration,
@@ -1278,6 +1292,14 @@ async fn run_demo(
             prepared.binary
         ),
     );
+
+    // The deployer and the watcher start once the launcher listens, while the controller is
+    // still limited: an attempt before that is refused, and the client's next one comes
+    // 100 ms later (`RetryPolicy::default`), which can be after the whole limited window
+    // (about 150 ms from start to Ready on a 2-core VM).
+    if let Some(address) = prepared.controller.api_endpoints.first() {
+        listening(address, timeout).await;
+    }
 
     let bundle = Bundle::parse(DEMO_BUNDLE)?;
     let (applications, units, relations) =
