@@ -87,6 +87,7 @@ pub mod limits;
 pub mod logins;
 pub mod pipes;
 pub mod probes;
+pub mod records;
 pub mod relay;
 pub mod relayed;
 pub mod route;
