@@ -1,22 +1,26 @@
-//! What carrying a TLS session on after rustls's handshake costs (`records.rs`): the CPU a
+//! What carrying a TLS session on after rustls's handshake costs (`records.rs`), and
+//! keeping it in a journal another process can take it back from (`journal.rs`): the CPU a
 //! round trip of a small message costs when the server's side of the session is rustls's
 //! own stream (`tokio_rustls`), against the same session taken from rustls after the
-//! handshake and carried on by `RecordStream`.
+//! handshake and carried on by `RecordStream`, and by `JournaledStream` (each message
+//! absorbed once echoed, each echo committed before it is written).
 //!
 //! Run: `cargo bench -p lockstep-transport --bench records`. `CLIENTS` rustls clients, each
 //! on its own loopback TCP connection (TLS 1.3, the default suite), each make
 //! `ROUND_TRIPS` sequential round trips of a 200-byte message to an echo server on the same
-//! 2-thread runtime; the two servers alternate, `ROUNDS` rounds each. Prints the process's
-//! CPU time (user + system) per round trip and the round trips per second, then the medians
-//! and the record layer's CPU as a ratio of rustls's. `LOCKSTEP_BENCH_QUICK=1`: one round
+//! 2-thread runtime; the three servers alternate, `ROUNDS` rounds each. Prints the
+//! process's CPU time (user + system) per round trip and the round trips per second, then
+//! the medians and each server's CPU as a ratio of rustls's. `LOCKSTEP_BENCH_QUICK=1`: one round
 //! of a tenth of the round trips.
 #![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockstep_transport::journal::{self, Journal, JournaledStream, Lease, Shape};
 use lockstep_transport::records::{self, RecordStream, Session};
 use lockstep_transport::tls::{Credentials, client_config};
+use std::os::fd::AsFd;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -33,6 +37,28 @@ fn cpu_time() -> Duration {
     )
 }
 
+/// The servers a round can run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Rustls,
+    Records,
+    Journaled,
+}
+
+/// An echo that absorbs each message into the journal once its echo is sealed.
+async fn echo_journaled(mut stream: JournaledStream<TcpStream>) {
+    let mut message = [0_u8; MESSAGE_BYTES];
+    while stream.read_exact(&mut message).await.is_ok() {
+        if stream.write_all(&message).await.is_err() {
+            return;
+        }
+        stream.absorb(MESSAGE_BYTES as u64);
+        if stream.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
 async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
     let mut message = [0_u8; MESSAGE_BYTES];
     while stream.read_exact(&mut message).await.is_ok() {
@@ -47,7 +73,7 @@ async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
 async fn round(
     server: Arc<rustls::ServerConfig>,
     client: Arc<rustls::ClientConfig>,
-    carried: bool,
+    kind: Server,
     round_trips: usize,
 ) -> (f64, f64) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -58,12 +84,33 @@ async fn round(
             socket.set_nodelay(true).unwrap();
             let server = Arc::clone(&server);
             tokio::spawn(async move {
-                if carried {
-                    let (socket, state) = records::accept(&server, socket).await.unwrap();
-                    echo(RecordStream::new(socket, Session::new(&state).unwrap())).await;
-                } else {
-                    let tls = tokio_rustls::TlsAcceptor::from(server);
-                    echo(tls.accept(socket).await.unwrap()).await;
+                match kind {
+                    Server::Rustls => {
+                        let tls = tokio_rustls::TlsAcceptor::from(server);
+                        echo(tls.accept(socket).await.unwrap()).await;
+                    }
+                    Server::Records => {
+                        let (socket, state) = records::accept(&server, socket).await.unwrap();
+                        echo(RecordStream::new(socket, Session::new(&state).unwrap())).await;
+                    }
+                    Server::Journaled => {
+                        let (socket, session) = records::accept(&server, socket).await.unwrap();
+                        let shape = Shape {
+                            read_ring: 64 << 10,
+                            write_ring: 64 << 10,
+                        };
+                        let journal = Journal::create(shape, session.suite).unwrap();
+                        let lease = Lease {
+                            shape,
+                            counters: journal::socket_counters(socket.as_fd()).unwrap(),
+                            session,
+                            read_ahead: Vec::new(),
+                            skip: 0,
+                            app: Vec::new(),
+                        };
+                        echo_journaled(JournaledStream::new(socket, journal, &lease).unwrap())
+                            .await;
+                    }
                 }
             });
         }
@@ -135,7 +182,8 @@ fn main() {
         },
     );
     println!("round  server      CPU µs per round trip   round trips/s");
-    let names = ["rustls", "records"];
+    let names = ["rustls", "records", "journaled"];
+    let kinds = [Server::Rustls, Server::Records, Server::Journaled];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let mut rate: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     for number in 1..=rounds {
@@ -143,7 +191,7 @@ fn main() {
             let (per, per_second) = runtime.block_on(round(
                 Arc::clone(&server),
                 Arc::clone(&client),
-                index == 1,
+                kinds[index],
                 round_trips,
             ));
             println!("{number:>5}  {name:<10} {per:>12.2} {per_second:>22.0}");
@@ -156,9 +204,12 @@ fn main() {
     for ((name, per), per_second) in names.iter().zip(&cpu).zip(&rate) {
         println!("median {name:<10} {per:.2} µs per round trip, {per_second:.0} round trips/s");
     }
-    println!(
-        "records / rustls: CPU per round trip {:.2}, round trips per second {:.2}",
-        cpu[1] / cpu[0],
-        rate[1] / rate[0]
-    );
+    for index in 1..names.len() {
+        println!(
+            "{} / rustls: CPU per round trip {:.2}, round trips per second {:.2}",
+            names[index],
+            cpu[index] / cpu[0],
+            rate[index] / rate[0]
+        );
+    }
 }

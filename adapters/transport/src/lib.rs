@@ -83,6 +83,7 @@ pub mod connection;
 pub mod facade;
 pub mod front;
 pub mod hold;
+pub mod journal;
 pub mod limits;
 pub mod logins;
 pub mod pipes;

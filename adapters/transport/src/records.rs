@@ -171,6 +171,18 @@ impl Drop for Secret {
     }
 }
 
+impl Secret {
+    /// The key material.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Key material from bytes.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Secret {
+        Secret(bytes.to_vec())
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Secret({} bytes)", self.0.len())
@@ -462,6 +474,11 @@ impl Session {
             rx: self.rx.state(),
             tx: self.tx.state(),
         }
+    }
+
+    /// Whether this side has said `close_notify`.
+    pub fn is_closed(&self) -> bool {
+        self.closed
     }
 
     /// Seals `plain` as application data, in records of at most

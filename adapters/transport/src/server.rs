@@ -31,6 +31,7 @@ pub use crate::wire::SERVER_VERSION;
 
 use crate::admission::{Admitted, Connections, Metered};
 use crate::hold::ConnectionHold;
+use crate::records;
 use crate::threads::ConnectionThreads;
 use crate::tools_endpoint::Downloader;
 use crate::{auth, charms_endpoint, connection, probes};
@@ -101,7 +102,8 @@ pub async fn serve_connections(
     router: Router,
     threads: Option<Arc<ConnectionThreads>>,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    // Refusals are answered by rustls's own stream: one response, then the end.
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls));
     let limits = Arc::new(limits);
     let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSALS_IN_PROGRESS_MAX));
     let mut connections = tokio::task::JoinSet::new();
@@ -139,7 +141,7 @@ pub async fn serve_connections(
             }
         };
         admitted.enforce_login_deadline();
-        let acceptor = acceptor.clone();
+        let tls = Arc::clone(&tls);
         let mut router = router
             .clone()
             .layer(axum::Extension(Arc::clone(&admitted)))
@@ -168,13 +170,21 @@ pub async fn serve_connections(
                 }
             };
             let closed = admitted.ticket.closed.clone();
+            // The session is taken from rustls once the handshake is done and carried on by
+            // `records`, so that it can move to another process with its socket.
             let handshake = tokio::time::timeout(
                 handshake_timeout,
-                acceptor.accept(Metered::new(tcp, &admitted)),
+                records::accept(&tls, Metered::new(tcp, &admitted)),
             );
             let stream = tokio::select! {
                 handshake = handshake => match handshake {
-                    Ok(Ok(stream)) => stream,
+                    Ok(Ok((io, state))) => match records::Session::new(&state) {
+                        Ok(session) => records::RecordStream::new(io, session),
+                        Err(error) => {
+                            tracing::warn!(target: "lockstep::api", %peer, %error, "TLS session not carried on");
+                            return;
+                        }
+                    },
                     Ok(Err(error)) => {
                         tracing::debug!(target: "lockstep::api", %peer, %error, "TLS handshake failed");
                         return;
