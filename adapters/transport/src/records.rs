@@ -62,6 +62,11 @@ const ALERT_BAD_RECORD_MAC: u8 = 20;
 const ALERT_RECORD_OVERFLOW: u8 = 22;
 const ALERT_DECODE_ERROR: u8 = 50;
 
+/// The most records in a row a peer may send that carry no application data (empty ones,
+/// key updates): rustls's and BoringSSL's bound, so that a peer cannot keep this side
+/// opening records that move nothing on.
+pub const IDLE_RECORDS_MAX: u32 = 32;
+
 /// The most ciphertext [`RecordStream`] keeps unwritten before a write waits for the
 /// socket: four full records.
 const WRITE_BUFFER_BYTES_MAX: usize = 4 * (HEADER_BYTES + TLS13_CIPHERTEXT_BYTES_MAX);
@@ -281,6 +286,9 @@ pub enum RecordError {
     /// The session's sequence numbers ran out.
     #[error("the session's sequence numbers are exhausted")]
     Exhausted,
+    /// Too many records in a row with no application data.
+    #[error("{} records in a row with no application data (empty, or key updates)", IDLE_RECORDS_MAX + 1)]
+    Idle,
     /// A write after this side said `close_notify`.
     #[error("a write after close_notify")]
     Closed,
@@ -292,7 +300,8 @@ impl RecordError {
         match self {
             RecordError::Header { .. }
             | RecordError::ContentType(_)
-            | RecordError::Handshake { .. } => Some(ALERT_UNEXPECTED_MESSAGE),
+            | RecordError::Handshake { .. }
+            | RecordError::Idle => Some(ALERT_UNEXPECTED_MESSAGE),
             RecordError::Overflow { .. } => Some(ALERT_RECORD_OVERFLOW),
             RecordError::BadRecord(_) => Some(ALERT_BAD_RECORD_MAC),
             RecordError::NoContentType(_) | RecordError::KeyUpdateRequest(_) => {
@@ -444,6 +453,8 @@ pub struct Session {
     rx: Direction,
     tx: Direction,
     closed: bool,
+    /// Records opened in a row that carried no application data.
+    idle: u32,
 }
 
 impl fmt::Debug for Session {
@@ -464,6 +475,7 @@ impl Session {
             rx: Direction::new(state.suite, &state.rx)?,
             tx: Direction::new(state.suite, &state.tx)?,
             closed: false,
+            idle: 0,
         })
     }
 
@@ -651,6 +663,14 @@ impl Session {
                 .map_err(|_| RecordError::BadRecord(seq))?;
             (typ, body..body + plain_len)
         };
+        if typ == CONTENT_APPLICATION_DATA && !content.is_empty() {
+            self.idle = 0;
+        } else {
+            self.idle += 1;
+            if self.idle > IDLE_RECORDS_MAX {
+                return Err(RecordError::Idle);
+            }
+        }
         match typ {
             CONTENT_APPLICATION_DATA => Ok(Some((len, Opened::Data(content)))),
             CONTENT_ALERT => match buf[content] {
@@ -1320,6 +1340,33 @@ mod tests {
             session.open(&mut ticket, &mut Vec::new()).unwrap_err(),
             RecordError::Handshake { typ: 4, len: 4 }
         );
+    }
+
+    #[tokio::test]
+    async fn a_peer_sending_records_that_carry_nothing_is_cut_off_after_32() {
+        let ((_, state), _client) = pair(&[&rustls::version::TLS13], &[]).await;
+        for with_data_between in [false, true] {
+            let mut session = Session::new(&state).unwrap();
+            let mut peer = Session::new(&state.peer()).unwrap();
+            let mut outcome = Ok(None);
+            for n in 0..100 {
+                let mut record = Vec::new();
+                if with_data_between && n % 30 == 29 {
+                    peer.seal(b"x", &mut record).unwrap();
+                } else if n % 2 == 0 {
+                    peer.seal_record(CONTENT_APPLICATION_DATA, &[], &mut record)
+                        .unwrap();
+                } else {
+                    peer.seal_key_update(false, &mut record).unwrap();
+                }
+                outcome = session.open(&mut record, &mut Vec::new());
+                if outcome.is_err() {
+                    assert_eq!(n, 32, "cut off at the 33rd");
+                    break;
+                }
+            }
+            assert_eq!(outcome.is_err(), !with_data_between, "{outcome:?}");
+        }
     }
 
     #[tokio::test]
