@@ -849,8 +849,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for JournaledStream<S> {
                         }
                     }
                     this.open_at += len as u64;
-                    let discard = (plain.len() as u64).min(this.discard);
-                    this.discard -= discard;
+                    // What was taken before the lease is in the first record opened.
+                    let discard = (plain.len() as u64).min(std::mem::take(&mut this.discard));
                     this.plain.clear();
                     this.plain_at = 0;
                     this.plain

@@ -885,6 +885,25 @@ pub struct RecordStream<S> {
     written: usize,
     /// A record error, reported to every read and write after it.
     failed: Option<RecordError>,
+    /// Ciphertext read from the socket before this stream (a handover's read-ahead),
+    /// `ahead[ahead_at..]` not yet moved into `read_buf`: read before the socket.
+    ahead: Vec<u8>,
+    ahead_at: usize,
+    /// Plaintext bytes of the first record opened that were taken before the handover.
+    discard: u64,
+}
+
+/// A session at a handover: what the next holder of the connection needs with its socket.
+#[derive(Debug)]
+pub struct Handover<S> {
+    /// The socket.
+    pub io: S,
+    /// The session, its reads at the first record of `read_ahead`.
+    pub session: SessionState,
+    /// Ciphertext read from the socket and not opened: the read stream's next bytes.
+    pub read_ahead: Vec<u8>,
+    /// Plaintext bytes of the first record of `read_ahead` already taken.
+    pub skip: u64,
 }
 
 impl<S> fmt::Debug for RecordStream<S> {
@@ -910,7 +929,20 @@ impl<S> RecordStream<S> {
             write_buf: Vec::with_capacity(HEADER_BYTES + TLS13_CIPHERTEXT_BYTES_MAX),
             written: 0,
             failed: None,
+            ahead: Vec::new(),
+            ahead_at: 0,
+            discard: 0,
         }
+    }
+
+    /// Carries on a session handed over with ciphertext already read from `io`
+    /// (`read_ahead`, read before the socket) of which the first record's first `skip`
+    /// plaintext bytes were taken.
+    pub fn resume(io: S, session: Session, read_ahead: Vec<u8>, skip: u64) -> RecordStream<S> {
+        let mut stream = RecordStream::new(io, session);
+        stream.ahead = read_ahead;
+        stream.discard = skip;
+        stream
     }
 
     /// The socket.
@@ -928,17 +960,27 @@ impl<S> RecordStream<S> {
     pub fn is_quiet(&self) -> bool {
         self.plain.is_empty()
             && self.read_filled == self.record_len
+            && self.ahead_at == self.ahead.len()
             && self.written == self.write_buf.len()
     }
 
-    /// The socket and the session, once quiet; the stream back if it is not.
-    pub fn into_parts(self) -> Result<(S, SessionState), Box<RecordStream<S>>> {
-        if self.is_quiet() && self.failed.is_none() {
-            let state = self.session.state();
-            Ok((self.io, state))
-        } else {
-            Err(Box::new(self))
+    /// The socket and the session for the connection's next holder, once no opened
+    /// plaintext waits to be read and everything sealed is written (ciphertext read and not
+    /// opened goes with it); the stream back if not.
+    pub fn into_handover(mut self) -> Result<Handover<S>, Box<RecordStream<S>>> {
+        if !self.plain.is_empty() || self.written != self.write_buf.len() || self.failed.is_some() {
+            return Err(Box::new(self));
         }
+        let mut read_ahead = self.read_buf[self.record_len..self.read_filled].to_vec();
+        read_ahead.extend_from_slice(&self.ahead[self.ahead_at..]);
+        let session = self.session.state();
+        self.read_buf = Vec::new();
+        Ok(Handover {
+            io: self.io,
+            session,
+            read_ahead,
+            skip: self.discard,
+        })
     }
 
     fn fail(&mut self, error: RecordError) -> io::Error {
@@ -1004,8 +1046,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<S> {
             {
                 Ok(Some((len, opened))) => {
                     this.record_len = len;
+                    // What was taken before a handover is in the first record opened.
+                    let discard = std::mem::take(&mut this.discard);
                     match opened {
-                        Opened::Data(range) => this.plain = range,
+                        Opened::Data(range) => {
+                            let discard = (discard as usize).min(range.len());
+                            this.plain = range.start + discard..range.end;
+                        }
                         Opened::CloseNotify => this.read_closed = true,
                         Opened::KeyUpdate if !answer.is_empty() => {
                             this.write_buf.extend_from_slice(&answer);
@@ -1024,6 +1071,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<S> {
                     let _ = this.poll_write_out(cx);
                     return Poll::Ready(Err(error));
                 }
+            }
+            if this.ahead_at < this.ahead.len() {
+                let n =
+                    (this.ahead.len() - this.ahead_at).min(this.read_buf.len() - this.read_filled);
+                this.read_buf[this.read_filled..this.read_filled + n]
+                    .copy_from_slice(&this.ahead[this.ahead_at..this.ahead_at + n]);
+                this.ahead_at += n;
+                this.read_filled += n;
+                if this.ahead_at == this.ahead.len() {
+                    this.ahead = Vec::new();
+                    this.ahead_at = 0;
+                }
+                continue;
             }
             let mut read = ReadBuf::new(&mut this.read_buf[this.read_filled..]);
             ready!(Pin::new(&mut this.io).poll_read(cx, &mut read))?;

@@ -1,7 +1,9 @@
 //! A connection held by another process through a journal (`journal.rs`), taken back after
 //! that process is killed with SIGKILL at moments spread over its work, and carried on: a
 //! rustls client streaming messages to an echo sees every echo once, in order, on the one
-//! connection, across every kill.
+//! connection, across every kill. Between every other two holders the test itself serves a
+//! few messages on the session it took back, as the launcher does while no worker serves,
+//! then hands the connection over again.
 //!
 //! The holder is this test binary run again (`journal_child`), given the socket and the
 //! journal's memory file as inherited descriptors and the lease in its environment.
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockstep_transport::journal::{self, Journal, JournaledStream, Lease, Shape};
-use lockstep_transport::records;
+use lockstep_transport::records::{self, RecordStream, Session};
 use lockstep_transport::tls::{Credentials, client_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -96,6 +98,43 @@ fn journal_child() {
             stream.flush().await.unwrap();
         }
     });
+}
+
+/// The parent's own turn with the connection, as a launcher's between workers: carries the
+/// session on from where the dead holder left it, echoes `messages` messages, and gives the
+/// socket back with what the next holder needs (its session, read-ahead and skip), waiting
+/// for a message's end if one is half read.
+async fn serve_between(
+    socket: TcpStream,
+    session: records::SessionState,
+    read_ahead: Vec<u8>,
+    skip: u64,
+    messages: u64,
+) -> (TcpStream, (records::SessionState, Vec<u8>, u64)) {
+    let mut stream =
+        RecordStream::resume(socket, Session::new(&session).unwrap(), read_ahead, skip);
+    let mut served = 0;
+    loop {
+        if served >= messages {
+            match stream.into_handover() {
+                Ok(handover) => {
+                    return (
+                        handover.io,
+                        (handover.session, handover.read_ahead, handover.skip),
+                    );
+                }
+                Err(back) => stream = *back,
+            }
+        }
+        let len = stream.read_u32().await.unwrap() as usize;
+        assert_ne!(len, 0, "the client ended while the parent served");
+        let mut bytes = vec![0u8; len];
+        stream.read_exact(&mut bytes).await.unwrap();
+        stream.write_u32(len as u32).await.unwrap();
+        stream.write_all(&bytes).await.unwrap();
+        stream.flush().await.unwrap();
+        served += 1;
+    }
 }
 
 /// Starts a holder for `lease` on the socket and journal given.
@@ -227,6 +266,8 @@ async fn a_holder_killed_at_any_moment_leaves_the_connection_to_carry_on_with_ev
     let mut recovered_states = Vec::new();
     let started = Instant::now();
     let mut kill = 0;
+    let mut served_between = 0;
+    let mut socket = socket;
     while kill < KILLS_MIN || echoes.load(std::sync::atomic::Ordering::Relaxed) < MESSAGES * 3 / 4 {
         assert!(
             kill < KILLS_MAX,
@@ -259,12 +300,35 @@ async fn a_holder_killed_at_any_moment_leaves_the_connection_to_carry_on_with_ev
                 Err(e) => panic!("writing what the holder left: {e}"),
             }
         }
+        // Every other time the parent serves a few messages itself, as the launcher does
+        // while no worker serves, then hands the connection over again.
+        let (session, read_ahead, skip);
+        (socket, session, read_ahead, skip) = if kill % 2 == 0 {
+            let served = numbers.next(8);
+            let (socket, handover) = serve_between(
+                socket,
+                recovered.session,
+                recovered.read_ahead,
+                recovered.skip,
+                served,
+            )
+            .await;
+            served_between += served;
+            (socket, handover.0, handover.1, handover.2)
+        } else {
+            (
+                socket,
+                recovered.session,
+                recovered.read_ahead,
+                recovered.skip,
+            )
+        };
         lease = Lease {
             shape: SHAPE,
-            session: recovered.session,
+            session,
             counters: journal::socket_counters(socket.as_fd()).unwrap(),
-            read_ahead: recovered.read_ahead,
-            skip: recovered.skip,
+            read_ahead,
+            skip,
             app: recovered.app,
         };
     }
@@ -277,6 +341,10 @@ async fn a_holder_killed_at_any_moment_leaves_the_connection_to_carry_on_with_ev
     client
         .await
         .expect("the client saw every echo once, in order");
+    assert!(
+        served_between > 0,
+        "the parent served no message between holders"
+    );
     // The kills found holders in the states recovery is for.
     let mid_message = recovered_states
         .iter()

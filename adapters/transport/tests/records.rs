@@ -42,12 +42,13 @@ async fn serve_moving(listener: TcpListener, config: std::sync::Arc<rustls::Serv
     let (socket, _) = listener.accept().await.unwrap();
     let (socket, state) = records::accept(&config, socket).await.unwrap();
     let mut state = serde_json::to_vec(&state).unwrap();
-    let mut socket: TcpStream = socket;
+    let (mut socket, mut read_ahead, mut skip): (TcpStream, Vec<u8>, u64) = (socket, Vec::new(), 0);
     let mut moves = 0;
     loop {
         // Another "process" picks the session up from its state.
         let parsed: SessionState = serde_json::from_slice(&state).unwrap();
-        let mut stream = RecordStream::new(socket, Session::new(&parsed).unwrap());
+        let mut stream =
+            RecordStream::resume(socket, Session::new(&parsed).unwrap(), read_ahead, skip);
         let n = stream.read_u32().await.unwrap() as usize;
         if n == 0 {
             stream.shutdown().await.unwrap();
@@ -57,9 +58,13 @@ async fn serve_moving(listener: TcpListener, config: std::sync::Arc<rustls::Serv
         stream.read_exact(&mut message).await.unwrap();
         stream.write_all(&message).await.unwrap();
         stream.flush().await.unwrap();
-        let (io, next) = stream.into_parts().expect("quiet between messages");
-        socket = io;
-        state = serde_json::to_vec(&next).unwrap();
+        let handover = stream
+            .into_handover()
+            .expect("nothing waiting between messages");
+        socket = handover.io;
+        read_ahead = handover.read_ahead;
+        skip = handover.skip;
+        state = serde_json::to_vec(&handover.session).unwrap();
         moves += 1;
     }
 }
