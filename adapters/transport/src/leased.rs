@@ -1,0 +1,337 @@
+//! The pieces of a connection leased to the worker (ARCHITECTURE.md, "Handing each
+//! connection's socket to the worker") that sit between the websocket and the journal.
+//!
+//! A journal ([`crate::journal`]) takes back, after its holder's death, everything the
+//! holder had read and not *absorbed*. The holder absorbs a client's message once what it
+//! did with it is in the journal's commit, so the absorbed point must fall on a message's
+//! end. tungstenite reads ahead into a buffer of its own, which would put it anywhere:
+//! [`FrameBounded`] hands tungstenite the stream's bytes one websocket frame at a time (it
+//! reads each frame's header itself), so that when tungstenite returns a message it holds
+//! no byte past it, and every byte handed on is the message's or an earlier one's.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The longest websocket frame header: 2 bytes, an 8-byte length, a 4-byte mask.
+const HEADER_BYTES_MAX: usize = 14;
+
+/// How much of the stream is read at once.
+const STAGED_BYTES: usize = 16 << 10;
+
+/// A stream whose reads end at every websocket frame's end (client frames, as a server
+/// reads them). Writes pass through.
+#[derive(Debug)]
+pub struct FrameBounded<S> {
+    inner: S,
+    /// Bytes read from `inner` and not handed on: `staged[staged_at..staged_end]`.
+    staged: Vec<u8>,
+    staged_at: usize,
+    staged_end: usize,
+    /// Bytes of the current frame (header included) not handed on yet; 0 between frames.
+    frame_left: u64,
+    /// Every byte handed on, since the start.
+    handed: u64,
+    /// Bytes handed on up to the last frame's end.
+    at_boundary: u64,
+}
+
+impl<S> FrameBounded<S> {
+    /// Reads `inner` a frame at a time.
+    pub fn new(inner: S) -> FrameBounded<S> {
+        FrameBounded {
+            inner,
+            staged: vec![0; STAGED_BYTES],
+            staged_at: 0,
+            staged_end: 0,
+            frame_left: 0,
+            handed: 0,
+            at_boundary: 0,
+        }
+    }
+
+    /// The stream read.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The stream read, to absorb through.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Bytes handed on since the start.
+    pub fn handed(&self) -> u64 {
+        self.handed
+    }
+
+    /// Bytes handed on up to the end of the last whole frame handed on: all of them once
+    /// the reader has taken every frame it was given.
+    pub fn at_boundary(&self) -> u64 {
+        self.at_boundary
+    }
+
+    /// Bytes read from the stream and not handed on (they are the stream's, unabsorbed).
+    pub fn staged(&self) -> usize {
+        self.staged_end - self.staged_at
+    }
+
+    /// The length of the frame starting at `staged[staged_at..]`, header included, once
+    /// its header is all there (RFC 6455 §5.2).
+    fn frame_len(&self) -> io::Result<Option<u64>> {
+        let header = &self.staged[self.staged_at..self.staged_end];
+        if header.len() < 2 {
+            return Ok(None);
+        }
+        let masked = header[1] & 0x80 != 0;
+        let (extended, len) = match header[1] & 0x7f {
+            126 => (2, None),
+            127 => (8, None),
+            len => (0, Some(u64::from(len))),
+        };
+        let header_len = 2 + extended + if masked { 4 } else { 0 };
+        if header.len() < header_len {
+            return Ok(None);
+        }
+        let len = match len {
+            Some(len) => len,
+            None if extended == 2 => u64::from(u16::from_be_bytes([header[2], header[3]])),
+            None => {
+                let len = u64::from_be_bytes(header[2..10].try_into().expect("8 bytes"));
+                if len >> 63 != 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a websocket frame length with its top bit set",
+                    ));
+                }
+                len
+            }
+        };
+        Ok(Some(header_len as u64 + len))
+    }
+
+    fn hand_on(&mut self, buf: &mut ReadBuf<'_>, limit: u64) -> usize {
+        let n = buf
+            .remaining()
+            .min(self.staged())
+            .min(usize::try_from(limit).unwrap_or(usize::MAX));
+        buf.put_slice(&self.staged[self.staged_at..self.staged_at + n]);
+        self.staged_at += n;
+        self.handed += n as u64;
+        if self.staged_at == self.staged_end {
+            self.staged_at = 0;
+            self.staged_end = 0;
+        }
+        n
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FrameBounded<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.frame_left == 0
+                && let Some(len) = this.frame_len()?
+            {
+                this.frame_left = len;
+            }
+            if this.frame_left > 0 && this.staged() > 0 {
+                let n = this.hand_on(buf, this.frame_left);
+                this.frame_left -= n as u64;
+                if this.frame_left == 0 {
+                    this.at_boundary = this.handed;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            // More of the stream, after what is staged (a header's part at most, or the
+            // frame's rest).
+            if this.staged_at > 0 {
+                this.staged.copy_within(this.staged_at..this.staged_end, 0);
+                this.staged_end -= this.staged_at;
+                this.staged_at = 0;
+            }
+            debug_assert!(this.staged_end < HEADER_BYTES_MAX || this.frame_left > 0);
+            let mut read = ReadBuf::new(&mut this.staged[this.staged_end..]);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
+            let n = read.filled().len();
+            if n == 0 {
+                // The stream ended inside a header: the reader finds what there is.
+                this.hand_on(buf, u64::MAX);
+                return Poll::Ready(Ok(()));
+            }
+            this.staged_end += n;
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FrameBounded<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+    use tokio_tungstenite::tungstenite::{Bytes, Message};
+
+    /// Counts what the client writes, so the test knows where each of its frames ends.
+    struct Counted<S> {
+        inner: S,
+        written: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+        }
+    }
+
+    impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let this = self.get_mut();
+            let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+            this.written
+                .fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        }
+    }
+
+    fn fragment(opcode: OpCode, fin: bool, payload: &str) -> Message {
+        let header = FrameHeader {
+            is_final: fin,
+            opcode,
+            ..FrameHeader::default()
+        };
+        Message::Frame(Frame::from_payload(header, Bytes::from(payload.to_owned())))
+    }
+
+    #[tokio::test]
+    async fn tungstenite_holds_no_byte_past_the_message_it_returns() {
+        // The client writes everything first, so the server's reads could run far ahead.
+        let (client_io, server_io) = tokio::io::duplex(1 << 22);
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut client = WebSocketStream::from_raw_socket(
+            Counted {
+                inner: client_io,
+                written: std::sync::Arc::clone(&written),
+            },
+            Role::Client,
+            None,
+        )
+        .await;
+        let sizes = [0usize, 1, 125, 126, 127, 65_535, 65_536, 300_000, 7];
+        let mut ends = Vec::new();
+        for (i, size) in sizes.iter().enumerate() {
+            client.send(Message::text("x".repeat(*size))).await.unwrap();
+            ends.push(written.load(std::sync::atomic::Ordering::SeqCst));
+            if i == 3 {
+                client
+                    .send(Message::Ping(Bytes::from_static(b"are you there")))
+                    .await
+                    .unwrap();
+                ends.push(written.load(std::sync::atomic::Ordering::SeqCst));
+                // A message in three fragments, a ping between two of them.
+                client
+                    .send(fragment(OpCode::Data(Data::Text), false, "frag"))
+                    .await
+                    .unwrap();
+                client
+                    .send(fragment(OpCode::Data(Data::Continue), false, "men"))
+                    .await
+                    .unwrap();
+                client
+                    .send(Message::Ping(Bytes::from_static(b"mid")))
+                    .await
+                    .unwrap();
+                ends.push(written.load(std::sync::atomic::Ordering::SeqCst));
+                client
+                    .send(fragment(OpCode::Data(Data::Continue), true, "ted"))
+                    .await
+                    .unwrap();
+                ends.push(written.load(std::sync::atomic::Ordering::SeqCst));
+            }
+        }
+        let mut config = WebSocketConfig::default();
+        config.max_message_size = Some(1 << 20);
+        let mut server = WebSocketStream::from_raw_socket(
+            FrameBounded::new(server_io),
+            Role::Server,
+            Some(config),
+        )
+        .await;
+        let mut received = Vec::new();
+        for end in &ends {
+            let message = server.next().await.unwrap().unwrap();
+            let bounded = server.get_ref();
+            assert_eq!(
+                (bounded.handed(), bounded.at_boundary()),
+                (*end, *end),
+                "after {message:?} tungstenite was handed bytes past it"
+            );
+            received.push(message);
+        }
+        assert_eq!(received[5], Message::Ping(Bytes::from_static(b"mid")));
+        assert_eq!(received[6], Message::text("fragmented"));
+        assert_eq!(received.len(), sizes.len() + 3);
+    }
+
+    #[tokio::test]
+    async fn a_frame_length_with_its_top_bit_set_is_refused() {
+        let (mut client_io, server_io) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(
+            &mut client_io,
+            &[0x81, 0xff, 0x80, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 4],
+        )
+        .await
+        .unwrap();
+        let mut bounded = FrameBounded::new(server_io);
+        let mut buf = [0u8; 16];
+        let error = tokio::io::AsyncReadExt::read(&mut bounded, &mut buf)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "a websocket frame length with its top bit set"
+        );
+    }
+}
