@@ -1,5 +1,8 @@
-//! The pieces of a connection leased to the worker (ARCHITECTURE.md, "Handing each
-//! connection's socket to the worker") that sit between the websocket and the journal.
+//! A client connection leased to the worker (ARCHITECTURE.md, "Handing each connection's
+//! socket to the worker"): the worker serves the client's websocket on the client's own
+//! socket, its session carried on by [`crate::records`] and kept in a
+//! [`crate::journal`] with what the launcher keeps of a relayed connection ([`Kept`]), so
+//! that the launcher can take the connection back when the worker dies.
 //!
 //! A journal ([`crate::journal`]) takes back, after its holder's death, everything the
 //! holder had read and not *absorbed*. The holder absorbs a client's message once what it
@@ -9,11 +12,213 @@
 //! reads each frame's header itself), so that when tungstenite returns a message it holds
 //! no byte past it, and every byte handed on is the message's or an earlier one's.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use futures_util::stream::FuturesUnordered;
+use futures_util::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use crate::api::Api;
+use crate::connection::REQUESTS_IN_FLIGHT_MAX;
+use crate::journal::{APP_BYTES_MAX, JournaledStream};
+use crate::relay::{self, CarriedLogin};
+use crate::session::Session;
+use crate::wire::{self, WireError};
+
+/// What a leased connection's journal commits with its records: what the launcher keeps
+/// of a relayed connection (its login, its watchers' positions, the calls taken and not
+/// answered, each with the operation-id the launcher would have stamped on it), so that
+/// the launcher can carry the connection on as its own when the worker dies.
+#[derive(Clone, Default, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Kept {
+    /// The login the connection made.
+    pub login: Option<CarriedLogin>,
+    /// Each watcher's last revision delivered (`None`: no `Next` answered yet).
+    pub watchers: BTreeMap<String, Option<u64>>,
+    /// Calls taken and not answered, in the order they came.
+    pub pending: Vec<KeptCall>,
+}
+
+/// A call taken and not answered.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct KeptCall {
+    /// Its request id.
+    pub request_id: u64,
+    /// The client's frame as it came.
+    pub frame: String,
+    /// The stamp the launcher would have put on it ([`relay::operation_id`]).
+    pub operation_id: Option<String>,
+}
+
+impl Kept {
+    /// The journal's application state.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("kept state serializes")
+    }
+
+    /// Read back from a journal's application state.
+    pub fn decode(bytes: &[u8]) -> Result<Kept, String> {
+        if bytes.is_empty() {
+            return Ok(Kept::default());
+        }
+        serde_json::from_slice(bytes).map_err(|e| format!("a leased connection's kept state: {e}"))
+    }
+}
+
+/// Who the connection is to the launcher: what an operation-id is derived from.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Stamps {
+    /// The launcher's boot.
+    pub boot: String,
+    /// The launcher's number for the connection.
+    pub connection: u64,
+}
+
+/// Why a leased connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum LeasedError {
+    /// The socket, its session or its journal failed.
+    #[error("the leased connection's socket: {0}")]
+    Io(#[from] io::Error),
+    /// The websocket failed.
+    #[error("the leased connection's websocket: {0}")]
+    Websocket(#[from] tokio_tungstenite::tungstenite::Error),
+}
+
+type Leased<S> = WebSocketStream<FrameBounded<JournaledStream<S>>>;
+
+/// Serves a leased connection's websocket until the client goes: each call answered as a
+/// relayed call is ([`crate::relayed`]), and what the launcher would keep committed to the
+/// journal with the bytes it concerns. A client's message is absorbed (the journal's reads
+/// move past it) once it is in `kept`, and both are committed with the next write; a reply
+/// is committed with the call taken off `kept`. Until a commit a message stays in the
+/// read ring, and the launcher that takes the connection back reads it again and forwards
+/// it under the same operation-id, so that a write is applied once.
+pub async fn serve<S>(
+    api: &Api,
+    session: &Session,
+    stamps: &Stamps,
+    mut kept: Kept,
+    mut socket: Leased<S>,
+) -> Result<(), LeasedError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut absorbed = socket.get_ref().handed();
+    let mut answers = FuturesUnordered::new();
+    loop {
+        let room = answers.len() < REQUESTS_IN_FLIGHT_MAX;
+        tokio::select! {
+            message = socket.next(), if room => {
+                let Some(message) = message else { return Ok(()) };
+                let frame = match message? {
+                    WsMessage::Text(text) => text.as_str().to_owned(),
+                    WsMessage::Binary(_) => {
+                        let close = CloseFrame {
+                            code: CloseCode::Unsupported,
+                            reason: "the API takes text frames".into(),
+                        };
+                        let _ = socket.close(Some(close)).await;
+                        return Ok(());
+                    }
+                    WsMessage::Close(_) => {
+                        let _ = socket.close(None).await;
+                        return Ok(());
+                    }
+                    // tungstenite queues a ping's pong; the flush commits and writes it
+                    // (a client's keepalive waits for it).
+                    WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_) => {
+                        absorb(&mut socket, &mut absorbed, &kept)?;
+                        socket.flush().await?;
+                        continue;
+                    }
+                };
+                let call = match wire::decode(&frame) {
+                    Ok(request) => relay::Call {
+                        operation_id: relay::operation_id(&stamps.boot, stamps.connection, &request),
+                        frame,
+                        replayed: false,
+                    },
+                    Err(error) => {
+                        let answer = wire::encode_error(
+                            error.request_id.unwrap_or(0),
+                            error.framing,
+                            &WireError::new("bad request", error.message),
+                        );
+                        absorb(&mut socket, &mut absorbed, &kept)?;
+                        socket.send(WsMessage::text(answer)).await?;
+                        continue;
+                    }
+                };
+                let request_id = wire::peek(&call.frame).map_or(0, |head| head.request_id);
+                kept.pending.push(KeptCall {
+                    request_id,
+                    frame: call.frame.clone(),
+                    operation_id: call.operation_id.clone(),
+                });
+                absorb(&mut socket, &mut absorbed, &kept)?;
+                answers.push(crate::relayed::answer(api, session, call));
+            }
+            Some(reply) = answers.next() => {
+                if let Some(login) = reply.login {
+                    kept.login = Some(login);
+                }
+                if let Some(watcher) = reply.watcher {
+                    if watcher.stopped {
+                        kept.watchers.remove(&watcher.id);
+                    } else {
+                        kept.watchers.insert(watcher.id, watcher.revision);
+                    }
+                }
+                if let Some(id) = reply.request_id
+                    && let Some(index) = kept.pending.iter().position(|call| call.request_id == id)
+                {
+                    kept.pending.remove(index);
+                }
+                set_kept(&mut socket, &kept)?;
+                // Sent and flushed: the commit (the reply's bytes with the call off `kept`),
+                // then the write.
+                socket.send(WsMessage::text(reply.frame)).await?;
+            }
+        }
+    }
+}
+
+/// The reads up to the last message's end are taken, with `kept` as it is now: both go
+/// into the next commit.
+fn absorb<S: AsyncRead + AsyncWrite + Unpin>(
+    socket: &mut Leased<S>,
+    absorbed: &mut u64,
+    kept: &Kept,
+) -> io::Result<()> {
+    let bounded = socket.get_mut();
+    let to = bounded.at_boundary();
+    bounded.get_mut().absorb(to - *absorbed);
+    *absorbed = to;
+    set_kept(socket, kept)
+}
+
+fn set_kept<S: AsyncRead + AsyncWrite + Unpin>(
+    socket: &mut Leased<S>,
+    kept: &Kept,
+) -> io::Result<()> {
+    let encoded = kept.encode();
+    if encoded.len() > APP_BYTES_MAX {
+        return Err(io::Error::other(format!(
+            "a leased connection's kept state of {} bytes, over the journal's {APP_BYTES_MAX}",
+            encoded.len()
+        )));
+    }
+    socket.get_mut().get_mut().set_app(&encoded)
+}
 
 /// The longest websocket frame header: 2 bytes, an 8-byte length, a 4-byte mask.
 const HEADER_BYTES_MAX: usize = 14;

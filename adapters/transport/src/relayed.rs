@@ -279,7 +279,7 @@ fn name(message: &Message) -> &'static str {
 }
 
 /// Why a carried-over connection cannot go on here; the launcher closes the client's.
-async fn restored(api: &Api, open: &Open) -> Result<Session, String> {
+pub(crate) async fn restored(api: &Api, open: &Open) -> Result<Session, String> {
     let session = Session::relayed(open.reached, open.peer);
     if let Some(carried) = &open.login {
         let who = auth::carried(api, &carried.tag)
@@ -399,7 +399,7 @@ async fn ready_for(api: &Api, login: Login, facade: &str, method: &str) {
 /// Serves one relayed call: the frame decoded, the launcher's operation-id put in its
 /// params, a replayed call held until the worker may answer it, the call routed as a
 /// websocket's is, and the reply annotated.
-async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
+pub(crate) async fn answer(api: &Api, session: &Session, call: relay::Call) -> Reply {
     let mut request = match wire::decode(&call.frame) {
         Ok(request) => request,
         Err(error) => {
