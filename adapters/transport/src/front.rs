@@ -459,11 +459,11 @@ impl FrontDoor {
         peer: SocketAddr,
         reached: Option<SocketAddr>,
         path: String,
-        mut from_client: impl ClientFrames,
-        mut to_client: impl ClientSink,
-        mut on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
+        from_client: impl ClientFrames,
+        to_client: impl ClientSink,
+        on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
     ) {
-        let mut connection = Connection {
+        let connection = Connection {
             number: self.connections.fetch_add(1, Ordering::Relaxed),
             peer,
             reached,
@@ -474,6 +474,66 @@ impl FrontDoor {
             watchers: BTreeMap::new(),
             relay: None,
         };
+        self.serve_connection(connection, from_client, to_client, on_login)
+            .await;
+    }
+
+    /// Serves a connection this launcher takes back from a worker that held it (a leased
+    /// connection, `leased.rs`), numbered `number` as when it was leased: it carries on
+    /// with the login and the watchers' positions `kept` holds, and every call `kept` holds
+    /// taken and not answered is sent to the next worker as a call forwarded to a worker
+    /// that died is, marked replayed and under the operation-id the holder stamped, so that
+    /// the store applies it once.
+    pub async fn serve_taken_back(
+        &self,
+        number: u64,
+        (peer, reached, path): (SocketAddr, Option<SocketAddr>, String),
+        kept: crate::leased::Kept,
+        from_client: impl ClientFrames,
+        to_client: impl ClientSink,
+    ) {
+        let now = Instant::now();
+        let held = kept
+            .pending
+            .into_iter()
+            .filter_map(|call| {
+                let Some(head) = wire::peek(&call.frame) else {
+                    tracing::warn!(target: "lockstep::front", request_id = call.request_id, "a kept call that is not a request: dropped");
+                    return None;
+                };
+                Some(Pending {
+                    frame: call.frame,
+                    operation_id: call.operation_id,
+                    request_id: head.request_id,
+                    framing: head.framing,
+                    facade: head.facade,
+                    method: head.method,
+                    arrived: now,
+                })
+            })
+            .collect();
+        let connection = Connection {
+            number,
+            peer,
+            reached,
+            path,
+            forwarded: VecDeque::new(),
+            held,
+            login: kept.login,
+            watchers: kept.watchers,
+            relay: None,
+        };
+        self.serve_connection(connection, from_client, to_client, None)
+            .await;
+    }
+
+    async fn serve_connection(
+        &self,
+        mut connection: Connection,
+        mut from_client: impl ClientFrames,
+        mut to_client: impl ClientSink,
+        mut on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
+    ) {
         let mut next_attempt = Instant::now();
         let mut listening = self.listening.subscribe();
         loop {

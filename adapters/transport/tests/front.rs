@@ -560,3 +560,69 @@ async fn relayed_websocket_logins_are_throttled_by_the_clients_address_not_as_on
         "another address logs in"
     );
 }
+
+/// A connection taken back from the worker that held it (`FrontDoor::serve_taken_back`,
+/// with what the holder's journal kept): served from `kept`.
+fn taken_back(
+    door: &Arc<FrontDoor>,
+    number: u64,
+    kept: lockstep_transport::leased::Kept,
+) -> Client {
+    let (frames, from_client) = mpsc::channel(64);
+    let (to_client, gets) = mpsc::channel(64);
+    let door = Arc::clone(door);
+    let served = tokio::spawn(async move {
+        let place = ("127.0.0.1:40001".parse().unwrap(), None, "/api".to_owned());
+        door.serve_taken_back(number, place, kept, from_client, to_client)
+            .await;
+    });
+    Client {
+        frames,
+        gets,
+        _served: served,
+    }
+}
+
+#[tokio::test]
+async fn a_connection_taken_back_from_its_holder_has_its_kept_call_answered_and_applied_once() {
+    use lockstep_transport::leased::{Kept, KeptCall};
+    let controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    // The holder took an AddMachines under the stamp the launcher would have put on it.
+    let frame = add_machine(7).to_string();
+    let request = lockstep_transport::wire::decode(&frame).unwrap();
+    let operation_id = relay::operation_id(door.boot(), 42, &request);
+    assert!(operation_id.is_some(), "a write is stamped");
+    let kept = Kept {
+        login: Some(relay::CarriedLogin {
+            tag: "user-admin".to_owned(),
+            kind: lockstep_core::gate::Login::User,
+        }),
+        watchers: Default::default(),
+        pending: vec![KeptCall {
+            request_id: 7,
+            frame,
+            operation_id,
+        }],
+    };
+    // Taken back: the next worker answers it, replayed; the login carried on.
+    let mut first = taken_back(&door, 42, kept.clone());
+    let reply = first.receive().await;
+    assert_eq!(reply["request-id"], 7, "{reply}");
+    assert_served(&reply);
+    let status = first.call(full_status(8)).await;
+    assert_served(&status);
+    let machines = status["response"]["machines"].as_object().unwrap().len();
+    // Taken back again from the same journal (its holder had applied the call and died
+    // before committing the reply): the store does not apply it twice.
+    let mut again = taken_back(&door, 42, kept);
+    let reply = again.receive().await;
+    assert_eq!(reply["request-id"], 7, "{reply}");
+    assert_served(&reply);
+    let status = again.call(full_status(9)).await;
+    assert_eq!(
+        status["response"]["machines"].as_object().unwrap().len(),
+        machines,
+        "the kept AddMachines was applied twice: {status}"
+    );
+}
