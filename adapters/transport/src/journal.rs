@@ -407,8 +407,17 @@ pub fn socket_counters(socket: BorrowedFd<'_>) -> io::Result<SocketCounters> {
         // The states in which the peer's FIN has arrived (include/net/tcp_states.h):
         // TIME_WAIT, CLOSE_WAIT, LAST_ACK, CLOSING.
         let fin = matches!(after.tcpi_state, 6 | 8 | 9 | 11);
+        let consumed = after
+            .tcpi_bytes_received
+            .checked_sub(inq + u64::from(fin))
+            .ok_or_else(|| {
+                io::Error::other(format!(
+                    "a socket that received {} bytes and holds {inq} unread",
+                    after.tcpi_bytes_received
+                ))
+            })?;
         return Ok(SocketCounters {
-            consumed: after.tcpi_bytes_received - inq - u64::from(fin),
+            consumed,
             written: after.tcpi_bytes_acked + outq,
         });
     }

@@ -768,6 +768,15 @@ where
         }
         record.resize(HEADER_BYTES, 0);
         io.read_exact(&mut record).await?;
+        // Not a TLS record at all (plain HTTP to the TLS port, say): refused at once, not
+        // waited for to the length its first bytes would spell.
+        if !(20..=23).contains(&record[0]) || record[1] != 3 {
+            return Err(RecordError::Header {
+                typ: record[0],
+                version: u16::from_be_bytes([record[1], record[2]]),
+            }
+            .into());
+        }
         let len = usize::from(u16::from_be_bytes([record[3], record[4]]));
         if len > CIPHERTEXT_BYTES_MAX {
             return Err(RecordError::Overflow {
@@ -1427,6 +1436,30 @@ mod tests {
             }
             assert_eq!(outcome.is_err(), !with_data_between, "{outcome:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn plain_http_to_the_tls_port_is_refused_at_once() {
+        let credentials = Credentials::generate("records", &[]).unwrap();
+        let server_config = credentials.server_config().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(address).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (socket, _) = listener.accept().await.unwrap();
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            accept(&server_config, socket),
+        )
+        .await
+        .expect("refused without waiting for more bytes");
+        assert_eq!(
+            refused.unwrap_err().to_string(),
+            "a record of type 71 and version 0x4554, which this session does not take"
+        );
     }
 
     #[tokio::test]
