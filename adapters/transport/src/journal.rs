@@ -44,11 +44,17 @@ const MAGIC: [u8; 8] = *b"LSJRNL01";
 const HEADER_AT: usize = 0;
 const GENERATION_AT: usize = 8;
 const SLOTS_AT: usize = 64;
-/// The most application state a commit carries.
-pub const APP_BYTES_MAX: usize = 16 << 10;
+/// The most application state a commit carries: room for two of the largest frames the
+/// API takes, and a quarter of a MiB besides. The memory file is sparse: a connection's
+/// pages are only those its commits wrote.
+pub const APP_BYTES_MAX: usize = 2 * crate::wire::FRAME_SIZE_BYTES_MAX + (256 << 10);
 /// A commit slot: the two directions, the application's state, padded.
 const SLOT_BYTES: usize = 1024 + APP_BYTES_MAX;
 const SECRET_BYTES_MAX: usize = 64;
+/// Pages of the memory file no longer needed (ring bytes consumed, a slot's state past its
+/// end) are given back once this many have gathered: a connection's resident journal is
+/// what it holds now, not the most it ever held.
+const RELEASE_BYTES: u64 = 64 << 10;
 
 /// The journal's shape, and what the lease says of where the streams start.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -61,6 +67,14 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// An API connection's rings: the read ring holds the largest message the API takes
+    /// (a websocket message is absorbed whole) with room for its records' framing and the
+    /// next record; the write ring, sealed records until the socket takes them.
+    pub const API: Shape = Shape {
+        read_ring: crate::wire::FRAME_SIZE_BYTES_MAX + (128 << 10),
+        write_ring: 128 << 10,
+    };
+
     fn read_at(self) -> usize {
         SLOTS_AT + 2 * SLOT_BYTES
     }
@@ -99,6 +113,8 @@ struct Commit {
     /// Write stream bytes published, and the write direction's state after them.
     written_at: u64,
     write: DirectionState,
+    /// The application's state, as read back ([`Journal::last_commit`]); a commit is
+    /// written with the holder's own ([`Journal::commit`]).
     app: Vec<u8>,
 }
 
@@ -131,6 +147,9 @@ pub struct Journal {
     map: Mapping,
     shape: Shape,
     suite: Suite,
+    /// The most application state each slot may hold pages for: what this process wrote,
+    /// or, for a journal another process wrote, anything up to the bound.
+    slot_app_held: [usize; 2],
 }
 
 impl fmt::Debug for Journal {
@@ -149,6 +168,7 @@ impl Journal {
         let file = rustix::fs::memfd_create("lockstep-journal", rustix::fs::MemfdFlags::CLOEXEC)?;
         rustix::fs::ftruncate(&file, shape.len() as u64)?;
         let mut journal = Journal::map(file, shape, suite)?;
+        journal.slot_app_held = [0; 2];
         journal.write_bytes(HEADER_AT, &MAGIC);
         Ok(journal)
     }
@@ -202,6 +222,7 @@ impl Journal {
             },
             shape,
             suite,
+            slot_app_held: [APP_BYTES_MAX; 2],
         })
     }
 
@@ -279,6 +300,34 @@ impl Journal {
         }
     }
 
+    /// Gives the pages of a ring's stream bytes `from..to` back to the system: the caller
+    /// knows no one needs them (a later write finds zeros there, as a fresh file has).
+    fn ring_release(&self, ring_at: usize, ring_len: usize, from: u64, to: u64) {
+        debug_assert!(
+            to - from <= ring_len as u64,
+            "a release within one ring's turn"
+        );
+        let mut done = from;
+        while done < to {
+            let at = (done % ring_len as u64) as usize;
+            let n = ((to - done) as usize).min(ring_len - at);
+            self.release(ring_at + at, n);
+            done += n as u64;
+        }
+    }
+
+    /// Punches `len` bytes at `at` out of the memory file (a partial page is zeroed, a whole
+    /// one freed). Should the system refuse, the pages stay resident: the journal's
+    /// contents are the same either way.
+    fn release(&self, at: usize, len: usize) {
+        let _ = rustix::fs::fallocate(
+            &self.file,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            at as u64,
+            len as u64,
+        );
+    }
+
     /// The ring's free span from stream offset `from`, as a slice of the mapping.
     fn ring_span_mut(
         &mut self,
@@ -325,21 +374,30 @@ impl Journal {
 
     /// Writes `commit` into the slot not in use, then flips the generation to it: until the
     /// flip the previous commit stands, after it this one, whenever the writer dies.
-    fn commit(&mut self, commit: &Commit) {
+    fn commit(&mut self, commit: &Commit, app: &[u8]) {
         assert!(
-            commit.app.len() <= APP_BYTES_MAX,
+            app.len() <= APP_BYTES_MAX,
             "application state within the journal's bound"
         );
         let next = self.generation() + 1;
-        let mut slot = Vec::with_capacity(64 + 2 * Self::DIRECTION_BYTES + commit.app.len());
-        slot.extend_from_slice(&commit.read_at.to_le_bytes());
-        slot.extend_from_slice(&commit.read_skip.to_le_bytes());
-        slot.extend_from_slice(&commit.written_at.to_le_bytes());
-        slot.extend_from_slice(&(commit.app.len() as u32).to_le_bytes());
-        Self::encode_direction(&mut slot, &commit.read);
-        Self::encode_direction(&mut slot, &commit.write);
-        slot.extend_from_slice(&commit.app);
-        self.write_bytes(SLOTS_AT + (next % 2) as usize * SLOT_BYTES, &slot);
+        let mut head = Vec::with_capacity(28 + 2 * Self::DIRECTION_BYTES);
+        head.extend_from_slice(&commit.read_at.to_le_bytes());
+        head.extend_from_slice(&commit.read_skip.to_le_bytes());
+        head.extend_from_slice(&commit.written_at.to_le_bytes());
+        head.extend_from_slice(&(app.len() as u32).to_le_bytes());
+        Self::encode_direction(&mut head, &commit.read);
+        Self::encode_direction(&mut head, &commit.write);
+        let slot = (next % 2) as usize;
+        let at = SLOTS_AT + slot * SLOT_BYTES;
+        self.write_bytes(at, &head);
+        self.write_bytes(at + head.len(), app);
+        let held = self.slot_app_held[slot];
+        if held >= app.len() + RELEASE_BYTES as usize {
+            self.release(at + head.len() + app.len(), held - app.len());
+            self.slot_app_held[slot] = app.len();
+        } else {
+            self.slot_app_held[slot] = held.max(app.len());
+        }
         self.generation_cell().store(next, Ordering::Release);
     }
 
@@ -591,6 +649,9 @@ pub struct JournaledStream<S> {
     read_end: u64,
     open_at: u64,
     committed_read_at: u64,
+    /// Where each ring's pages were last given back to ([`RELEASE_BYTES`]).
+    released_read: u64,
+    released_written: u64,
     /// Records opened and not wholly absorbed, and the plaintext absorbed of the first.
     opened: std::collections::VecDeque<Opening>,
     absorbed_first: u64,
@@ -648,6 +709,8 @@ impl<S> JournaledStream<S> {
             read_end: lease.read_ahead.len() as u64,
             open_at: 0,
             committed_read_at: 0,
+            released_read: 0,
+            released_written: 0,
             opened: std::collections::VecDeque::new(),
             absorbed_first: lease.skip,
             unabsorbed: 0,
@@ -722,12 +785,25 @@ impl<S> JournaledStream<S> {
             read,
             written_at: self.sealed_end,
             write: self.session.state().tx,
-            app: self.app.clone(),
+            app: Vec::new(),
         };
-        self.journal.commit(&commit);
+        self.journal.commit(&commit, &self.app);
         self.committed_read_at = read_at;
         self.committed_end = self.sealed_end;
         self.dirty = false;
+        // Recovery starts at the commit's read offset: the ring's bytes before it are spent
+        // (those a turn of the ring ago hold newer input now).
+        if read_at >= self.released_read + RELEASE_BYTES {
+            let ring = self.journal.shape.read_ring;
+            let from = self
+                .released_read
+                .max(self.read_end.saturating_sub(ring as u64));
+            if from < read_at {
+                let ring_at = self.journal.shape.read_at();
+                self.journal.ring_release(ring_at, ring, from, read_at);
+            }
+            self.released_read = read_at;
+        }
     }
 
     /// Seals `plain`, or a record `seal` makes, into the write ring.
@@ -769,6 +845,19 @@ impl<S: AsyncWrite + Unpin> JournaledStream<S> {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.written_end += n as u64;
+        }
+        // What the socket took is never written again (recovery counts from the socket).
+        if self.written_end >= self.released_written + RELEASE_BYTES {
+            let ring = shape.write_ring;
+            let from = self
+                .released_written
+                .max(self.sealed_end.saturating_sub(ring as u64));
+            if from < self.written_end {
+                let ring_at = shape.write_at();
+                self.journal
+                    .ring_release(ring_at, ring, from, self.written_end);
+            }
+            self.released_written = self.written_end;
         }
         Poll::Ready(Ok(()))
     }

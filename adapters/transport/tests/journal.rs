@@ -367,3 +367,88 @@ async fn a_holder_killed_at_any_moment_leaves_the_connection_to_carry_on_with_ev
         started.elapsed()
     );
 }
+
+/// The journal's memory file's resident bytes (a memory file's blocks are its pages).
+fn resident(journal: &Journal) -> u64 {
+    rustix::fs::fstat(journal.file()).unwrap().st_blocks as u64 * 512
+}
+
+/// An API connection's journal (`Shape::API`: a read ring of more than a MiB, application
+/// state of up to 2.25 MiB per slot) through which 8 MiB are echoed, one message of them
+/// 900 KB, with 1 MiB of application state committed once and then 100 bytes: afterwards
+/// the file holds less than 512 KiB of pages, where it held more than 2 MiB at the peak.
+#[tokio::test]
+async fn a_journal_keeps_pages_only_for_what_it_still_holds() {
+    let credentials = Credentials::generate("journal", &[]).unwrap();
+    let server_config = credentials.server_config().unwrap();
+    let client_config = client_config(&credentials.ca_pem, &[&rustls::version::TLS13]).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut sizes = vec![32 << 10; 228];
+    sizes.insert(100, 900_000);
+    let sizes_sent = sizes.clone();
+    let client = tokio::spawn(async move {
+        let socket = TcpStream::connect(address).await.unwrap();
+        socket.set_nodelay(true).unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client_config)
+            .connect("localhost".try_into().unwrap(), socket)
+            .await
+            .unwrap();
+        for (index, len) in sizes_sent.into_iter().enumerate() {
+            let bytes = message(index, len);
+            tls.write_u32(len as u32).await.unwrap();
+            tls.write_all(&bytes).await.unwrap();
+            tls.flush().await.unwrap();
+            assert_eq!(tls.read_u32().await.unwrap() as usize, len);
+            let mut got = vec![0u8; len];
+            tls.read_exact(&mut got).await.unwrap();
+            assert!(got == bytes, "echo {index} came back changed");
+        }
+        tls
+    });
+    let (socket, _) = listener.accept().await.unwrap();
+    let (socket, session) = records::accept(&server_config, socket).await.unwrap();
+    let journal = Journal::create(Shape::API, session.suite).unwrap();
+    let view = Journal::open(
+        rustix::io::fcntl_dupfd_cloexec(journal.file(), 3).unwrap(),
+        Shape::API,
+        session.suite,
+    )
+    .unwrap();
+    let lease = Lease {
+        shape: Shape::API,
+        session,
+        counters: journal::socket_counters(socket.as_fd()).unwrap(),
+        read_ahead: Vec::new(),
+        skip: 0,
+        app: Vec::new(),
+    };
+    let mut stream = JournaledStream::new(socket, journal, &lease).unwrap();
+    let mut peak = 0;
+    for (index, &len) in sizes.iter().enumerate() {
+        assert_eq!(stream.read_u32().await.unwrap() as usize, len);
+        let mut bytes = vec![0u8; len];
+        stream.read_exact(&mut bytes).await.unwrap();
+        stream.write_u32(len as u32).await.unwrap();
+        stream.write_all(&bytes).await.unwrap();
+        stream.absorb(4 + len as u64);
+        match index {
+            // Both slots get a MiB of state, one commit each.
+            150 | 151 => stream.set_app(&vec![7u8; 1 << 20]).unwrap(),
+            152.. => stream.set_app(&[1u8; 100]).unwrap(),
+            _ => {}
+        }
+        stream.flush().await.unwrap();
+        peak = peak.max(resident(&view));
+    }
+    let _tls = client.await.unwrap();
+    let after = resident(&view);
+    assert!(
+        peak > 2 << 20,
+        "the peak held the large message and state: {peak}"
+    );
+    assert!(
+        after < 512 << 10,
+        "{after} bytes resident after (peak {peak})"
+    );
+}
