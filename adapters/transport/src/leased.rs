@@ -59,17 +59,91 @@ pub struct KeptCall {
 }
 
 impl Kept {
-    /// The journal's application state.
+    /// The journal's application state: a length, the state without the calls' frames as
+    /// JSON, then each frame as it came (no escaping, so that a large frame costs its size).
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("kept state serializes")
+        #[derive(Serialize)]
+        struct Head<'a> {
+            login: &'a Option<CarriedLogin>,
+            watchers: &'a BTreeMap<String, Option<u64>>,
+            pending: Vec<CallHead<'a>>,
+        }
+        #[derive(Serialize)]
+        struct CallHead<'a> {
+            request_id: u64,
+            operation_id: &'a Option<String>,
+            len: usize,
+        }
+        let head = serde_json::to_vec(&Head {
+            login: &self.login,
+            watchers: &self.watchers,
+            pending: self
+                .pending
+                .iter()
+                .map(|call| CallHead {
+                    request_id: call.request_id,
+                    operation_id: &call.operation_id,
+                    len: call.frame.len(),
+                })
+                .collect(),
+        })
+        .expect("kept state serializes");
+        let frames: usize = self.pending.iter().map(|call| call.frame.len()).sum();
+        let mut out = Vec::with_capacity(4 + head.len() + frames);
+        out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        out.extend_from_slice(&head);
+        for call in &self.pending {
+            out.extend_from_slice(call.frame.as_bytes());
+        }
+        out
     }
 
     /// Read back from a journal's application state.
     pub fn decode(bytes: &[u8]) -> Result<Kept, String> {
+        #[derive(Deserialize)]
+        struct Head {
+            login: Option<CarriedLogin>,
+            watchers: BTreeMap<String, Option<u64>>,
+            pending: Vec<CallHead>,
+        }
+        #[derive(Deserialize)]
+        struct CallHead {
+            request_id: u64,
+            operation_id: Option<String>,
+            len: usize,
+        }
         if bytes.is_empty() {
             return Ok(Kept::default());
         }
-        serde_json::from_slice(bytes).map_err(|e| format!("a leased connection's kept state: {e}"))
+        let bad = |why: String| format!("a leased connection's kept state: {why}");
+        let head_len = bytes
+            .get(..4)
+            .map(|len| u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize)
+            .ok_or_else(|| bad(format!("{} bytes, no length", bytes.len())))?;
+        let head: Head = bytes
+            .get(4..4 + head_len)
+            .ok_or_else(|| bad(format!("a head of {head_len} bytes in {}", bytes.len())))
+            .and_then(|head| serde_json::from_slice(head).map_err(|e| bad(e.to_string())))?;
+        let mut at = 4 + head_len;
+        let mut pending = Vec::with_capacity(head.pending.len());
+        for call in head.pending {
+            let frame = bytes
+                .get(at..at + call.len)
+                .ok_or_else(|| bad(format!("call {} past the end", call.request_id)))?;
+            let frame = String::from_utf8(frame.to_vec())
+                .map_err(|_| bad(format!("call {}'s frame is not UTF-8", call.request_id)))?;
+            at += call.len;
+            pending.push(KeptCall {
+                request_id: call.request_id,
+                frame,
+                operation_id: call.operation_id,
+            });
+        }
+        Ok(Kept {
+            login: head.login,
+            watchers: head.watchers,
+            pending,
+        })
     }
 }
 
@@ -114,8 +188,11 @@ where
 {
     let mut absorbed = socket.get_ref().handed();
     let mut answers = FuturesUnordered::new();
+    // A call whose frame does not fit in what the journal keeps until others are answered:
+    // neither absorbed nor kept, and nothing read after it, until it fits.
+    let mut held: Option<relay::Call> = None;
     loop {
-        let room = answers.len() < REQUESTS_IN_FLIGHT_MAX;
+        let room = answers.len() < REQUESTS_IN_FLIGHT_MAX && held.is_none();
         tokio::select! {
             message = socket.next(), if room => {
                 let Some(message) = message else { return Ok(()) };
@@ -136,7 +213,8 @@ where
                     // tungstenite queues a ping's pong; the flush commits and writes it
                     // (a client's keepalive waits for it).
                     WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_) => {
-                        absorb(&mut socket, &mut absorbed, &kept)?;
+                        absorb(&mut socket, &mut absorbed);
+                        set_kept(&mut socket, &kept.encode())?;
                         socket.flush().await?;
                         continue;
                     }
@@ -153,19 +231,22 @@ where
                             error.framing,
                             &WireError::new("bad request", error.message),
                         );
-                        absorb(&mut socket, &mut absorbed, &kept)?;
+                        absorb(&mut socket, &mut absorbed);
+                        set_kept(&mut socket, &kept.encode())?;
                         socket.send(WsMessage::text(answer)).await?;
                         continue;
                     }
                 };
-                let request_id = wire::peek(&call.frame).map_or(0, |head| head.request_id);
-                kept.pending.push(KeptCall {
-                    request_id,
+                if let Some(call) = take(&mut socket, &mut absorbed, &mut kept, call)? {
+                    held = Some(call);
+                    continue;
+                }
+                let call = kept.pending.last().expect("just taken");
+                answers.push(crate::relayed::answer(api, session, relay::Call {
                     frame: call.frame.clone(),
                     operation_id: call.operation_id.clone(),
-                });
-                absorb(&mut socket, &mut absorbed, &kept)?;
-                answers.push(crate::relayed::answer(api, session, call));
+                    replayed: false,
+                }));
             }
             Some(reply) = answers.next() => {
                 if let Some(login) = reply.login {
@@ -183,41 +264,76 @@ where
                 {
                     kept.pending.remove(index);
                 }
-                set_kept(&mut socket, &kept)?;
+                set_kept(&mut socket, &kept.encode())?;
                 // Sent and flushed: the commit (the reply's bytes with the call off `kept`),
                 // then the write.
                 socket.send(WsMessage::text(reply.frame)).await?;
+                if let Some(call) = held.take() {
+                    match take(&mut socket, &mut absorbed, &mut kept, call)? {
+                        Some(call) => held = Some(call),
+                        None => {
+                            let call = kept.pending.last().expect("just taken");
+                            answers.push(crate::relayed::answer(api, session, relay::Call {
+                                frame: call.frame.clone(),
+                                operation_id: call.operation_id.clone(),
+                                replayed: false,
+                            }));
+                        }
+                    }
+                }
             }
         }
     }
 }
 
-/// The reads up to the last message's end are taken, with `kept` as it is now: both go
-/// into the next commit.
-fn absorb<S: AsyncRead + AsyncWrite + Unpin>(
+/// Takes `call` into `kept` and absorbs the reads to its end, if the kept state with it
+/// fits in the journal; else gives it back, neither kept nor absorbed.
+fn take<S: AsyncRead + AsyncWrite + Unpin>(
     socket: &mut Leased<S>,
     absorbed: &mut u64,
-    kept: &Kept,
-) -> io::Result<()> {
+    kept: &mut Kept,
+    call: relay::Call,
+) -> io::Result<Option<relay::Call>> {
+    let request_id = wire::peek(&call.frame).map_or(0, |head| head.request_id);
+    kept.pending.push(KeptCall {
+        request_id,
+        frame: call.frame,
+        operation_id: call.operation_id,
+    });
+    let encoded = kept.encode();
+    if encoded.len() > APP_BYTES_MAX {
+        let call = kept.pending.pop().expect("just pushed");
+        if kept.pending.is_empty() {
+            return Err(io::Error::other(format!(
+                "a call of {} bytes does not fit in the journal's {APP_BYTES_MAX} alone",
+                call.frame.len()
+            )));
+        }
+        return Ok(Some(relay::Call {
+            frame: call.frame,
+            operation_id: call.operation_id,
+            replayed: false,
+        }));
+    }
+    absorb(socket, absorbed);
+    set_kept(socket, &encoded)?;
+    Ok(None)
+}
+
+/// The reads up to the last message's end are taken: they go into the next commit, with
+/// the kept state as it is then.
+fn absorb<S: AsyncRead + AsyncWrite + Unpin>(socket: &mut Leased<S>, absorbed: &mut u64) {
     let bounded = socket.get_mut();
     let to = bounded.at_boundary();
     bounded.get_mut().absorb(to - *absorbed);
     *absorbed = to;
-    set_kept(socket, kept)
 }
 
 fn set_kept<S: AsyncRead + AsyncWrite + Unpin>(
     socket: &mut Leased<S>,
-    kept: &Kept,
+    encoded: &[u8],
 ) -> io::Result<()> {
-    let encoded = kept.encode();
-    if encoded.len() > APP_BYTES_MAX {
-        return Err(io::Error::other(format!(
-            "a leased connection's kept state of {} bytes, over the journal's {APP_BYTES_MAX}",
-            encoded.len()
-        )));
-    }
-    socket.get_mut().get_mut().set_app(&encoded)
+    socket.get_mut().get_mut().set_app(encoded)
 }
 
 /// The longest websocket frame header: 2 bytes, an 8-byte length, a 4-byte mask.
@@ -538,5 +654,47 @@ mod tests {
             error.to_string(),
             "a websocket frame length with its top bit set"
         );
+    }
+}
+
+#[cfg(test)]
+mod kept_tests {
+    use super::*;
+
+    #[test]
+    fn kept_state_reads_back_the_same_with_large_frames_carried_as_they_came() {
+        let big = format!(
+            r#"{{"request-id":9,"type":"Application","version":19,"request":"Deploy","params":{{"pad":"{}","q":"\"ü\""}}}}"#,
+            "x".repeat(300_000)
+        );
+        let kept = Kept {
+            login: Some(CarriedLogin {
+                tag: "user-admin".to_owned(),
+                kind: lockstep_core::gate::Login::User,
+            }),
+            watchers: [("1".to_owned(), Some(4)), ("2".to_owned(), None)].into(),
+            pending: vec![
+                KeptCall {
+                    request_id: 9,
+                    frame: big.clone(),
+                    operation_id: Some("fd-0123-7-9-abcd".to_owned()),
+                },
+                KeptCall {
+                    request_id: 10,
+                    frame: "{}".to_owned(),
+                    operation_id: None,
+                },
+            ],
+        };
+        let encoded = kept.encode();
+        assert!(
+            encoded.len() < big.len() + 512,
+            "the frame is not escaped: {}",
+            encoded.len()
+        );
+        assert_eq!(Kept::decode(&encoded).unwrap(), kept);
+        assert_eq!(Kept::decode(&[]).unwrap(), Kept::default());
+        let cut = Kept::decode(&encoded[..encoded.len() - 1]).unwrap_err();
+        assert!(cut.contains("call 10 past the end"), "{cut}");
     }
 }

@@ -13,6 +13,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::{SinkExt, StreamExt};
 use lockstep_core::Phase;
 use lockstep_transport::journal::{self, Journal, JournaledStream, Lease, Shape};
 use lockstep_transport::leased::{self, FrameBounded, Kept, Stamps};
@@ -26,10 +27,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
-const SHAPE: Shape = Shape {
-    read_ring: 256 << 10,
-    write_ring: 256 << 10,
-};
+const SHAPE: Shape = Shape::API;
 
 #[tokio::test]
 async fn a_call_taken_and_committed_is_kept_and_not_read_again() {
@@ -41,7 +39,18 @@ async fn a_call_taken_and_not_committed_is_read_again_and_not_kept() {
     taken_back(false).await;
 }
 
-async fn taken_back(ping_after_next: bool) {
+/// A client connected to a leased connection's worker over real TLS and TCP, and what the
+/// launcher holds of it: a duplicate of the socket, the journal mapped, the lease.
+struct Leased {
+    client: Socket,
+    worker: tokio::task::JoinHandle<()>,
+    launchers_view: Journal,
+    lease: Lease,
+    kept_socket: std::net::TcpStream,
+    fixture: Fixture,
+}
+
+async fn leased() -> Leased {
     let credentials = Credentials::generate("leased", &["127.0.0.1".parse().unwrap()]).unwrap();
     let server_config = credentials.server_config().unwrap();
     let fixture = start_with(Phase::Ready, fresh_state(), 0, credentials).await;
@@ -93,7 +102,26 @@ async fn taken_back(ping_after_next: bool) {
         let _ = leased::serve(&api, &session, &stamps, Kept::default(), socket).await;
     });
 
-    let mut client = client.await.unwrap();
+    let client = client.await.unwrap();
+    Leased {
+        client,
+        worker,
+        launchers_view,
+        lease,
+        kept_socket,
+        fixture,
+    }
+}
+
+async fn taken_back(ping_after_next: bool) {
+    let Leased {
+        mut client,
+        worker,
+        launchers_view,
+        lease,
+        kept_socket,
+        fixture: _fixture,
+    } = leased().await;
     assert_eq!(
         login(&mut client).await["response"]["user-info"]["identity"],
         "user-admin"
@@ -124,7 +152,6 @@ async fn taken_back(ping_after_next: bool) {
             .await
             .unwrap();
         loop {
-            use futures_util::StreamExt;
             if let Message::Pong(_) = client.next().await.unwrap().unwrap() {
                 break;
             }
@@ -154,7 +181,6 @@ async fn taken_back(ping_after_next: bool) {
         recovered.skip,
     );
     let mut taken_back = WebSocketStream::from_raw_socket(resumed, Role::Server, None).await;
-    use futures_util::StreamExt;
     if ping_after_next {
         assert_eq!(kept.pending.len(), 1, "only the waiting Next: {kept:?}");
         assert_eq!(kept.pending[0].request_id, 5);
@@ -186,5 +212,113 @@ async fn taken_back(ping_after_next: bool) {
     assert!(
         ping.to_text().unwrap().contains("\"request-id\":6"),
         "{ping:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_too_large_for_the_journal_beside_those_waiting_is_taken_once_one_is_answered() {
+    let Leased {
+        mut client,
+        worker,
+        launchers_view,
+        lease,
+        kept_socket,
+        fixture,
+    } = leased().await;
+    login(&mut client).await;
+    // Two watchers, each with a large Next that waits for a change: each frame near the
+    // API's largest, two fit in the journal's kept state, a third not.
+    let pad = "p".repeat(900 << 10);
+    let mut ids = Vec::new();
+    for request_id in [2, 3] {
+        let watch = call(&mut client, request_id, "Client", 8, "WatchAll", json!({})).await;
+        ids.push(watch["response"]["watcher-id"].as_str().unwrap().to_owned());
+    }
+    let next = |request_id: u64, id: &str| json!({"request-id": request_id, "type": "AllWatcher", "version": 3, "id": id, "request": "Next", "params": {"pad": pad}});
+    for (request_id, id) in [(4, &ids[0]), (5, &ids[1])] {
+        send(&mut client, next(request_id, id)).await;
+        let snapshot = receive(&mut client).await;
+        assert_eq!(snapshot["request-id"], request_id, "{snapshot}");
+    }
+    send(&mut client, next(6, &ids[0])).await;
+    send(&mut client, next(7, &ids[1])).await;
+    send(&mut client, json!({"request-id": 8, "type": "Pinger", "version": 1, "request": "Ping", "params": {"pad": pad}})).await;
+    // The ping waits behind the two Nexts until one is answered.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), receive(&mut client))
+            .await
+            .is_err(),
+        "a call was answered that the journal had no room to keep"
+    );
+    fixture.state.add_machine(lockstep_core::Roles::of(&[
+        lockstep_core::Role::HostMachine,
+    ]));
+    let mut answered = Vec::new();
+    for _ in 0..3u8 {
+        let reply = tokio::time::timeout(Duration::from_secs(30), receive(&mut client))
+            .await
+            .expect("three answers");
+        assert!(reply.get("error").is_none(), "{reply}");
+        answered.push(reply["request-id"].as_u64().unwrap());
+    }
+    assert_ne!(
+        answered[0], 8,
+        "a Next was answered first, then the ping taken: {answered:?}"
+    );
+    answered.sort();
+    assert_eq!(answered, [6, 7, 8]);
+
+    // What the journal holds: the large call kept whole while it waited is gone with its
+    // answer.
+    worker.abort();
+    let _ = worker.await;
+    let recovered = journal::recover(&launchers_view, &lease, kept_socket.as_fd()).unwrap();
+    let kept = Kept::decode(&recovered.app).unwrap();
+    assert!(
+        kept.pending.is_empty(),
+        "{:?}",
+        kept.pending
+            .iter()
+            .map(|c| c.request_id)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn a_large_call_waiting_is_kept_whole() {
+    let Leased {
+        mut client,
+        worker,
+        launchers_view,
+        lease,
+        kept_socket,
+        fixture: _fixture,
+    } = leased().await;
+    login(&mut client).await;
+    let watch = call(&mut client, 2, "Client", 8, "WatchAll", json!({})).await;
+    let id = watch["response"]["watcher-id"].as_str().unwrap().to_owned();
+    let pad = "p".repeat(300 << 10);
+    let next = |request_id: u64| json!({"request-id": request_id, "type": "AllWatcher", "version": 3, "id": id, "request": "Next", "params": {"pad": pad}});
+    send(&mut client, next(3)).await;
+    receive(&mut client).await;
+    let waiting = next(4).to_string();
+    client.send(Message::text(waiting.clone())).await.unwrap();
+    client
+        .send(Message::Ping("keepalive".into()))
+        .await
+        .unwrap();
+    loop {
+        if let Message::Pong(_) = client.next().await.unwrap().unwrap() {
+            break;
+        }
+    }
+    worker.abort();
+    let _ = worker.await;
+    let recovered = journal::recover(&launchers_view, &lease, kept_socket.as_fd()).unwrap();
+    let kept = Kept::decode(&recovered.app).unwrap();
+    assert_eq!(kept.pending.len(), 1);
+    assert_eq!(
+        kept.pending[0].frame, waiting,
+        "the waiting call kept whole, as it came"
     );
 }
