@@ -661,6 +661,36 @@ impl FrontDoor {
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        self.websocket_served(socket, (peer, reached, path), None, admitted)
+            .await;
+    }
+
+    /// Serves a client's websocket taken back from the worker it was leased to
+    /// ([`crate::lease::take_back`]), as [`FrontDoor::serve_websocket`] serves a new one,
+    /// carrying on from what the worker kept ([`FrontDoor::serve_taken_back`]).
+    pub async fn serve_websocket_taken_back<S>(
+        &self,
+        socket: tokio_tungstenite::WebSocketStream<S>,
+        number: u64,
+        place: (SocketAddr, Option<SocketAddr>, String),
+        kept: crate::leased::Kept,
+        admitted: Option<Arc<Admitted>>,
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        self.websocket_served(socket, place, Some((number, kept)), admitted)
+            .await;
+    }
+
+    async fn websocket_served<S>(
+        &self,
+        socket: tokio_tungstenite::WebSocketStream<S>,
+        (peer, reached, path): (SocketAddr, Option<SocketAddr>, String),
+        taken_back: Option<(u64, crate::leased::Kept)>,
+        admitted: Option<Arc<Admitted>>,
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let closed = admitted
             .as_ref()
             .map_or_else(tokio_util::sync::CancellationToken::new, |admitted| {
@@ -693,8 +723,22 @@ impl FrontDoor {
         });
         // The connection ends when the client goes (its frames end), the worker closes
         // it, or its socket fails or is closed by the launcher (the sink ends).
-        self.serve(peer, reached, path, from_client, &mut to_client, on_login)
-            .await;
+        match taken_back {
+            None => {
+                self.serve(peer, reached, path, from_client, &mut to_client, on_login)
+                    .await;
+            }
+            Some((number, kept)) => {
+                self.serve_taken_back(
+                    number,
+                    (peer, reached, path),
+                    kept,
+                    from_client,
+                    &mut to_client,
+                )
+                .await;
+            }
+        }
         to_client.finish(peer).await;
         drop(admitted);
     }
@@ -1020,6 +1064,21 @@ impl FrontDoor {
                 "the worker answered hello with {other:?}"
             ))),
         }
+    }
+
+    /// A stream to the worker past `hello`, at a relay version that takes a `lease`
+    /// ([`relay::LEASE_VERSION`]), for [`crate::lease::lease`].
+    pub async fn lease_stream(&self) -> Result<UnixStream, RelayError> {
+        let handshake = self.welcomed().await.map_err(|opened| match opened {
+            Opened::NoWorker(why) | Opened::Refused(why) => RelayError(why),
+        })?;
+        if handshake.version < relay::LEASE_VERSION {
+            return Err(RelayError(format!(
+                "the worker speaks relay version {}, which takes no lease",
+                handshake.version
+            )));
+        }
+        handshake.into_stream()
     }
 
     /// A stream to the worker, past `hello` and `open` (and, from version 2, on the pipes

@@ -49,6 +49,7 @@ pub struct Kept {
 
 /// A call taken and not answered.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct KeptCall {
     /// Its request id.
     pub request_id: u64,

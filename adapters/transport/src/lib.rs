@@ -84,6 +84,7 @@ pub mod facade;
 pub mod front;
 pub mod hold;
 pub mod journal;
+pub mod lease;
 pub mod leased;
 pub mod limits;
 pub mod logins;

@@ -6,7 +6,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -41,23 +41,29 @@ fn pipe_pair() -> Result<(OwnedFd, OwnedFd), RelayError> {
         .map_err(|error| RelayError(format!("making a pipe: {error}")))
 }
 
-/// Worker: makes the connection's two pipes and sends the launcher its ends with a
-/// `pipes` frame on `stream`; returns the worker's ends.
-pub async fn hand_over(stream: &mut UnixStream) -> Result<WorkerEnds, RelayError> {
-    let (calls_read, calls_write) = pipe_pair()?;
-    let (replies_read, replies_write) = pipe_pair()?;
-    let body = relay::encode(&Message::Pipes(relay::Pipes::default()))?;
+/// Sends `body` as one frame on `stream` with `fds` riding on its first byte as
+/// `SCM_RIGHTS`. The descriptors stay this process's too (the kernel gives the receiver
+/// duplicates).
+pub(crate) async fn send_with(
+    stream: &mut UnixStream,
+    body: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), RelayError> {
+    let failed = |error: std::io::Error| RelayError(format!("sending descriptors: {error}"));
     let mut frame = u32::try_from(body.len())
-        .expect("a pipes frame is small")
+        .map_err(|_| RelayError(format!("a frame of {} bytes", body.len())))?
         .to_be_bytes()
         .to_vec();
-    frame.extend_from_slice(&body);
-    let fds = [calls_write.as_fd(), replies_read.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    frame.extend_from_slice(body);
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_MAX))];
+    assert!(
+        fds.len() <= FDS_MAX,
+        "at most {FDS_MAX} descriptors a frame"
+    );
     let sent = stream
         .async_io(Interest::WRITABLE, || {
             let mut control = SendAncillaryBuffer::new(&mut space);
-            assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+            assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
             rustix::net::sendmsg(
                 &*stream,
                 &[IoSlice::new(&frame)],
@@ -67,37 +73,23 @@ pub async fn hand_over(stream: &mut UnixStream) -> Result<WorkerEnds, RelayError
             .map_err(std::io::Error::from)
         })
         .await
-        .map_err(|error| RelayError(format!("handing the pipes over: {error}")))?;
+        .map_err(failed)?;
     // The descriptors rode with the first byte; the rest of the frame, if any, follows.
-    stream
-        .write_all(&frame[sent..])
-        .await
-        .map_err(|error| RelayError(format!("handing the pipes over: {error}")))?;
-    // The launcher's ends are its own now (the kernel holds them until it takes them).
-    drop((calls_write, replies_read));
-    Ok(WorkerEnds {
-        calls: pipe::Receiver::from_owned_fd(calls_read)
-            .map_err(|error| RelayError(format!("the calls pipe: {error}")))?,
-        replies: pipe::Sender::from_owned_fd(replies_write)
-            .map_err(|error| RelayError(format!("the replies pipe: {error}")))?,
-    })
+    stream.write_all(&frame[sent..]).await.map_err(failed)
 }
 
-/// What the worker answered `open` with, on a version 2 stream.
-#[derive(Debug)]
-pub enum AfterOpen {
-    /// The connection's pipes.
-    Pipes(LauncherEnds),
-    /// Any other message (a `close`: the connection cannot go on there).
-    Message(Message),
-}
+/// The most descriptors a relay frame carries: a lease's socket and journal.
+const FDS_MAX: usize = 2;
 
-/// Launcher: reads the one frame the worker sends after `open` on a version 2 stream,
-/// taking the descriptors that ride with it. `Ok(None)`: the worker closed the stream.
-pub async fn receive(stream: &mut UnixStream) -> Result<Option<AfterOpen>, RelayError> {
-    let failed = |error: std::io::Error| RelayError(format!("reading the worker's pipes: {error}"));
+/// Reads one frame of at most `max` bytes from `stream`, with the descriptors riding on
+/// it (close-on-exec). Reads no byte past the frame. `Ok(None)`: the stream ended first.
+pub(crate) async fn receive_with(
+    stream: &mut UnixStream,
+    max: usize,
+) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>, RelayError> {
+    let failed = |error: std::io::Error| RelayError(format!("reading descriptors: {error}"));
     let mut head = [0_u8; 4];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_MAX))];
     let mut fds: Vec<OwnedFd> = Vec::new();
     let received = stream
         .async_io(Interest::READABLE, || {
@@ -126,13 +118,53 @@ pub async fn receive(stream: &mut UnixStream) -> Result<Option<AfterOpen>, Relay
         .await
         .map_err(failed)?;
     let length = u32::from_be_bytes(head) as usize;
-    if length > AFTER_OPEN_FRAME_BYTES_MAX {
+    if length > max {
         return Err(RelayError(format!(
-            "a frame of {length} bytes after open, over the limit of {AFTER_OPEN_FRAME_BYTES_MAX}"
+            "a frame of {length} bytes, over the limit of {max}"
         )));
     }
     let mut body = vec![0_u8; length];
     stream.read_exact(&mut body).await.map_err(failed)?;
+    Ok(Some((body, fds)))
+}
+
+/// Worker: makes the connection's two pipes and sends the launcher its ends with a
+/// `pipes` frame on `stream`; returns the worker's ends.
+pub async fn hand_over(stream: &mut UnixStream) -> Result<WorkerEnds, RelayError> {
+    let (calls_read, calls_write) = pipe_pair()?;
+    let (replies_read, replies_write) = pipe_pair()?;
+    let body = relay::encode(&Message::Pipes(relay::Pipes::default()))?;
+    send_with(stream, &body, &[calls_write.as_fd(), replies_read.as_fd()])
+        .await
+        .map_err(|error| RelayError(format!("handing the pipes over: {}", error.0)))?;
+    // The launcher's ends are its own now (the kernel holds them until it takes them).
+    drop((calls_write, replies_read));
+    Ok(WorkerEnds {
+        calls: pipe::Receiver::from_owned_fd(calls_read)
+            .map_err(|error| RelayError(format!("the calls pipe: {error}")))?,
+        replies: pipe::Sender::from_owned_fd(replies_write)
+            .map_err(|error| RelayError(format!("the replies pipe: {error}")))?,
+    })
+}
+
+/// What the worker answered `open` with, on a version 2 stream.
+#[derive(Debug)]
+pub enum AfterOpen {
+    /// The connection's pipes.
+    Pipes(LauncherEnds),
+    /// Any other message (a `close`: the connection cannot go on there).
+    Message(Message),
+}
+
+/// Launcher: reads the one frame the worker sends after `open` on a version 2 stream,
+/// taking the descriptors that ride with it. `Ok(None)`: the worker closed the stream.
+pub async fn receive(stream: &mut UnixStream) -> Result<Option<AfterOpen>, RelayError> {
+    let Some((body, fds)) = receive_with(stream, AFTER_OPEN_FRAME_BYTES_MAX)
+        .await
+        .map_err(|error| RelayError(format!("reading the worker's pipes: {}", error.0)))?
+    else {
+        return Ok(None);
+    };
     match relay::decode(&body)? {
         Message::Pipes(_) => {
             let [calls, replies]: [OwnedFd; 2] = fds.try_into().map_err(|fds: Vec<OwnedFd>| {

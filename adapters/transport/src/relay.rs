@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::codec::LengthDelimitedCodec;
 
+use crate::journal::{Shape, SocketCounters};
+use crate::leased::Kept;
+use crate::records::SessionState;
 use crate::wire::{self, FRAME_SIZE_BYTES_MAX};
 
 /// The relay versions this build speaks, oldest first. A newer worker keeps speaking the
@@ -26,10 +29,17 @@ use crate::wire::{self, FRAME_SIZE_BYTES_MAX};
 ///   connection's messages go over them (a pipe's round trip costs about half a unix
 ///   socket's); `call` and `reply` carry their API frame raw after their envelope
 ///   ([`encode_in`]), so it is neither escaped nor parsed on the way.
-pub const VERSIONS: &[u32] = &[1, 2];
+/// - 3: version 2, and `lease` ([`Message::Lease`]): the launcher may hand the worker a
+///   connection's socket itself, with a journal to take it back from
+///   ([`crate::lease`]).
+pub const VERSIONS: &[u32] = &[1, 2, 3];
 
 /// The first version in which a connection's messages go over pipes, their frames raw.
 pub const PIPES_VERSION: u32 = 2;
+
+/// The first version in which the launcher may lease a connection to the worker; the
+/// message after `welcome` is read with the descriptors riding on it.
+pub const LEASE_VERSION: u32 = 3;
 
 /// The largest API reply a `reply` carries: the API's default bound on the reply bytes all
 /// connections may hold unwritten (`--max-reply-bytes`). A worker answers a call whose reply
@@ -81,7 +91,66 @@ pub enum Message {
     /// `SCM_RIGHTS`, the write end of the launcher's calls and the read end of the worker's
     /// replies; the connection's messages go over them from here on, and the stream ends.
     Pipes(Pipes),
+    /// Launcher → worker, version 3, instead of `open`: the client connection's socket and
+    /// its journal's memory file ride with this frame as `SCM_RIGHTS`; the worker serves
+    /// the connection on them until it closes the stream, and the launcher then takes the
+    /// connection back from the journal.
+    Lease(Box<LeaseOpen>),
 }
+
+/// `lease`: the connection, as `open` names it, where its session and its socket stand
+/// (the fields of a [`crate::journal::Lease`]), and what the launcher keeps of it
+/// ([`Kept`]: the login and the watchers' positions; a connection is leased with no call
+/// pending).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct LeaseOpen {
+    pub connection: u64,
+    pub peer: SocketAddr,
+    pub reached: Option<SocketAddr>,
+    pub path: String,
+    pub shape: Shape,
+    pub session: SessionState,
+    pub counters: SocketCounters,
+    /// Ciphertext read from the socket and not opened, in base64.
+    #[serde(with = "base64_bytes")]
+    pub read_ahead: Vec<u8>,
+    pub skip: u64,
+    pub kept: Kept,
+}
+
+impl LeaseOpen {
+    /// The journal's lease: this message's, with `kept` as its application state.
+    pub fn lease(&self) -> crate::journal::Lease {
+        crate::journal::Lease {
+            shape: self.shape,
+            session: self.session.clone(),
+            counters: self.counters,
+            read_ahead: self.read_ahead.clone(),
+            skip: self.skip,
+            app: self.kept.encode(),
+        }
+    }
+}
+
+/// Bytes as a base64 string (standard alphabet, padded).
+mod base64_bytes {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The largest ring a lease may name: a journal the worker maps is at most about twice this.
+pub const LEASE_RING_BYTES_MAX: usize = 16 << 20;
 
 /// `pipes`: nothing but the two descriptors that ride with it.
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
@@ -487,6 +556,44 @@ fn validate(message: &Message) -> Result<(), RelayError> {
             open.watchers.iter().try_for_each(watcher)?;
         }
         Message::Http(_) | Message::Pipes(_) => {}
+        Message::Lease(open) => {
+            name("path", &open.path)?;
+            for (ring, bytes) in [
+                ("read", open.shape.read_ring),
+                ("write", open.shape.write_ring),
+            ] {
+                if bytes > LEASE_RING_BYTES_MAX {
+                    return Err(RelayError(format!(
+                        "a {ring} ring of {bytes} bytes, over the limit of {LEASE_RING_BYTES_MAX}"
+                    )));
+                }
+            }
+            if open.read_ahead.len() > open.shape.read_ring {
+                return Err(RelayError(format!(
+                    "{} bytes of read-ahead for a read ring of {}",
+                    open.read_ahead.len(),
+                    open.shape.read_ring
+                )));
+            }
+            if let Some(carried) = &open.kept.login {
+                login(carried)?;
+            }
+            if open.kept.watchers.len() > WATCHERS_CARRIED_MAX {
+                return Err(RelayError(format!(
+                    "{} watchers carried, over the limit of {WATCHERS_CARRIED_MAX}",
+                    open.kept.watchers.len()
+                )));
+            }
+            for id in open.kept.watchers.keys() {
+                name("watcher id", id)?;
+            }
+            if !open.kept.pending.is_empty() {
+                return Err(RelayError(format!(
+                    "a lease with calls pending ({}): a connection is leased with none",
+                    open.kept.pending.len()
+                )));
+            }
+        }
         Message::Call(call) => {
             frame(&call.frame, FRAME_SIZE_BYTES_MAX)?;
             if let Some(id) = &call.operation_id {
@@ -640,12 +747,13 @@ mod tests {
 
     #[test]
     fn the_spec_names_this_builds_versions_and_bounds() {
-        assert!(SPEC.contains("This document is version **2**."));
-        assert_eq!(VERSIONS, &[1, 2]);
+        assert!(SPEC.contains("This document is version **3**."));
+        assert_eq!(VERSIONS, &[1, 2, 3]);
         for bound in [
             "`TO_WORKER_FRAME_BYTES_MAX`",
             "`TO_LAUNCHER_FRAME_BYTES_MAX`",
             "`REPLY_FRAME_BYTES_MAX`",
+            "`LEASE_RING_BYTES_MAX` = 16 MiB",
         ] {
             assert!(SPEC.contains(bound), "spec/relay.md lacks {bound}");
         }
@@ -657,16 +765,54 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_over_a_bound_is_refused_naming_the_bad_value() {
+        let lease = spec_examples()
+            .into_iter()
+            .find(|example| example.get("lease").is_some())
+            .expect("a lease example");
+        assert!(decode(lease.to_string().as_bytes()).is_ok());
+        let refused = |change: &dyn Fn(&mut Value)| {
+            let mut bad = lease.clone();
+            change(&mut bad["lease"]);
+            decode(bad.to_string().as_bytes()).unwrap_err().0
+        };
+        let ring = refused(&|lease| lease["shape"]["read_ring"] = json!(LEASE_RING_BYTES_MAX + 1));
+        assert!(ring.contains("a read ring of 16777217 bytes"), "{ring}");
+        let ahead = refused(&|lease| {
+            lease["shape"]["read_ring"] = json!(4);
+            lease["read-ahead"] = json!("AAAAAAA=");
+        });
+        assert!(
+            ahead.contains("5 bytes of read-ahead for a read ring of 4"),
+            "{ahead}"
+        );
+        let pending = refused(&|lease| {
+            lease["kept"]["pending"] =
+                json!([{"request-id": 9, "frame": "{}", "operation-id": null}]);
+        });
+        assert!(pending.contains("calls pending (1)"), "{pending}");
+        let anonymous =
+            refused(&|lease| lease["kept"]["login"] = json!({"tag": "", "kind": "user"}));
+        assert!(
+            anonymous.contains("a carried login names a tag"),
+            "{anonymous}"
+        );
+        let base64 = refused(&|lease| lease["read-ahead"] = json!("not base64!"));
+        assert!(base64.contains("not a relay message"), "{base64}");
+    }
+
+    #[test]
     fn a_worker_chooses_the_highest_common_version_or_refuses_naming_both() {
         assert_eq!(choose(&[1]), Ok(1));
         assert_eq!(choose(&[0, 1, 7]), Ok(1));
         assert_eq!(choose(&[1, 2]), Ok(2));
-        assert_eq!(choose(&[2, 3]), Ok(2));
-        let refused = choose(&[3, 4]).unwrap_err();
+        assert_eq!(choose(&[2, 3]), Ok(3));
+        assert_eq!(choose(&[2, 3, 4]), Ok(3));
+        let refused = choose(&[4, 5]).unwrap_err();
         assert_eq!(refused.versions, VERSIONS);
         assert_eq!(
             refused.reason,
-            "the launcher speaks relay versions [3, 4], this worker [1, 2]"
+            "the launcher speaks relay versions [4, 5], this worker [1, 2, 3]"
         );
     }
 

@@ -144,7 +144,38 @@ async fn stream_served(api: Arc<Api>, stream: UnixStream) -> Result<(), RelayErr
         worker: env!("CARGO_PKG_VERSION").to_owned(),
     };
     write(&mut sink, &Message::Welcome(welcome)).await?;
-    let open = match read(&mut frames, 1).await? {
+    let next = if version < relay::LEASE_VERSION {
+        read(&mut frames, 1).await?
+    } else {
+        // A `lease` carries descriptors, which a plain read would lose: the frame after
+        // `welcome` is read with them (the launcher sent nothing after `hello` until it
+        // had `welcome`, so nothing of it is buffered).
+        let parts = frames.into_parts();
+        if !parts.read_buf.is_empty() {
+            return Err(RelayError(
+                "the launcher sent more than hello before welcome".to_owned(),
+            ));
+        }
+        let mut stream = parts
+            .io
+            .reunite(sink.into_inner())
+            .map_err(|error| RelayError(format!("rejoining the stream: {error}")))?;
+        let Some((frame, fds)) =
+            crate::pipes::receive_with(&mut stream, relay::TO_WORKER_FRAME_BYTES_MAX).await?
+        else {
+            return Ok(());
+        };
+        let message = relay::decode_in(version, &frame)?;
+        if let Message::Lease(open) = message {
+            return crate::lease::serve(&api, &hello.boot, *open, fds, stream).await;
+        }
+        drop(fds);
+        let (reader, writer) = stream.into_split();
+        frames = FramedRead::new(reader, relay::framing_to_worker());
+        sink = FramedWrite::new(writer, relay::framing_to_launcher());
+        Some(message)
+    };
+    let open = match next {
         Some(Message::Open(open)) => open,
         Some(Message::Http(open)) => return http(api, open, frames, sink).await,
         Some(other) => {
@@ -275,6 +306,7 @@ fn name(message: &Message) -> &'static str {
         Message::Reply(_) => "reply",
         Message::Close(_) => "close",
         Message::Pipes(_) => "pipes",
+        Message::Lease(_) => "lease",
     }
 }
 

@@ -626,3 +626,151 @@ async fn a_connection_taken_back_from_its_holder_has_its_kept_call_answered_and_
         "the kept AddMachines was applied twice: {status}"
     );
 }
+
+/// A connection leased to the worker (relay version 3: the client's own TLS socket and a
+/// journal handed over with `SCM_RIGHTS`): the worker answers the client's calls on the
+/// client's session; it dies with a `Next` waiting, which it had committed to the journal;
+/// the launcher takes the connection back from the journal and carries it on: a ping
+/// answered while no worker runs, the waiting `Next` answered by the next worker with the
+/// change made meanwhile, and a call served without a new login.
+#[tokio::test]
+async fn a_leased_connection_taken_back_when_its_worker_dies_keeps_its_login_and_its_waiting_next()
+{
+    use futures_util::{SinkExt, StreamExt};
+    use lockstep_transport::journal::{self, Journal, Shape};
+    use lockstep_transport::lease;
+    use lockstep_transport::leased::Kept;
+    use lockstep_transport::records;
+    use std::os::fd::AsFd;
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::Role as WsRole;
+
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+    let server_config = credentials.server_config().unwrap();
+    let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = front.local_addr().unwrap();
+    let client_tls =
+        lockstep_transport::tls::client_config(&credentials.ca_pem, &[&rustls::version::TLS13])
+            .unwrap();
+    let connecting = tokio::spawn(async move {
+        let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        let tls = tokio_rustls::TlsConnector::from(client_tls)
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap();
+        WebSocketStream::from_raw_socket(tls, WsRole::Client, None).await
+    });
+
+    // The launcher: the handshake by rustls, then the connection leased as it stands.
+    let (tcp, peer) = front.accept().await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let (tcp, session) = records::accept(&server_config, tcp).await.unwrap();
+    let socket = tcp.into_std().unwrap();
+    let journal = Journal::create(Shape::API, session.suite).unwrap();
+    let mut stream = door.lease_stream().await.unwrap();
+    let open = relay::LeaseOpen {
+        connection: 42,
+        peer,
+        reached: None,
+        path: "/api".to_owned(),
+        shape: Shape::API,
+        counters: journal::socket_counters(socket.as_fd()).unwrap(),
+        session,
+        read_ahead: Vec::new(),
+        skip: 0,
+        kept: Kept::default(),
+    };
+    let lease = open.lease();
+    lease::lease(&mut stream, &open, &socket, &journal)
+        .await
+        .unwrap();
+    let (took_back, taken) = tokio::sync::oneshot::channel();
+    let launcher = {
+        let door = Arc::clone(&door);
+        tokio::spawn(async move {
+            lease::returned(&mut stream).await;
+            let back = lease::take_back(&journal, &lease, socket).await.unwrap();
+            let _ = took_back.send(back.kept.clone());
+            let websocket = WebSocketStream::from_raw_socket(
+                back.socket,
+                WsRole::Server,
+                Some(lockstep_transport::front::websocket_config()),
+            )
+            .await;
+            door.serve_websocket_taken_back(
+                websocket,
+                42,
+                (peer, None, "/api".to_owned()),
+                back.kept,
+                None,
+            )
+            .await;
+        })
+    };
+
+    // The worker serves the client on its own socket.
+    let mut client = connecting.await.unwrap();
+    let logged_in = login(&mut client).await;
+    assert!(logged_in.get("error").is_none(), "{logged_in}");
+    let watch = call(&mut client, 2, "Client", 8, "WatchAll", json!({})).await;
+    let id = watch["response"]["watcher-id"].as_str().unwrap().to_owned();
+    let next = |request_id: u64| json!({"request-id": request_id, "type": "AllWatcher", "version": 3, "id": id, "request": "Next"});
+    send(&mut client, next(3)).await;
+    let snapshot = receive(&mut client).await;
+    assert_eq!(snapshot["request-id"], 3, "{snapshot}");
+    let delivered = snapshot["response"]["revision"].as_u64().unwrap();
+    // A Next that waits; the pong to a ping comes after a commit, which keeps the Next.
+    send(&mut client, next(4)).await;
+    client
+        .send(Message::Ping("keepalive".into()))
+        .await
+        .unwrap();
+    loop {
+        if let Message::Pong(_) = client.next().await.unwrap().unwrap() {
+            break;
+        }
+    }
+
+    controller.kill_worker().await;
+    let kept = tokio::time::timeout(Duration::from_secs(10), taken)
+        .await
+        .expect("the launcher takes the connection back")
+        .unwrap();
+    assert_eq!(
+        kept.login.as_ref().map(|login| login.tag.as_str()),
+        Some("user-admin")
+    );
+    assert_eq!(kept.watchers.get(&id), Some(&Some(delivered)), "{kept:?}");
+    assert_eq!(
+        kept.pending
+            .iter()
+            .map(|call| call.request_id)
+            .collect::<Vec<_>>(),
+        [4],
+        "the waiting Next was kept"
+    );
+    // No worker: the launcher answers a ping itself, on the client's same connection.
+    let ping = call(&mut client, 5, "Pinger", 1, "Ping", json!({})).await;
+    assert_eq!(ping["response"], json!({}), "{ping}");
+    let machine = controller
+        .state
+        .add_machine(Roles::of(&[Role::HostMachine]));
+    controller.start_worker().await;
+    let deltas = tokio::time::timeout(Duration::from_secs(10), receive(&mut client))
+        .await
+        .expect("the kept Next answered");
+    assert_eq!(deltas["request-id"], 4, "{deltas}");
+    assert!(
+        deltas["response"]["deltas"]
+            .to_string()
+            .contains(&format!("\"{machine}\"")),
+        "machine {machine} in {deltas}"
+    );
+    let status = call(&mut client, 6, "Client", 8, "FullStatus", json!({})).await;
+    assert_served(&status);
+    launcher.abort();
+}

@@ -247,16 +247,16 @@ async fn the_worker_welcomes_its_launchers_version_and_refuses_one_it_does_not_s
     let mut stream = Stream::connect(&worker).await;
     stream.hello(relay::VERSIONS).await;
     match stream.receive().await {
-        Some(Message::Welcome(welcome)) => assert_eq!(welcome.version, 2),
+        Some(Message::Welcome(welcome)) => assert_eq!(welcome.version, 3),
         other => panic!("expected welcome, got {other:?}"),
     }
 
     let mut stream = Stream::connect(&worker).await;
-    stream.hello(&[3, 4]).await;
+    stream.hello(&[4, 5]).await;
     match stream.receive().await {
         Some(Message::Refused(refused)) => {
             assert_eq!(refused.versions, relay::VERSIONS);
-            assert!(refused.reason.contains("[3, 4]"), "{}", refused.reason);
+            assert!(refused.reason.contains("[4, 5]"), "{}", refused.reason);
         }
         other => panic!("expected refused, got {other:?}"),
     }
