@@ -45,7 +45,7 @@ use std::sync::Arc;
 use crate::admission::{Admitted, Connections};
 use crate::connection::REQUESTS_IN_FLIGHT_MAX;
 use crate::hold::ConnectionHold;
-use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError, WatcherPosition};
+use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError};
 use crate::wire::{self, Framing, WireError};
 
 /// How often a connection without a worker asks for one.
@@ -1091,15 +1091,7 @@ impl FrontDoor {
             reached: connection.reached,
             path: connection.path.clone(),
             login: connection.login.clone(),
-            watchers: connection
-                .watchers
-                .iter()
-                .map(|(id, revision)| WatcherPosition {
-                    id: id.clone(),
-                    revision: *revision,
-                    stopped: false,
-                })
-                .collect(),
+            watchers: relay::positions(&connection.watchers),
         });
         handshake
             .send(&open)

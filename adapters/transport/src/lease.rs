@@ -20,7 +20,7 @@ use crate::api::Api;
 use crate::journal::{self, Journal, JournaledStream, Lease};
 use crate::leased::{self, FrameBounded, Kept, Stamps};
 use crate::records::{RecordStream, Session as Records};
-use crate::relay::{self, LeaseOpen, Message, Open, RelayError, WatcherPosition};
+use crate::relay::{self, LeaseOpen, Message, Open, RelayError};
 
 /// Launcher: leases the connection on `socket` to the worker at the other end of
 /// `stream` (past `welcome`, at [`relay::LEASE_VERSION`] or later), with `journal` to take
@@ -103,15 +103,7 @@ pub(crate) async fn serve(
             reached: open.reached,
             path: open.path.clone(),
             login: kept.login.clone(),
-            watchers: kept
-                .watchers
-                .iter()
-                .map(|(id, revision)| WatcherPosition {
-                    id: id.clone(),
-                    revision: *revision,
-                    stopped: false,
-                })
-                .collect(),
+            watchers: relay::positions(&kept.watchers),
         },
     )
     .await

@@ -230,6 +230,21 @@ pub struct WatcherPosition {
     pub stopped: bool,
 }
 
+/// The watchers as `open` carries them, from a connection's watchers and each one's last
+/// revision delivered.
+pub fn positions(
+    watchers: &std::collections::BTreeMap<String, Option<u64>>,
+) -> Vec<WatcherPosition> {
+    watchers
+        .iter()
+        .map(|(id, revision)| WatcherPosition {
+            id: id.clone(),
+            revision: *revision,
+            stopped: false,
+        })
+        .collect()
+}
+
 /// `call`: the client's frame as it came, and the operation-id the launcher stamped on it.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
