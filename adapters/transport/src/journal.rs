@@ -226,6 +226,13 @@ impl Journal {
         })
     }
 
+    /// Forgets every commit, so that the journal can carry a new lease: until the new
+    /// holder's first commit (its first act), [`recover`] gives back that lease as it was.
+    /// The launcher's, between two leases of one journal.
+    pub fn reset(&mut self) {
+        self.generation_cell().store(0, Ordering::Release);
+    }
+
     /// The memory file, to send to the process that will hold the connection.
     pub fn file(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
@@ -578,14 +585,23 @@ pub fn recover(journal: &Journal, lease: &Lease, socket: BorrowedFd<'_>) -> io::
         })?;
     // The read stream: the read-ahead, then what the holder consumed.
     let read_end = lease.read_ahead.len() as u64 + consumed;
-    let commit = journal.last_commit()?.unwrap_or_else(|| Commit {
-        read_at: 0,
-        read_skip: lease.skip,
-        read: lease.session.rx.clone(),
-        written_at: 0,
-        write: lease.session.tx.clone(),
-        app: lease.app.clone(),
-    });
+    let Some(commit) = journal.last_commit()? else {
+        // No holder took the lease (its first act is to commit it): the connection is
+        // where the lease left it, and the socket must say so.
+        if consumed != 0 || written != 0 {
+            return Err(invalid(format!(
+                "a journal with no commit, and a socket that moved since the lease: {now:?} against {:?}",
+                lease.counters
+            )));
+        }
+        return Ok(Recovered {
+            session: lease.session.clone(),
+            read_ahead: lease.read_ahead.clone(),
+            skip: lease.skip,
+            app: lease.app.clone(),
+            unwritten: Vec::new(),
+        });
+    };
     if read_end < commit.read_at || read_end - commit.read_at > journal.shape.read_ring as u64 {
         return Err(invalid(format!(
             "the holder consumed {read_end} bytes, outside the read ring from the commit's {}",

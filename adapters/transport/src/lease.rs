@@ -24,14 +24,16 @@ use crate::relay::{self, LeaseOpen, Message, Open, RelayError};
 
 /// Launcher: leases the connection on `socket` to the worker at the other end of
 /// `stream` (past `welcome`, at [`relay::LEASE_VERSION`] or later), with `journal` to take
-/// it back from. `open.lease` must be where the connection stands: nothing read from the
-/// socket or written to it since but what the lease says.
+/// it back from (its earlier commits forgotten first: should the worker never take the
+/// lease, the connection is taken back as `open` leaves it). `open` must say where the
+/// connection stands: nothing read from the socket or written to it but what it counts.
 pub async fn lease(
     stream: &mut UnixStream,
     open: &LeaseOpen,
     socket: &std::net::TcpStream,
-    journal: &Journal,
+    journal: &mut Journal,
 ) -> Result<(), RelayError> {
+    journal.reset();
     let body = relay::encode(&Message::Lease(Box::new(open.clone())))?;
     crate::pipes::send_with(stream, &body, &[socket.as_fd(), journal.file()]).await
 }

@@ -670,7 +670,7 @@ async fn a_leased_connection_taken_back_when_its_worker_dies_keeps_its_login_and
     tcp.set_nodelay(true).unwrap();
     let (tcp, session) = records::accept(&server_config, tcp).await.unwrap();
     let socket = tcp.into_std().unwrap();
-    let journal = Journal::create(Shape::API, session.suite).unwrap();
+    let mut journal = Journal::create(Shape::API, session.suite).unwrap();
     let mut stream = door.lease_stream().await.unwrap();
     let open = relay::LeaseOpen {
         connection: 42,
@@ -685,7 +685,7 @@ async fn a_leased_connection_taken_back_when_its_worker_dies_keeps_its_login_and
         kept: Kept::default(),
     };
     let lease = open.lease();
-    lease::lease(&mut stream, &open, &socket, &journal)
+    lease::lease(&mut stream, &open, &socket, &mut journal)
         .await
         .unwrap();
     let (took_back, taken) = tokio::sync::oneshot::channel();

@@ -137,8 +137,10 @@ async fn serve_between(
     }
 }
 
-/// Starts a holder for `lease` on the socket and journal given.
-fn hold(lease: &Lease, socket: &TcpStream, journal: &Journal) -> std::process::Child {
+/// Starts a holder for `lease` on the socket and journal given (the journal's earlier
+/// commits forgotten, as the launcher forgets them before a lease).
+fn hold(lease: &Lease, socket: &TcpStream, journal: &mut Journal) -> std::process::Child {
+    journal.reset();
     // Duplicates the child inherits (no close-on-exec), closed here once it has them.
     let socket = rustix::io::fcntl_dupfd_cloexec(socket.as_fd(), 3).unwrap();
     let file = rustix::io::fcntl_dupfd_cloexec(journal.file(), 3).unwrap();
@@ -253,7 +255,7 @@ async fn a_holder_killed_at_any_moment_leaves_the_connection_to_carry_on_with_ev
     // killed with committed bytes the socket has not taken.
     rustix::net::sockopt::set_socket_send_buffer_size(&socket, 4096).unwrap();
     let (socket, session) = records::accept(&server_config, socket).await.unwrap();
-    let journal = Journal::create(SHAPE, session.suite).unwrap();
+    let mut journal = Journal::create(SHAPE, session.suite).unwrap();
     let mut lease = Lease {
         shape: SHAPE,
         session,
@@ -273,7 +275,7 @@ async fn a_holder_killed_at_any_moment_leaves_the_connection_to_carry_on_with_ev
             kill < KILLS_MAX,
             "{KILLS_MAX} holders made too little progress"
         );
-        let mut holder = hold(&lease, &socket, &journal);
+        let mut holder = hold(&lease, &socket, &mut journal);
         let out = tokio::task::block_in_place(|| serving(&mut holder));
         tokio::time::sleep(Duration::from_micros(numbers.next(3_000))).await;
         holder.kill().unwrap();
@@ -333,7 +335,7 @@ async fn a_holder_killed_at_any_moment_leaves_the_connection_to_carry_on_with_ev
         };
     }
     // The holders killed did most of the work; the last runs to the end.
-    let mut holder = hold(&lease, &socket, &journal);
+    let mut holder = hold(&lease, &socket, &mut journal);
     let status = tokio::task::spawn_blocking(move || holder.wait().unwrap())
         .await
         .unwrap();
@@ -451,4 +453,77 @@ async fn a_journal_keeps_pages_only_for_what_it_still_holds() {
         after < 512 << 10,
         "{after} bytes resident after (peak {peak})"
     );
+}
+
+/// A journal one holder committed to, reset and leased again, and the second holder never
+/// takes the lease (a worker that dies before its first commit, or refuses the lease): the
+/// connection is recovered as the second lease left it, not from the first holder's
+/// commit.
+#[tokio::test]
+async fn a_lease_no_holder_took_is_recovered_as_it_was_leased() {
+    let credentials = Credentials::generate("journal", &[]).unwrap();
+    let server_config = credentials.server_config().unwrap();
+    let client_config = client_config(&credentials.ca_pem, &[&rustls::version::TLS13]).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let client = tokio::spawn(async move {
+        let socket = TcpStream::connect(address).await.unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client_config)
+            .connect("localhost".try_into().unwrap(), socket)
+            .await
+            .unwrap();
+        tls.write_all(b"hello").await.unwrap();
+        tls.flush().await.unwrap();
+        tls
+    });
+    let (socket, _) = listener.accept().await.unwrap();
+    let (socket, session) = records::accept(&server_config, socket).await.unwrap();
+    let mut journal = Journal::create(SHAPE, session.suite).unwrap();
+    let view = Journal::open(
+        rustix::io::fcntl_dupfd_cloexec(journal.file(), 3).unwrap(),
+        SHAPE,
+        session.suite,
+    )
+    .unwrap();
+    let kept_socket = socket.into_std().unwrap();
+    let first = Lease {
+        shape: SHAPE,
+        session: session.clone(),
+        counters: journal::socket_counters(kept_socket.as_fd()).unwrap(),
+        read_ahead: Vec::new(),
+        skip: 0,
+        app: b"first".to_vec(),
+    };
+    // The first holder reads the client's message, absorbs it and commits.
+    {
+        let socket = TcpStream::from_std(kept_socket.try_clone().unwrap()).unwrap();
+        let mut stream = JournaledStream::new(socket, view, &first).unwrap();
+        let mut hello = [0u8; 5];
+        stream.read_exact(&mut hello).await.unwrap();
+        assert_eq!(&hello, b"hello");
+        stream.absorb(5);
+        stream.set_app(b"first, after hello").unwrap();
+        stream.flush().await.unwrap();
+    }
+    let after_first = journal::recover(&journal, &first, kept_socket.as_fd()).unwrap();
+    assert_eq!(after_first.app, b"first, after hello");
+
+    // Leased again: what the lease counts from is the socket now, the session the first
+    // holder's, the read-ahead made up (nothing checks it against the socket).
+    journal.reset();
+    let second = Lease {
+        shape: SHAPE,
+        session: after_first.session.clone(),
+        counters: journal::socket_counters(kept_socket.as_fd()).unwrap(),
+        read_ahead: b"ciphertext read ahead".to_vec(),
+        skip: 3,
+        app: b"second".to_vec(),
+    };
+    let recovered = journal::recover(&journal, &second, kept_socket.as_fd()).unwrap();
+    assert_eq!(recovered.read_ahead, second.read_ahead);
+    assert_eq!(recovered.skip, 3);
+    assert_eq!(recovered.app, b"second");
+    assert_eq!(recovered.session, second.session);
+    assert!(recovered.unwritten.is_empty());
+    drop(client.await.unwrap());
 }
