@@ -1,22 +1,25 @@
-//! What the relay adds to a call: the same clients, side by side in one process, against a
-//! worker's API directly and through the front door (TLS and the websocket in front, then
-//! the relay over a unix socket to the same API).
+//! What the front door adds to a call: the same clients, side by side in one process,
+//! against a worker's API directly and through the launcher's port, relaying every call
+//! (TLS and the websocket in the launcher, then the relay over a unix socket to the same
+//! API) and leasing the connection (relay version 3: the worker serves it on the client's
+//! own socket, once the login's reply left it quiet).
 //!
 //! Run: `cargo bench -p lockstep-transport --bench relay`. Each round runs `CONNECTIONS`
 //! clients of `CALLS` sequential `Pinger.Ping` (logged in, each reply checked) against the
-//! direct port, then against the front door's; rounds alternate so that a noisy neighbour
-//! hits both. Prints per round calls per second (of the calls alone: connecting and the
+//! direct port, then the relaying front door's, then the leasing one's; rounds alternate
+//! so that a noisy neighbour hits all three. Prints per round calls per second (of the calls alone: connecting and the
 //! login's argon2 check are left out), p50/p99 and the process's CPU time per call (from
 //! the moment every client had logged in; the in-process clients' share is in both paths),
-//! then the medians over rounds, the CPU per call the front door adds and, last, the front
-//! door's throughput as a ratio of the direct one and its added p50.
+//! then the medians over rounds, the CPU per call each front door adds and, last, each
+//! front door's throughput as a ratio of the direct one and its added p50.
 //! Issue 19's targets: ratio at least 0.8, at most 30 µs added at p50.
 //!
-//! The front door here is `FrontDoor::serve_websocket` behind a plain TLS accept loop; the
-//! launcher's admission limits are not in front of it (nor in front of the direct port,
-//! which is served by `Api::serve` with its admission). `LOCKSTEP_BENCH_QUICK=1`: one round
-//! of a tenth of the calls, the same paths and checks (CI runs it).
-//! `LOCKSTEP_RELAY_BENCH_ONLY=direct` (or `front`) runs one path alone, to profile it.
+//! Each front door is served as `lockstepd`'s launcher serves its port
+//! (`server::serve_connections`: its admission, TLS carried on by records, the router); the
+//! direct port is `Api::serve`, with its own admission. `LOCKSTEP_BENCH_QUICK=1`: one round
+//! of a tenth of the calls, the same paths and checks (CI runs it); the leasing path asserts
+//! that every client was leased. `LOCKSTEP_RELAY_BENCH_ONLY=direct` (or `relayed`, `leased`)
+//! runs one path alone, to profile it.
 #![allow(clippy::print_stdout, reason = "a benchmark's report is its output")]
 
 mod common;
@@ -85,51 +88,72 @@ async fn main() {
         launcher,
     ));
 
-    // The front door: TLS and the websocket, then the relay.
-    let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let front_port = front.local_addr().unwrap().port();
-    let door = Arc::new(FrontDoor::new(socket, "bench", Duration::from_secs(30)));
-    let acceptor = tokio_rustls::TlsAcceptor::from(credentials.server_config().unwrap());
-    let front_server = tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = front.accept().await.unwrap();
-            tcp.set_nodelay(true).unwrap();
-            let reached = tcp.local_addr().ok();
-            let (acceptor, door) = (acceptor.clone(), Arc::clone(&door));
-            tokio::spawn(async move {
-                let tls = acceptor.accept(tcp).await.unwrap();
-                let socket = tokio_tungstenite::accept_async_with_config(
-                    tls,
-                    Some(lockstep_transport::front::websocket_config()),
-                )
-                .await
-                .unwrap();
-                door.serve_websocket(socket, peer, reached, "/api".to_owned(), None)
-                    .await;
-            });
-        }
-    });
+    // The front doors, one relaying every call, one leasing its connections.
+    let relaying =
+        Arc::new(FrontDoor::new(socket.clone(), "bench", Duration::from_secs(30)).leasing(false));
+    let leasing = Arc::new(FrontDoor::new(socket, "bench", Duration::from_secs(30)));
+    let (relayed_port, relayed_server) = launcher_port(&relaying, &credentials).await;
+    let (leased_port, leased_server) = launcher_port(&leasing, &credentials).await;
 
     println!(
         "lockstep-transport relay bench{}: {CONNECTIONS} connections x {calls} sequential \
-         Pinger.Ping over TLS 1.3, direct to the API and through the front door, {rounds} \
-         rounds alternating",
+         Pinger.Ping over TLS 1.3, direct to the API and through the front door relaying and \
+         leasing, {rounds} rounds alternating",
         plan.note(),
     );
     // One path only (LOCKSTEP_RELAY_BENCH_ONLY, for a profile of it): no ratio.
-    side_by_side::alternate(rounds, &["direct", "front"], |path| {
+    let mut leased_rounds = 0;
+    side_by_side::alternate(rounds, &["direct", "relayed", "leased"], |path| {
         if only.as_deref().is_some_and(|only| only != path) {
             return None;
         }
-        let port = if path == "direct" {
-            direct_port
-        } else {
-            front_port
+        let port = match path {
+            "direct" => direct_port,
+            "relayed" => relayed_port,
+            _ => {
+                leased_rounds += 1;
+                leased_port
+            }
         };
         Some(round(port, &credentials.ca_pem, calls))
     })
     .await;
+    // Every client of the leasing front door was leased (and its lease over when it went).
+    let expected = (leased_rounds * CONNECTIONS) as u64;
+    assert_eq!(
+        leasing.lease_counts().leased,
+        expected,
+        "every connection leased"
+    );
+    assert_eq!(
+        relaying.lease_counts().leased,
+        0,
+        "the relaying front door leases none"
+    );
     server.abort();
     relay_server.abort();
-    front_server.abort();
+    relayed_server.abort();
+    leased_server.abort();
+}
+
+/// A launcher's port for `door`, served as `lockstepd` serves it.
+async fn launcher_port(
+    door: &Arc<FrontDoor>,
+    credentials: &Credentials,
+) -> (u16, tokio::task::JoinHandle<()>) {
+    use lockstep_transport::admission::Connections;
+    use lockstep_transport::limits::ApiLimits;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(Connections::new(ApiLimits::default()));
+    let router = door.router(Arc::clone(&connections));
+    let served = tokio::spawn(lockstep_transport::server::serve_connections(
+        listener,
+        credentials.server_config().unwrap(),
+        connections,
+        ApiLimits::default(),
+        router,
+        None,
+    ));
+    (port, served)
 }

@@ -375,6 +375,11 @@ impl<S> Metered<S> {
             connections: Arc::clone(&admitted.connections),
         }
     }
+
+    /// The socket, uncounted from here (a connection is leased only logged in).
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {

@@ -45,6 +45,8 @@ use std::sync::Arc;
 use crate::admission::{Admitted, Connections};
 use crate::connection::REQUESTS_IN_FLIGHT_MAX;
 use crate::hold::ConnectionHold;
+use crate::journal;
+use crate::leased::FrameBounded;
 use crate::relay::{self, Call, CarriedLogin, Hello, Message, Open, RelayError};
 use crate::wire::{self, Framing, WireError};
 
@@ -85,6 +87,12 @@ pub trait ClientFrames: Send {
     fn next_frame(&mut self) -> impl std::future::Future<Output = FromClient> + Send;
 }
 
+impl<T: ClientFrames> ClientFrames for &mut T {
+    fn next_frame(&mut self) -> impl std::future::Future<Output = FromClient> + Send {
+        (**self).next_frame()
+    }
+}
+
 impl ClientFrames for mpsc::Receiver<String> {
     async fn next_frame(&mut self) -> FromClient {
         match self.recv().await {
@@ -113,6 +121,12 @@ pub trait ClientSink: Send {
     /// ends (closed, or a write failed or took too long). Pending while nothing is queued.
     /// Must be cancel-safe: the serving loop drops it when something else comes first.
     fn write(&mut self) -> impl std::future::Future<Output = Result<(), Gone>> + Send;
+
+    /// Nothing is queued or being written: what the client was sent is on its socket.
+    /// A sink that cannot tell says `false`.
+    fn idle(&self) -> bool {
+        false
+    }
 }
 
 impl ClientSink for mpsc::Sender<ToClient> {
@@ -135,6 +149,10 @@ impl<T: ClientSink> ClientSink for &mut T {
 
     fn write(&mut self) -> impl std::future::Future<Output = Result<(), Gone>> + Send {
         (**self).write()
+    }
+
+    fn idle(&self) -> bool {
+        (**self).idle()
     }
 }
 
@@ -393,6 +411,10 @@ where
     async fn write(&mut self) -> Result<(), Gone> {
         std::future::poll_fn(|cx| self.poll_write(cx)).await
     }
+
+    fn idle(&self) -> bool {
+        self.ended.is_none() && WebsocketSink::idle(self)
+    }
 }
 
 /// The launcher's relay to the current worker, shared by its connections.
@@ -411,6 +433,19 @@ pub struct FrontDoor {
     /// The relay versions offered in `hello`: [`relay::VERSIONS`], unless a test makes this
     /// launcher an older one ([`FrontDoor::speaking`]).
     versions: Vec<u32>,
+    /// Whether quiet connections are leased to the worker ([`FrontDoor::leasing`]).
+    leasing: bool,
+    /// Connections leased to a worker, and leases over (taken back or ended), since start.
+    leases: AtomicU64,
+    leases_returned: AtomicU64,
+}
+
+/// How many connections a front door leased to a worker, and how many of those leases
+/// are over, since it started ([`FrontDoor::lease_counts`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct LeaseCounts {
+    pub leased: u64,
+    pub returned: u64,
 }
 
 impl FrontDoor {
@@ -425,6 +460,25 @@ impl FrontDoor {
             listening: tokio::sync::watch::Sender::new(0),
             wait_max,
             versions: relay::VERSIONS.to_vec(),
+            leasing: true,
+            leases: AtomicU64::new(0),
+            leases_returned: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether this front door leases its quiet connections to the worker (the default),
+    /// or relays every call (`lockstepd --front-door-lease=false`).
+    #[must_use]
+    pub fn leasing(mut self, leasing: bool) -> FrontDoor {
+        self.leasing = leasing;
+        self
+    }
+
+    /// Connections leased to a worker, and leases over, since this front door started.
+    pub fn lease_counts(&self) -> LeaseCounts {
+        LeaseCounts {
+            leased: self.leases.load(Ordering::Relaxed),
+            returned: self.leases_returned.load(Ordering::Relaxed),
         }
     }
 
@@ -463,7 +517,18 @@ impl FrontDoor {
         to_client: impl ClientSink,
         on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
     ) {
-        let connection = Connection {
+        let connection = self.new_connection((peer, reached, path));
+        let mut on_login = on_login;
+        self.serve_connection(connection, from_client, to_client, &mut on_login, false)
+            .await;
+    }
+
+    /// A new client connection's state, numbered.
+    fn new_connection(
+        &self,
+        (peer, reached, path): (SocketAddr, Option<SocketAddr>, String),
+    ) -> Connection {
+        Connection {
             number: self.connections.fetch_add(1, Ordering::Relaxed),
             peer,
             reached,
@@ -473,9 +538,7 @@ impl FrontDoor {
             login: None,
             watchers: BTreeMap::new(),
             relay: None,
-        };
-        self.serve_connection(connection, from_client, to_client, on_login)
-            .await;
+        }
     }
 
     /// Serves a connection this launcher takes back from a worker that held it (a leased
@@ -492,38 +555,8 @@ impl FrontDoor {
         from_client: impl ClientFrames,
         to_client: impl ClientSink,
     ) {
-        let now = Instant::now();
-        let held = kept
-            .pending
-            .into_iter()
-            .filter_map(|call| {
-                let Some(head) = wire::peek(&call.frame) else {
-                    tracing::warn!(target: "lockstep::front", request_id = call.request_id, "a kept call that is not a request: dropped");
-                    return None;
-                };
-                Some(Pending {
-                    frame: call.frame,
-                    operation_id: call.operation_id,
-                    request_id: head.request_id,
-                    framing: head.framing,
-                    facade: head.facade,
-                    method: head.method,
-                    arrived: now,
-                })
-            })
-            .collect();
-        let connection = Connection {
-            number,
-            peer,
-            reached,
-            path,
-            forwarded: VecDeque::new(),
-            held,
-            login: kept.login,
-            watchers: kept.watchers,
-            relay: None,
-        };
-        self.serve_connection(connection, from_client, to_client, None)
+        let connection = taken_back(number, (peer, reached, path), kept);
+        self.serve_connection(connection, from_client, to_client, &mut None, false)
             .await;
     }
 
@@ -532,11 +565,17 @@ impl FrontDoor {
         mut connection: Connection,
         mut from_client: impl ClientFrames,
         mut to_client: impl ClientSink,
-        mut on_login: Option<Box<dyn FnOnce() -> bool + Send>>,
-    ) {
+        on_login: &mut Option<Box<dyn FnOnce() -> bool + Send>>,
+        lease: bool,
+    ) -> Served {
         let mut next_attempt = Instant::now();
         let mut listening = self.listening.subscribe();
+        // A reply came since the client's last frame: the connection may be quiet.
+        let mut replied = false;
         loop {
+            if lease && replied && connection.leasable() && to_client.idle() {
+                return Served::Quiet(Box::new(connection));
+            }
             if connection.relay.is_none() && Instant::now() >= next_attempt {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.open(&connection)).await {
                     Ok(Ok(relay)) => {
@@ -545,7 +584,7 @@ impl FrontDoor {
                             tracing::debug!(target: "lockstep::front", %error, "relay broke while resending");
                             for answer in connection.broke() {
                                 if to_client.send(ToClient::Frame(answer)).await.is_err() {
-                                    return;
+                                    return Served::Over;
                                 }
                             }
                         }
@@ -557,7 +596,7 @@ impl FrontDoor {
                             reason: "the controller is restarting; reconnect".to_owned(),
                         };
                         let _ = to_client.send(close).await;
-                        return;
+                        return Served::Over;
                     }
                     Ok(Err(Opened::NoWorker(why))) => {
                         tracing::trace!(target: "lockstep::front", %why, "no worker yet");
@@ -575,9 +614,10 @@ impl FrontDoor {
             tokio::select! {
                 frame = from_client.next_frame(), if room => match frame {
                     FromClient::Frame(frame) => {
+                        replied = false;
                         for answer in self.client_sent(&mut connection, frame).await {
                             if to_client.send(ToClient::Frame(answer)).await.is_err() {
-                                return;
+                                return Served::Over;
                             }
                         }
                     }
@@ -585,27 +625,28 @@ impl FrontDoor {
                         if let Some(answer) = answer {
                             let _ = to_client.send(answer).await;
                         }
-                        return;
+                        return Served::Over;
                     }
                 },
                 // What the client's socket did not take at once.
-                written = to_client.write() => if written.is_err() { return },
+                written = to_client.write() => if written.is_err() { return Served::Over },
                 message = next_message(&mut connection.relay) => match message {
                     Ok(Some(Message::Reply(reply))) => {
                         if reply.login.is_some()
                             && let Some(hook) = on_login.take()
                             && !hook()
                         {
-                            return;
+                            return Served::Over;
                         }
                         let frame = connection.replied(reply);
                         if to_client.send(ToClient::Frame(frame)).await.is_err() {
-                            return;
+                            return Served::Over;
                         }
+                        replied = true;
                     }
                     Ok(Some(Message::Close(close))) => {
                         let _ = to_client.send(ToClient::Close { code: close.code, reason: close.reason }).await;
-                        return;
+                        return Served::Over;
                     }
                     other => {
                         if let Err(error) = other {
@@ -613,7 +654,7 @@ impl FrontDoor {
                         }
                         for answer in connection.broke() {
                             if to_client.send(ToClient::Frame(answer)).await.is_err() {
-                                return;
+                                return Served::Over;
                             }
                         }
                         next_attempt = Instant::now();
@@ -635,7 +676,7 @@ impl FrontDoor {
                         let refused = WireError::from(gate::Rejection::upgrade_in_progress(&restarting()));
                         let frame = wire::encode_error(held.request_id, held.framing, &refused);
                         if to_client.send(ToClient::Frame(frame)).await.is_err() {
-                            return;
+                            return Served::Over;
                         }
                     }
                 }
@@ -685,29 +726,51 @@ impl FrontDoor {
     async fn websocket_served<S>(
         &self,
         socket: tokio_tungstenite::WebSocketStream<S>,
-        (peer, reached, path): (SocketAddr, Option<SocketAddr>, String),
+        place: (SocketAddr, Option<SocketAddr>, String),
         taken_back: Option<(u64, crate::leased::Kept)>,
         admitted: Option<Arc<Admitted>>,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let closed = admitted
-            .as_ref()
-            .map_or_else(tokio_util::sync::CancellationToken::new, |admitted| {
-                admitted.ticket.closed.clone()
-            });
-        let write_timeout = admitted.as_ref().map_or_else(
+        let (connection, mut on_login) = match taken_back {
+            None => (self.new_connection(place), login_hook(admitted.as_ref())),
+            Some((number, kept)) => (self::taken_back(number, place, kept), None),
+        };
+        // The slot is held (`admitted` kept) until the websocket ends: dropping it closes.
+        self.websocket_round(socket, connection, &mut on_login, admitted.as_ref(), false)
+            .await;
+    }
+
+    /// Serves `connection` on its websocket until it ends (`None`), or, with `lease`, until
+    /// a worker's reply leaves it quiet: then the websocket is given back whole, with the
+    /// connection's state, nothing queued in either.
+    async fn websocket_round<S>(
+        &self,
+        socket: tokio_tungstenite::WebSocketStream<S>,
+        connection: Connection,
+        on_login: &mut Option<Box<dyn FnOnce() -> bool + Send>>,
+        admitted: Option<&Arc<Admitted>>,
+        lease: bool,
+    ) -> Option<(tokio_tungstenite::WebSocketStream<S>, Connection)>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let closed = admitted.map_or_else(tokio_util::sync::CancellationToken::new, |admitted| {
+            admitted.ticket.closed.clone()
+        });
+        let write_timeout = admitted.map_or_else(
             || crate::limits::ApiLimits::default().write_timeout,
             |admitted| admitted.limits().write_timeout,
         );
+        let peer = connection.peer;
         let (sink, stream) = socket.split();
-        let from_client = WebsocketFrames {
+        let mut from_client = WebsocketFrames {
             stream,
-            admitted: admitted.clone(),
+            admitted: admitted.cloned(),
         };
         let mut to_client = WebsocketSink {
             sink,
-            admitted: admitted.clone(),
+            admitted: admitted.cloned(),
             write_timeout,
             queued: VecDeque::new(),
             unflushed: 0,
@@ -717,30 +780,269 @@ impl FrontDoor {
             close_refused: false,
             ended: None,
         };
-        // The slot is held (`admitted` kept) until the websocket ends: dropping it closes.
-        let on_login = admitted.clone().map(|admitted| {
-            Box::new(move || admitted.logged_in()) as Box<dyn FnOnce() -> bool + Send>
-        });
         // The connection ends when the client goes (its frames end), the worker closes
         // it, or its socket fails or is closed by the launcher (the sink ends).
-        match taken_back {
-            None => {
-                self.serve(peer, reached, path, from_client, &mut to_client, on_login)
-                    .await;
-            }
-            Some((number, kept)) => {
-                self.serve_taken_back(
-                    number,
-                    (peer, reached, path),
-                    kept,
-                    from_client,
-                    &mut to_client,
-                )
-                .await;
+        let served = self
+            .serve_connection(
+                connection,
+                &mut from_client,
+                &mut to_client,
+                on_login,
+                lease,
+            )
+            .await;
+        match served {
+            Served::Quiet(connection) => match to_client.sink.reunite(from_client.stream) {
+                Ok(socket) => Some((socket, *connection)),
+                Err(_) => None,
+            },
+            Served::Over => {
+                to_client.finish(peer).await;
+                None
             }
         }
-        to_client.finish(peer).await;
-        drop(admitted);
+    }
+
+    /// Serves a client's websocket on the launcher's own socket stack, leasing the
+    /// connection to the worker (relay version 3) whenever a worker's reply leaves it quiet
+    /// (logged in, nothing forwarded or held, everything sent to the client written, no
+    /// byte of a next message read), and taking it back when the worker is done with it or
+    /// dies; relayed meanwhile, as [`FrontDoor::serve_websocket`] relays a connection.
+    async fn serve_leasing(
+        &self,
+        io: LauncherIo,
+        prefix: tokio_util::bytes::Bytes,
+        place: (SocketAddr, Option<SocketAddr>, String),
+        admitted: Arc<Admitted>,
+    ) {
+        let mut websocket = leasable_websocket(prefix, io).await;
+        let mut connection = self.new_connection(place.clone());
+        let number = connection.number;
+        let mut on_login = login_hook(Some(&admitted));
+        loop {
+            let Some((socket, quiet)) = self
+                .websocket_round(websocket, connection, &mut on_login, Some(&admitted), true)
+                .await
+            else {
+                return;
+            };
+            match self.lease_out(socket, quiet, &admitted).await {
+                LeaseEnd::NotLeased(quiet) => {
+                    (websocket, connection) = *quiet;
+                }
+                LeaseEnd::TakenBack(back) => {
+                    let (io, kept) = *back;
+                    websocket = leasable_websocket(tokio_util::bytes::Bytes::new(), io).await;
+                    connection = taken_back(number, place.clone(), kept);
+                    if !self
+                        .sent_before(&mut websocket, &mut connection, &admitted)
+                        .await
+                    {
+                        return;
+                    }
+                }
+                LeaseEnd::Over => return,
+            }
+        }
+    }
+
+    /// A connection just taken back: the calls the client had sent by then (every whole
+    /// message its socket holds now) were sent to a worker that went, as much as the calls
+    /// it had taken: each waits for the next worker as a dead worker's forwarded calls do
+    /// (a ping is answered here), after those it had taken, rather than being decided as a
+    /// call made while no worker serves (a write would be refused, although the client
+    /// sent it to a worker that served). `false`: the connection is over (the client closed
+    /// it, or sent what the API does not take).
+    async fn sent_before(
+        &self,
+        websocket: &mut LeasableWebsocket,
+        connection: &mut Connection,
+        admitted: &Admitted,
+    ) -> bool {
+        use futures_util::FutureExt;
+        let write_timeout = admitted.limits().write_timeout;
+        let mut answers = Vec::new();
+        let kept: Vec<Pending> = connection.held.drain(..).collect();
+        connection.forwarded.extend(kept);
+        let mut over = false;
+        while connection.forwarded.len() < REQUESTS_IN_FLIGHT_MAX {
+            // What the socket holds now, never waiting for more.
+            let Some(message) = websocket.next().now_or_never() else {
+                break;
+            };
+            match message {
+                Some(Ok(Ws::Text(text))) => {
+                    match self.pending_call(connection, text.as_str().to_owned()) {
+                        Ok(call) => connection.forwarded.push_back(call),
+                        Err(answer) => answers.push(answer),
+                    }
+                }
+                Some(Ok(Ws::Ping(_) | Ws::Pong(_) | Ws::Frame(_))) => {}
+                Some(Ok(Ws::Binary(_))) => {
+                    let close = tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                        code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Unsupported,
+                        reason: "binary frames are not part of the API".into(),
+                    };
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, websocket.close(Some(close))).await;
+                    return false;
+                }
+                Some(Ok(Ws::Close(_))) => over = true,
+                Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => {
+                    // As `WebsocketFrames` closes a frame over the size, told why.
+                    admitted.close(crate::limits::Refusal::FrameSize);
+                    let close = tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                        code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Policy,
+                        reason: format!("closed by the controller: {}", crate::limits::Refusal::FrameSize).into(),
+                    };
+                    let _ =
+                        tokio::time::timeout(CLOSE_TIMEOUT, websocket.send(Ws::Close(Some(close))))
+                            .await;
+                    return false;
+                }
+                Some(Err(_)) | None => return false,
+            }
+            if over {
+                break;
+            }
+        }
+        answers.extend(connection.broke());
+        for answer in answers {
+            let sent = tokio::time::timeout(write_timeout, websocket.send(Ws::text(answer))).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                return false;
+            }
+        }
+        if over {
+            // Its calls are not answered: the client closed its end (RFC 6455's answer).
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, websocket.close(None)).await;
+            return false;
+        }
+        true
+    }
+
+    /// Leases a quiet connection to the worker, and takes it back when the worker is done
+    /// with it; not leased if no worker takes leases or the connection is not quiet to the
+    /// byte (tungstenite, hyper or the records hold something of it).
+    async fn lease_out(
+        &self,
+        mut websocket: LeasableWebsocket,
+        mut connection: Connection,
+        admitted: &Arc<Admitted>,
+    ) -> LeaseEnd {
+        use std::os::fd::AsFd;
+        let write_timeout = admitted.limits().write_timeout;
+        let mut stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.lease_stream()).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                tracing::debug!(target: "lockstep::front", %error, "connection not leased");
+                return LeaseEnd::NotLeased(Box::new((websocket, connection)));
+            }
+            Err(_) => return LeaseEnd::NotLeased(Box::new((websocket, connection))),
+        };
+        // What tungstenite queued (the pong to a ping) is written first.
+        if !matches!(
+            tokio::time::timeout(write_timeout, websocket.flush()).await,
+            Ok(Ok(()))
+        ) || !websocket.get_ref().between_messages()
+        {
+            return LeaseEnd::NotLeased(Box::new((websocket, connection)));
+        }
+        let Some(io) = websocket.get_mut().get_mut().take() else {
+            return LeaseEnd::NotLeased(Box::new((websocket, connection)));
+        };
+        let handover = match io.into_handover() {
+            Ok(handover) => handover,
+            Err(io) => {
+                websocket.get_mut().get_mut().inner = Some(*io);
+                return LeaseEnd::NotLeased(Box::new((websocket, connection)));
+            }
+        };
+        let crate::records::Handover {
+            io,
+            session,
+            read_ahead,
+            skip,
+        } = handover;
+        let socket = match io.into_inner().into_std() {
+            Ok(socket) => socket,
+            Err(error) => {
+                tracing::warn!(target: "lockstep::front", peer = %connection.peer, %error, "a client's socket could not be leased");
+                return LeaseEnd::Over;
+            }
+        };
+        let prepared = journal::socket_counters(socket.as_fd()).and_then(|counters| {
+            Ok((
+                counters,
+                crate::journal::Journal::create(journal::Shape::API, session.suite)?,
+            ))
+        });
+        let (counters, mut journal) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                tracing::warn!(target: "lockstep::front", peer = %connection.peer, %error, "connection not leased");
+                return match resumed(socket, &session, read_ahead, skip, admitted) {
+                    Ok(io) => {
+                        websocket.get_mut().get_mut().inner = Some(io);
+                        LeaseEnd::NotLeased(Box::new((websocket, connection)))
+                    }
+                    Err(_) => LeaseEnd::Over,
+                };
+            }
+        };
+        drop(websocket);
+        let open = relay::LeaseOpen {
+            connection: connection.number,
+            peer: connection.peer,
+            reached: connection.reached,
+            path: connection.path.clone(),
+            shape: journal::Shape::API,
+            session,
+            counters,
+            read_ahead,
+            skip,
+            kept: crate::leased::Kept {
+                login: connection.login.take(),
+                watchers: std::mem::take(&mut connection.watchers),
+                pending: Vec::new(),
+            },
+        };
+        // The worker's relayed session of this connection ends; the lease's carries on.
+        drop(connection);
+        let lease = open.lease();
+        self.leases.fetch_add(1, Ordering::Relaxed);
+        match crate::lease::lease(&mut stream, &open, &socket, &mut journal).await {
+            Err(error) => {
+                tracing::debug!(target: "lockstep::front", %error, "the lease was not sent");
+            }
+            Ok(()) => {
+                let closed = admitted.ticket.closed.clone();
+                tokio::select! {
+                    () = crate::lease::returned(&mut stream) => {}
+                    () = closed.cancelled() => {
+                        // Closed by the launcher (a cap, a shutdown): the holder finds the
+                        // socket shut and gives it back.
+                        let _ = socket.shutdown(std::net::Shutdown::Both);
+                        let _ = tokio::time::timeout(CLOSE_TIMEOUT, crate::lease::returned(&mut stream)).await;
+                        return LeaseEnd::Over;
+                    }
+                }
+            }
+        }
+        self.leases_returned.fetch_add(1, Ordering::Relaxed);
+        let taking = crate::lease::take_back_into(&journal, &lease, socket, |socket| {
+            crate::admission::Metered::new(socket, admitted)
+        });
+        match tokio::time::timeout(write_timeout, taking).await {
+            Ok(Ok(back)) => LeaseEnd::TakenBack(Box::new((back.socket, back.kept))),
+            Ok(Err(error)) => {
+                tracing::debug!(target: "lockstep::front", peer = %open.peer, %error, "a leased connection not taken back");
+                LeaseEnd::Over
+            }
+            Err(_) => {
+                admitted.close(crate::limits::Refusal::WriteTimeout);
+                LeaseEnd::Over
+            }
+        }
     }
 
     /// The launcher's routes: the API's websocket paths (`/`, `/api`,
@@ -773,7 +1075,7 @@ impl FrontDoor {
                     let hold = request.extensions().get::<Arc<ConnectionHold>>().cloned();
                     let response = door.http(request, peer, reached, hold).await;
                     if metrics && response.status() == http::StatusCode::OK {
-                        with_launcher_counts(response, &connections).await
+                        with_launcher_counts(response, &connections, door.lease_counts()).await
                     } else {
                         response
                     }
@@ -832,6 +1134,26 @@ impl FrontDoor {
         tokio::spawn(async move {
             let Ok(upgraded) = on_upgrade.await else {
                 return;
+            };
+            // The launcher's own socket stack (`server::serve_connections`) can be leased.
+            let upgraded = match &admitted {
+                Some(slot) if self.leasing => {
+                    match upgraded.downcast::<hyper_util::rt::TokioIo<LauncherIo>>() {
+                        Ok(parts) => {
+                            let slot = Arc::clone(slot);
+                            self.serve_leasing(
+                                parts.io.into_inner(),
+                                parts.read_buf,
+                                (peer, reached, path),
+                                slot,
+                            )
+                            .await;
+                            return;
+                        }
+                        Err(upgraded) => upgraded,
+                    }
+                }
+                _ => upgraded,
             };
             let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
                 hyper_util::rt::TokioIo::new(upgraded),
@@ -962,39 +1284,9 @@ impl FrontDoor {
     /// client: this call's, or, when forwarding found the worker gone, those of the pings
     /// it had not answered.
     async fn client_sent(&self, connection: &mut Connection, frame: String) -> Vec<String> {
-        // A read needs no stamp, so its head is all the launcher reads of it; anything
-        // else is decoded whole (its params are in its stamp), and what is not a request
-        // is answered here.
-        let (head, operation_id) = match wire::peek(&frame) {
-            Some(head) if gate::read_only(&head.facade, &head.method) => (head, None),
-            _ => match wire::decode(&frame) {
-                Ok(request) => {
-                    let stamp = relay::operation_id(&self.boot, connection.number, &request);
-                    let head = wire::Head {
-                        request_id: request.request_id,
-                        framing: request.framing,
-                        facade: request.facade,
-                        method: request.method,
-                    };
-                    (head, stamp)
-                }
-                Err(error) => {
-                    return vec![wire::encode_error(
-                        error.request_id.unwrap_or(0),
-                        error.framing,
-                        &WireError::new("bad request", error.message),
-                    )];
-                }
-            },
-        };
-        let call = Pending {
-            operation_id,
-            frame,
-            request_id: head.request_id,
-            framing: head.framing,
-            facade: head.facade,
-            method: head.method,
-            arrived: Instant::now(),
+        let call = match self.pending_call(connection, frame) {
+            Ok(call) => call,
+            Err(answer) => return vec![answer],
         };
         if connection.relay.is_some() {
             let sent = connection.forward(&call).await;
@@ -1026,6 +1318,45 @@ impl FrontDoor {
                 &WireError::from(rejection),
             )],
         }
+    }
+
+    /// A client's frame as a call, stamped if it may change state; or, if it is not a
+    /// request, the answer for the client.
+    fn pending_call(&self, connection: &Connection, frame: String) -> Result<Pending, String> {
+        // A read needs no stamp, so its head is all the launcher reads of it; anything
+        // else is decoded whole (its params are in its stamp), and what is not a request
+        // is answered here.
+        let (head, operation_id) = match wire::peek(&frame) {
+            Some(head) if gate::read_only(&head.facade, &head.method) => (head, None),
+            _ => match wire::decode(&frame) {
+                Ok(request) => {
+                    let stamp = relay::operation_id(&self.boot, connection.number, &request);
+                    let head = wire::Head {
+                        request_id: request.request_id,
+                        framing: request.framing,
+                        facade: request.facade,
+                        method: request.method,
+                    };
+                    (head, stamp)
+                }
+                Err(error) => {
+                    return Err(wire::encode_error(
+                        error.request_id.unwrap_or(0),
+                        error.framing,
+                        &WireError::new("bad request", error.message),
+                    ));
+                }
+            },
+        };
+        Ok(Pending {
+            operation_id,
+            frame,
+            request_id: head.request_id,
+            framing: head.framing,
+            facade: head.facade,
+            method: head.method,
+            arrived: Instant::now(),
+        })
     }
 
     /// A stream to the worker past `hello`: the worker welcomed one of this launcher's
@@ -1153,10 +1484,11 @@ pub fn websocket_config() -> tokio_tungstenite::tungstenite::protocol::WebSocket
 
 /// The worker's `/metrics` with the launcher's connection counts added
 /// ([`crate::probes::add_connection_counts`]): behind the front door the connections are
-/// the launcher's.
+/// the launcher's; and the front door's leases.
 async fn with_launcher_counts(
     response: axum::response::Response,
     connections: &Connections,
+    leases: LeaseCounts,
 ) -> axum::response::Response {
     /// Far more than `/metrics` ever holds (its labels are bounded).
     const METRICS_BYTES_MAX: usize = 1 << 20;
@@ -1173,10 +1505,140 @@ async fn with_launcher_counts(
                 .expect("a valid response");
         }
     };
-    let merged = crate::probes::add_connection_counts(&text, &connections.counts());
+    let mut merged = crate::probes::add_connection_counts(&text, &connections.counts());
+    crate::probes::add_lease_counts(&mut merged, leases.leased, leases.returned);
     let mut response = axum::response::Response::from_parts(parts, axum::body::Body::from(merged));
     response.headers_mut().remove(http::header::CONTENT_LENGTH);
     response
+}
+
+/// How a connection's serving loop ended.
+enum Served {
+    /// The connection is over.
+    Over,
+    /// A worker's reply left the connection quiet (it may be leased).
+    Quiet(Box<Connection>),
+}
+
+/// What became of a quiet connection offered to the worker.
+enum LeaseEnd {
+    /// Not leased: served on as it was.
+    NotLeased(Box<(LeasableWebsocket, Connection)>),
+    /// Leased, and taken back once the worker was done with it.
+    TakenBack(Box<(LauncherIo, crate::leased::Kept)>),
+    /// Over (the client went, its socket failed, or the launcher closed it).
+    Over,
+}
+
+/// A client's socket as the launcher serves it (`server::serve_connections`): its TLS
+/// session carried on by records, its input metered until it logs in.
+type LauncherIo = crate::records::RecordStream<crate::admission::Metered<tokio::net::TcpStream>>;
+
+/// A client's websocket the launcher can take its socket out of.
+type LeasableWebsocket = tokio_tungstenite::WebSocketStream<FrameBounded<Takeable<LauncherIo>>>;
+
+/// A websocket over `io`, after `prefix` (what hyper read past the upgrade request).
+async fn leasable_websocket(prefix: tokio_util::bytes::Bytes, io: LauncherIo) -> LeasableWebsocket {
+    tokio_tungstenite::WebSocketStream::from_raw_socket(
+        FrameBounded::new(Takeable {
+            prefix,
+            inner: Some(io),
+        }),
+        tokio_tungstenite::tungstenite::protocol::Role::Server,
+        Some(websocket_config()),
+    )
+    .await
+}
+
+/// The connection's login hook for the launcher's admission: the connection leaves the
+/// strangers' slots when it logs in.
+fn login_hook(admitted: Option<&Arc<Admitted>>) -> Option<Box<dyn FnOnce() -> bool + Send>> {
+    admitted.map(|admitted| {
+        let admitted = Arc::clone(admitted);
+        Box::new(move || admitted.logged_in()) as Box<dyn FnOnce() -> bool + Send>
+    })
+}
+
+/// The launcher's records over a socket it handed over and did not lease after all.
+fn resumed(
+    socket: std::net::TcpStream,
+    session: &crate::records::SessionState,
+    read_ahead: Vec<u8>,
+    skip: u64,
+    admitted: &Admitted,
+) -> std::io::Result<LauncherIo> {
+    let socket = tokio::net::TcpStream::from_std(socket)?;
+    let session = crate::records::Session::new(session).map_err(std::io::Error::from)?;
+    Ok(crate::records::RecordStream::resume(
+        crate::admission::Metered::new(socket, admitted),
+        session,
+        read_ahead,
+        skip,
+    ))
+}
+
+/// A stream whose inside can be taken out (tungstenite gives none back), read after what
+/// was read of it before (`prefix`). Once taken, reads and writes fail.
+struct Takeable<S> {
+    prefix: tokio_util::bytes::Bytes,
+    inner: Option<S>,
+}
+
+impl<S> Takeable<S> {
+    /// The stream, unless some of `prefix` is still unread.
+    fn take(&mut self) -> Option<S> {
+        if self.prefix.is_empty() {
+            self.inner.take()
+        } else {
+            None
+        }
+    }
+
+    fn inner(&mut self) -> std::io::Result<&mut S> {
+        self.inner.as_mut().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotConnected, "the socket was leased")
+        })
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Takeable<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = buf.remaining().min(this.prefix.len());
+            buf.put_slice(&this.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(this.inner()?).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Takeable<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(self.get_mut().inner()?).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(self.get_mut().inner()?).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(self.get_mut().inner()?).poll_shutdown(cx)
+    }
 }
 
 /// Why no stream was opened.
@@ -1305,6 +1767,17 @@ struct Connection {
 }
 
 impl Connection {
+    /// Logged in, nothing forwarded or held, and relayed at a version that takes a lease.
+    fn leasable(&self) -> bool {
+        self.login.is_some()
+            && self.forwarded.is_empty()
+            && self.held.is_empty()
+            && self
+                .relay
+                .as_ref()
+                .is_some_and(|relay| relay.version >= relay::LEASE_VERSION)
+    }
+
     fn login(&self) -> Login {
         self.login
             .as_ref()
@@ -1408,4 +1881,45 @@ fn request_id(frame: &str) -> Option<u64> {
     }
     let id: Id = serde_json::from_str(frame).ok()?;
     id.current.or(id.legacy)
+}
+
+/// The state of a connection taken back from the worker that held it (numbered `number` as
+/// when it was leased): the login and watchers `kept` holds, and every call it holds taken
+/// and not answered waiting for the next worker, under the operation-id the holder stamped.
+fn taken_back(
+    number: u64,
+    (peer, reached, path): (SocketAddr, Option<SocketAddr>, String),
+    kept: crate::leased::Kept,
+) -> Connection {
+    let now = Instant::now();
+    let held = kept
+        .pending
+        .into_iter()
+        .filter_map(|call| {
+            let Some(head) = wire::peek(&call.frame) else {
+                tracing::warn!(target: "lockstep::front", request_id = call.request_id, "a kept call that is not a request: dropped");
+                return None;
+            };
+            Some(Pending {
+                frame: call.frame,
+                operation_id: call.operation_id,
+                request_id: head.request_id,
+                framing: head.framing,
+                facade: head.facade,
+                method: head.method,
+                arrived: now,
+            })
+        })
+        .collect();
+    Connection {
+        number,
+        peer,
+        reached,
+        path,
+        forwarded: VecDeque::new(),
+        held,
+        login: kept.login,
+        watchers: kept.watchers,
+        relay: None,
+    }
 }

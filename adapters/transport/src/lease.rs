@@ -50,8 +50,8 @@ pub async fn returned(stream: &mut UnixStream) {
 /// A connection taken back from its journal: the client's socket, its session carried on
 /// from the holder's last commit, and what the holder kept.
 #[derive(Debug)]
-pub struct TakenBack {
-    pub socket: RecordStream<TcpStream>,
+pub struct TakenBack<S = TcpStream> {
+    pub socket: RecordStream<S>,
     pub kept: Kept,
 }
 
@@ -64,14 +64,39 @@ pub async fn take_back(
     lease: &Lease,
     socket: std::net::TcpStream,
 ) -> io::Result<TakenBack> {
-    let recovered = journal::recover(journal, lease, socket.as_fd())?;
+    take_back_into(journal, lease, socket, |socket| socket).await
+}
+
+/// [`take_back`], the session carried on over `wrap` of the socket (the launcher's own
+/// layers under its records, such as its admission's metering).
+pub async fn take_back_into<S>(
+    journal: &Journal,
+    lease: &Lease,
+    socket: std::net::TcpStream,
+    wrap: impl FnOnce(TcpStream) -> S,
+) -> io::Result<TakenBack<S>> {
+    let mut recovered = journal::recover(journal, lease, socket.as_fd())?;
     let kept = Kept::decode(&recovered.app).map_err(io::Error::other)?;
     socket.set_nonblocking(true)?;
+    // What the socket holds now is read at once, after what the holder had consumed: the
+    // messages the client had sent by the time the connection came back are readable
+    // without waiting for the reactor to report the socket readable.
+    let bound = recovered.read_ahead.len() + lease.shape.read_ring;
+    let mut chunk = [0_u8; 16 << 10];
+    while recovered.read_ahead.len() < bound {
+        match io::Read::read(&mut &socket, &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => recovered.read_ahead.extend_from_slice(&chunk[..n]),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
     let mut socket = TcpStream::from_std(socket)?;
     socket.write_all(&recovered.unwritten).await?;
     let session = Records::new(&recovered.session).map_err(io::Error::from)?;
     Ok(TakenBack {
-        socket: RecordStream::resume(socket, session, recovered.read_ahead, recovered.skip),
+        socket: RecordStream::resume(wrap(socket), session, recovered.read_ahead, recovered.skip),
         kept,
     })
 }

@@ -166,6 +166,21 @@ pub enum LeasedError {
     /// The websocket failed.
     #[error("the leased connection's websocket: {0}")]
     Websocket(#[from] tokio_tungstenite::tungstenite::Error),
+    /// The client's socket took nothing for the API's write timeout (`--write-timeout-sec`).
+    #[error("the client took none of its replies for {0:?} (--write-timeout-sec)")]
+    WriteTimeout(std::time::Duration),
+}
+
+/// `write` (a send, a flush, a close), given up past `timeout`, as the worker's own server
+/// gives up on a client that does not read.
+async fn within<T>(
+    timeout: std::time::Duration,
+    write: impl std::future::Future<Output = Result<T, tokio_tungstenite::tungstenite::Error>>,
+) -> Result<T, LeasedError> {
+    match tokio::time::timeout(timeout, write).await {
+        Ok(written) => Ok(written?),
+        Err(_) => Err(LeasedError::WriteTimeout(timeout)),
+    }
 }
 
 type Leased<S> = WebSocketStream<FrameBounded<JournaledStream<S>>>;
@@ -187,6 +202,7 @@ pub async fn serve<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let write_timeout = api.config.limits.write_timeout;
     let mut absorbed = socket.get_ref().handed();
     let mut answers = FuturesUnordered::new();
     // A call whose frame does not fit in what the journal keeps until others are answered:
@@ -204,11 +220,11 @@ where
                             code: CloseCode::Unsupported,
                             reason: "the API takes text frames".into(),
                         };
-                        let _ = socket.close(Some(close)).await;
+                        let _ = within(write_timeout, socket.close(Some(close))).await;
                         return Ok(());
                     }
                     WsMessage::Close(_) => {
-                        let _ = socket.close(None).await;
+                        let _ = within(write_timeout, socket.close(None)).await;
                         return Ok(());
                     }
                     // tungstenite queues a ping's pong; the flush commits and writes it
@@ -216,7 +232,7 @@ where
                     WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_) => {
                         absorb(&mut socket, &mut absorbed);
                         set_kept(&mut socket, &kept.encode())?;
-                        socket.flush().await?;
+                        within(write_timeout, socket.flush()).await?;
                         continue;
                     }
                 };
@@ -234,7 +250,7 @@ where
                         );
                         absorb(&mut socket, &mut absorbed);
                         set_kept(&mut socket, &kept.encode())?;
-                        socket.send(WsMessage::text(answer)).await?;
+                        within(write_timeout, socket.send(WsMessage::text(answer))).await?;
                         continue;
                     }
                 };
@@ -268,7 +284,7 @@ where
                 set_kept(&mut socket, &kept.encode())?;
                 // Sent and flushed: the commit (the reply's bytes with the call off `kept`),
                 // then the write.
-                socket.send(WsMessage::text(reply.frame)).await?;
+                within(write_timeout, socket.send(WsMessage::text(reply.frame))).await?;
                 if let Some(call) = held.take() {
                     match take(&mut socket, &mut absorbed, &mut kept, call)? {
                         Some(call) => held = Some(call),
@@ -358,6 +374,8 @@ pub struct FrameBounded<S> {
     handed: u64,
     /// Bytes handed on up to the last frame's end.
     at_boundary: u64,
+    /// The last data frame read was not its message's last (FIN clear).
+    message_open: bool,
 }
 
 impl<S> FrameBounded<S> {
@@ -371,7 +389,17 @@ impl<S> FrameBounded<S> {
             frame_left: 0,
             handed: 0,
             at_boundary: 0,
+            message_open: false,
         }
+    }
+
+    /// Every byte read from the stream was handed on, and it ends with a whole message:
+    /// a reader that returned that message holds nothing of the stream's.
+    pub fn between_messages(&self) -> bool {
+        self.staged() == 0
+            && self.frame_left == 0
+            && self.handed == self.at_boundary
+            && !self.message_open
     }
 
     /// The stream read.
@@ -462,6 +490,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for FrameBounded<S> {
                 && let Some(len) = this.frame_len()?
             {
                 this.frame_left = len;
+                // A data frame (continuation, text, binary) opens or closes its message;
+                // a control frame may come between a message's frames.
+                let first = this.staged[this.staged_at];
+                if first & 0x08 == 0 {
+                    this.message_open = first & 0x80 == 0;
+                }
             }
             if this.frame_left > 0 && this.staged() > 0 {
                 let n = this.hand_on(buf, this.frame_left);
@@ -635,6 +669,56 @@ mod tests {
         assert_eq!(received[5], Message::Ping(Bytes::from_static(b"mid")));
         assert_eq!(received[6], Message::text("fragmented"));
         assert_eq!(received.len(), sizes.len() + 3);
+    }
+
+    #[tokio::test]
+    async fn between_messages_is_false_inside_a_fragmented_message_and_with_bytes_staged() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        let mut client = WebSocketStream::from_raw_socket(client_io, Role::Client, None).await;
+        let mut server =
+            WebSocketStream::from_raw_socket(FrameBounded::new(server_io), Role::Server, None)
+                .await;
+        client.send(Message::text("whole")).await.unwrap();
+        assert_eq!(
+            server.next().await.unwrap().unwrap(),
+            Message::text("whole")
+        );
+        assert!(server.get_ref().between_messages());
+        // A message's first fragment, then a ping: tungstenite returns the ping and holds
+        // the fragment.
+        client
+            .send(fragment(OpCode::Data(Data::Text), false, "frag"))
+            .await
+            .unwrap();
+        client
+            .send(Message::Ping(Bytes::from_static(b"mid")))
+            .await
+            .unwrap();
+        assert_eq!(
+            server.next().await.unwrap().unwrap(),
+            Message::Ping(Bytes::from_static(b"mid"))
+        );
+        assert!(!server.get_ref().between_messages(), "a fragment is held");
+        client
+            .send(fragment(OpCode::Data(Data::Continue), true, "ment"))
+            .await
+            .unwrap();
+        assert_eq!(
+            server.next().await.unwrap().unwrap(),
+            Message::text("fragment")
+        );
+        assert!(server.get_ref().between_messages());
+        // Two messages in one read: after the first, the second is staged.
+        client.feed(Message::text("one")).await.unwrap();
+        client.feed(Message::text("two")).await.unwrap();
+        client.flush().await.unwrap();
+        assert_eq!(server.next().await.unwrap().unwrap(), Message::text("one"));
+        assert!(
+            !server.get_ref().between_messages(),
+            "the next message is staged"
+        );
+        assert_eq!(server.next().await.unwrap().unwrap(), Message::text("two"));
+        assert!(server.get_ref().between_messages());
     }
 
     #[tokio::test]

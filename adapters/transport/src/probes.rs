@@ -44,6 +44,18 @@ pub fn readyz(view: GateView) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// The front door's leases, appended to `/metrics` (`text` ends with a newline): client
+/// connections the launcher leased to a worker, and leases over (the connection taken
+/// back, or ended, when the worker was done with it, stopped or died).
+pub fn add_lease_counts(text: &mut String, leased: u64, returned: u64) {
+    text.push_str("# HELP lockstep_front_door_leases_total Client connections the launcher leased to a worker, which served them on their own socket.\n");
+    text.push_str("# TYPE lockstep_front_door_leases_total counter\n");
+    let _ = writeln!(text, "lockstep_front_door_leases_total {leased}");
+    text.push_str("# HELP lockstep_front_door_leases_returned_total Leases over: the connection taken back when its worker was done with it, stopped or died.\n");
+    text.push_str("# TYPE lockstep_front_door_leases_returned_total counter\n");
+    let _ = writeln!(text, "lockstep_front_door_leases_returned_total {returned}");
+}
+
 /// `/metrics` as a worker behind the front door rendered it, with the launcher's
 /// `counts` added to every series that counts connections: the connections, their
 /// admission's refusals and the bytes queued for them are the launcher's; the logins'

@@ -774,3 +774,214 @@ async fn a_leased_connection_taken_back_when_its_worker_dies_keeps_its_login_and
     assert_served(&status);
     launcher.abort();
 }
+
+/// The launcher's port as `lockstepd` serves it (`server::serve_connections`: TLS carried
+/// on by records, each connection admitted, websockets served by `door`), on 127.0.0.1;
+/// stopped when the handle is dropped.
+struct LauncherPort {
+    port: u16,
+    ca_pem: String,
+    served: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LauncherPort {
+    fn drop(&mut self) {
+        self.served.abort();
+    }
+}
+
+async fn launcher_port(door: &Arc<FrontDoor>) -> LauncherPort {
+    use lockstep_transport::admission::Connections;
+    use lockstep_transport::limits::ApiLimits;
+    let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(Connections::new(ApiLimits::default()));
+    let router = door.router(Arc::clone(&connections));
+    let served = tokio::spawn(lockstep_transport::server::serve_connections(
+        listener,
+        credentials.server_config().unwrap(),
+        connections,
+        ApiLimits::default(),
+        router,
+        None,
+    ));
+    LauncherPort {
+        port,
+        ca_pem: credentials.ca_pem,
+        served,
+    }
+}
+
+/// A websocket client of the launcher's port, over TLS 1.3.
+async fn connect_to(port: &LauncherPort) -> Socket {
+    let connector = tokio_rustls::TlsConnector::from(
+        lockstep_transport::tls::client_config(&port.ca_pem, &[&rustls::version::TLS13]).unwrap(),
+    );
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port.port))
+        .await
+        .unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    let url = format!("wss://localhost:{}/api", port.port);
+    tokio_tungstenite::client_async(url, stream)
+        .await
+        .unwrap()
+        .0
+}
+
+/// Waits (10 s at most) until the front door's lease counts are `leased` and `returned`.
+async fn leases_reach(door: &FrontDoor, leased: u64, returned: u64) {
+    let wanted = lockstep_transport::front::LeaseCounts { leased, returned };
+    let reached = tokio::time::timeout(Duration::from_secs(10), async {
+        while door.lease_counts() != wanted {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        reached.is_ok(),
+        "lease counts {:?}, waited for {wanted:?}",
+        door.lease_counts()
+    );
+}
+
+/// A client of the launcher's port is leased to the worker once its login's reply leaves
+/// it quiet, and served by it; the worker dies with a `Next` waiting; the launcher takes
+/// the connection back, answers a ping itself, and the next worker answers the `Next` with
+/// the change made meanwhile; the connection, still the same socket, is leased to that
+/// worker in turn.
+#[tokio::test]
+async fn the_launchers_port_leases_a_quiet_connection_and_takes_it_back_with_its_waiting_next() {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let port = launcher_port(&door).await;
+    let mut client = connect_to(&port).await;
+    let logged_in = login(&mut client).await;
+    assert!(logged_in.get("error").is_none(), "{logged_in}");
+    leases_reach(&door, 1, 0).await;
+
+    let watch = call(&mut client, 2, "Client", 8, "WatchAll", json!({})).await;
+    let id = watch["response"]["watcher-id"].as_str().unwrap().to_owned();
+    let next = |request_id: u64| json!({"request-id": request_id, "type": "AllWatcher", "version": 3, "id": id, "request": "Next"});
+    send(&mut client, next(3)).await;
+    let snapshot = receive(&mut client).await;
+    assert_eq!(snapshot["request-id"], 3, "{snapshot}");
+    send(&mut client, next(4)).await;
+    // A call answered after the Next was taken: its reply's commit keeps the Next.
+    let ping = call(&mut client, 5, "Pinger", 1, "Ping", json!({})).await;
+    assert_eq!(ping["response"], json!({}), "{ping}");
+    assert_eq!(door.lease_counts().leased, 1, "served on the lease");
+
+    controller.kill_worker().await;
+    leases_reach(&door, 1, 1).await;
+    let ping = call(&mut client, 6, "Pinger", 1, "Ping", json!({})).await;
+    assert_eq!(ping["response"], json!({}), "{ping}");
+    let machine = controller
+        .state
+        .add_machine(Roles::of(&[Role::HostMachine]));
+    controller.start_worker().await;
+    let deltas = tokio::time::timeout(Duration::from_secs(10), receive(&mut client))
+        .await
+        .expect("the waiting Next answered");
+    assert_eq!(deltas["request-id"], 4, "{deltas}");
+    let delivered = deltas["response"]["deltas"].to_string();
+    assert_eq!(
+        delivered.matches(&format!("\"{machine}\"")).count(),
+        1,
+        "machine {machine} once in {delivered}"
+    );
+    let status = call(&mut client, 7, "Client", 8, "FullStatus", json!({})).await;
+    assert_served(&status);
+    leases_reach(&door, 2, 1).await;
+    let status = call(&mut client, 8, "Client", 8, "FullStatus", json!({})).await;
+    assert_served(&status);
+}
+
+/// Writes sent on a leased connection whose worker dies with them in flight: two it took
+/// (committed to the store, never answered), one it held (too large to keep beside them)
+/// and three it never read (some of them still in the socket). The launcher takes the
+/// connection back and reads all six from the journal and the socket as sent before it
+/// came back: all six wait for the next worker, are answered once each, and are applied
+/// once each.
+#[tokio::test]
+async fn writes_in_flight_on_a_leased_connection_when_its_worker_dies_are_answered_once_and_applied_once()
+ {
+    let mut controller = Controller::new().await;
+    let door = door(&controller, Duration::from_secs(10));
+    let port = launcher_port(&door).await;
+    let mut client = connect_to(&port).await;
+    let logged_in = login(&mut client).await;
+    assert!(logged_in.get("error").is_none(), "{logged_in}");
+    leases_reach(&door, 1, 0).await;
+
+    let before = controller.state.revision().0;
+    controller
+        .state
+        .stall_after_commit
+        .store(true, Ordering::SeqCst);
+    // 900 KB each: the worker's journal keeps two such calls, not three.
+    let large = |request_id: u64| {
+        let mut call = add_machine(request_id);
+        call["params"]["pad"] = json!("x".repeat(900_000));
+        call
+    };
+    for request_id in 2..=4 {
+        send(&mut client, large(request_id)).await;
+    }
+    // 400 KB each: more than the worker's journal has room for beside the call it holds,
+    // so most stay in the socket.
+    let padded = |request_id: u64| {
+        let mut call = add_machine(request_id);
+        call["params"]["pad"] = json!("y".repeat(400_000));
+        call
+    };
+    for request_id in 5..=7 {
+        send(&mut client, padded(request_id)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while controller.state.revision().0 < before + 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the worker commits the two writes it took");
+    // Nothing more is taken while those two wait: the third does not fit beside them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(controller.state.revision().0, before + 2);
+    controller.kill_worker().await;
+    controller
+        .state
+        .stall_after_commit
+        .store(false, Ordering::SeqCst);
+    leases_reach(&door, 1, 1).await;
+    // No worker for a while: the calls wait for the next one.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    controller.start_worker().await;
+
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 2..=7 {
+        let reply = tokio::time::timeout(Duration::from_secs(10), receive(&mut client))
+            .await
+            .expect("every write answered");
+        assert!(reply.get("error").is_none(), "{reply}");
+        assert_eq!(
+            reply["response"]["machines"].as_array().map(Vec::len),
+            Some(1),
+            "{reply}"
+        );
+        assert!(
+            answered.insert(reply["request-id"].as_u64().unwrap()),
+            "answered twice: {reply}"
+        );
+    }
+    assert_eq!(answered, (2..=7).collect());
+    assert_eq!(
+        controller.state.revision().0,
+        before + 6,
+        "each write applied once"
+    );
+    let status = call(&mut client, 8, "Client", 8, "FullStatus", json!({})).await;
+    assert_served(&status);
+}
