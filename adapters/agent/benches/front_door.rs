@@ -13,10 +13,11 @@
 //! - `hop`: the same controller through a process that only copies bytes between the
 //!   client's loopback connection and the worker's ([`Forwarder`]: this bench run again, one
 //!   thread, TLS end to end): what a process in the path costs by itself;
-//! - `front`: the controller behind its front door, as bootstrapped by default;
-//! - `front0`: a third controller behind its front door with
-//!   `LOCKSTEPD_FRONT_DOOR_THREADS=0`, its connections served by the launcher's runtime
-//!   instead of a thread of their own.
+//! - `relayed`: a controller behind its front door with `LOCKSTEPD_FRONT_DOOR_LEASE=false`,
+//!   the launcher relaying every call to the worker;
+//! - `leased`: a controller behind its front door, as bootstrapped by default: each
+//!   connection leased to the worker once its login's reply left it quiet, the worker
+//!   serving it on the client's own socket (`spec/relay.md`, "Version 3: leases").
 //!
 //! Prints per round calls per second (of the calls alone: each client's connection and
 //! login are made before the clock starts), p50/p99, and the CPU per call of every process
@@ -67,15 +68,12 @@ struct Controller {
 }
 
 impl Controller {
-    /// A controller behind its front door or not; `threads`: its
-    /// `LOCKSTEPD_FRONT_DOOR_THREADS`, when not the default.
-    fn bootstrap(front_door: bool, threads: Option<&str>) -> Controller {
+    /// A controller behind its front door or not, leasing its connections or not.
+    fn bootstrap(front_door: bool, lease: bool) -> Controller {
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::new(dir.path().join("controller"));
         let mut command = Command::new(LOCKSTEP);
-        if let Some(threads) = threads {
-            command.env("LOCKSTEPD_FRONT_DOOR_THREADS", threads);
-        }
+        command.env("LOCKSTEPD_FRONT_DOOR_LEASE", lease.to_string());
         let output = command
             .arg("--data-dir")
             .arg(data.root())
@@ -297,9 +295,9 @@ async fn bench() {
         Path::new("/proc/self/stat").exists(),
         "the bench reads /proc"
     );
-    let direct = Controller::bootstrap(false, None);
-    let front = Controller::bootstrap(true, None);
-    let shared = Controller::bootstrap(true, Some("0"));
+    let direct = Controller::bootstrap(false, false);
+    let relayed = Controller::bootstrap(true, false);
+    let leased = Controller::bootstrap(true, true);
     let direct_address = ControllerFile::read(&direct.data)
         .expect("controller.yaml")
         .api_endpoints[0]
@@ -309,16 +307,17 @@ async fn bench() {
         "lockstep-agent front door bench{}: {connections} lockstep clients x {calls} sequential \
          Pinger.Ping over TLS 1.3, against lockstepd with LOCKSTEPD_FRONT_DOOR=false (direct), \
          the same through a process that only copies bytes (hop), lockstepd behind its \
-         front door (front) and behind a front door without threads of its own \
-         (front0: LOCKSTEPD_FRONT_DOOR_THREADS=0), {rounds} rounds alternating",
+         front door relaying every call (relayed: LOCKSTEPD_FRONT_DOOR_LEASE=false) and \
+         leasing its connections to the worker (leased, the default), {rounds} rounds \
+         alternating",
         plan.note(),
     );
-    side_by_side::alternate(rounds, &["direct", "hop", "front", "front0"], |path| {
+    side_by_side::alternate(rounds, &["direct", "hop", "relayed", "leased"], |path| {
         Some(match path {
             "direct" => round(&direct, None, connections, calls),
             "hop" => round(&direct, Some(&forwarder), connections, calls),
-            "front" => round(&front, None, connections, calls),
-            _ => round(&shared, None, connections, calls),
+            "relayed" => round(&relayed, None, connections, calls),
+            _ => round(&leased, None, connections, calls),
         })
     })
     .await;

@@ -32,6 +32,8 @@ async fn behind_the_front_door_a_logged_in_connection_rides_through_a_worker_kil
     let status = json!({"request-id": 2, "type": "Client", "version": 8, "request": "FullStatus", "params": {}});
     let served = request(&mut socket, status).await.unwrap();
     assert!(served["response"]["model"].is_object(), "{served}");
+    // Logged in and quiet, the connection was leased to the worker, which served the read.
+    assert_eq!(leases_reach(&target, 1, 0).await, (1, 0));
 
     // The worker dies; the launcher, and the client's connection with it, stay.
     rustix::process::kill_process(
@@ -56,6 +58,8 @@ async fn behind_the_front_door_a_logged_in_connection_rides_through_a_worker_kil
     );
     let worker = target.controller.worker_pid().expect("a new worker runs");
     assert_ne!(worker, target.worker, "a new worker serves");
+    // Taken back when its worker died, then leased to the next one after its read.
+    assert_eq!(leases_reach(&target, 2, 1).await, (2, 1));
 
     // New connections and plain HTTP go through the launcher as well.
     target.legit_call().await.unwrap();
@@ -87,6 +91,8 @@ async fn writes_in_flight_when_the_worker_is_killed_9_are_each_answered_once_and
                    "params": {"applications": [{"application": format!("in-flight-{id}"), "charm-url": "ubuntu", "num-units": 1}]}})
         }
     };
+    // The login's reply left the connection quiet: leased to the worker.
+    assert_eq!(leases_reach(&target, 1, 0).await, (1, 0));
     for id in 1..=WRITES {
         send(&mut socket, &write(id)).await.unwrap();
     }
@@ -136,6 +142,8 @@ async fn writes_in_flight_when_the_worker_is_killed_9_are_each_answered_once_and
     );
     let worker = target.controller.worker_pid().expect("a new worker runs");
     assert_ne!(worker, target.worker, "a new worker serves");
+    let (_, returned) = leases_reach(&target, 1, 1).await;
+    assert_eq!(returned, 1, "the lease ended when its worker was killed");
 
     // The store: each write recorded and applied once.
     let store = rusqlite::Connection::open_with_flags(
@@ -159,6 +167,23 @@ async fn writes_in_flight_when_the_worker_is_killed_9_are_each_answered_once_and
         WRITES / 2
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.close(None)).await;
+}
+
+/// The front door's lease counts from `/metrics` (`lockstep_front_door_leases_total`,
+/// `_returned_total`), once they are at least `leased` and `returned` (10 s at most).
+async fn leases_reach(target: &Target, leased: u64, returned: u64) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = target.metrics().await;
+        let counts = (
+            metrics.value("lockstep_front_door_leases_total") as u64,
+            metrics.value("lockstep_front_door_leases_returned_total") as u64,
+        );
+        if (counts.0 >= leased && counts.1 >= returned) || Instant::now() > deadline {
+            return counts;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The launcher's threads named `front-door-<n>`, and the nanoseconds each has run

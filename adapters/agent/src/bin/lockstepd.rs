@@ -60,6 +60,20 @@ struct Args {
         value_name = "true|false"
     )]
     front_door: bool,
+    /// Behind the front door, a logged-in connection with nothing in flight is leased to the
+    /// worker, which serves it on the client's own socket until it stops or dies, when the
+    /// launcher takes it back (the default; `spec/relay.md`, "Version 3: leases").
+    /// `--front-door-lease=false`: the launcher relays every call.
+    #[arg(
+        long,
+        env = "LOCKSTEPD_FRONT_DOOR_LEASE",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "true|false"
+    )]
+    front_door_lease: bool,
     /// How many threads serve the front door's connections, each connection on one thread
     /// for its whole life. Default: half the CPUs, rounded up. 0: no threads of their own;
     /// the launcher's runtime serves them, its threads sharing every connection's tasks.
@@ -268,6 +282,7 @@ fn main() -> ExitCode {
                 store: store_overrides(&args),
                 worker_args,
                 front_door: args.front_door.then(|| args.api_limits.limits()),
+                front_door_lease: args.front_door_lease,
                 front_door_threads: args.front_door_threads.map_or_else(
                     lockstep_transport::threads::ConnectionThreads::default_count,
                     usize::from,

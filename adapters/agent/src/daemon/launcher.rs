@@ -56,6 +56,9 @@ pub struct LauncherOptions {
     /// ([`lockstep_transport::threads::ConnectionThreads`]); 0: the launcher's own runtime
     /// serves them.
     pub front_door_threads: usize,
+    /// `--front-door-lease`: quiet connections are leased to the worker
+    /// ([`lockstep_transport::front::FrontDoor::leasing`]).
+    pub front_door_lease: bool,
 }
 
 /// How long a login or read that reaches the front door between two workers waits for the
@@ -152,7 +155,7 @@ pub async fn run(options: LauncherOptions) -> Result<i32, DaemonError> {
                 &options.data_dir,
                 listener,
                 limits.clone(),
-                options.front_door_threads,
+                (options.front_door_threads, options.front_door_lease),
                 &relay_socket,
             )?;
             (Some(door), Some(served), None)
@@ -307,7 +310,7 @@ fn front_door(
     data_dir: &std::path::Path,
     listener: std::net::TcpListener,
     limits: lockstep_transport::limits::ApiLimits,
-    threads: usize,
+    (threads, lease): (usize, bool),
     relay_socket: &std::path::Path,
 ) -> Result<(Arc<lockstep_transport::front::FrontDoor>, AbortOnDrop), DaemonError> {
     use lockstep_transport::admission::Connections;
@@ -325,12 +328,15 @@ fn front_door(
         "register the listening socket with tokio",
     ))?;
     let connections = Arc::new(Connections::new(limits.clone()));
-    let door = Arc::new(FrontDoor::new(
-        relay_socket.to_path_buf(),
-        &crate::steps::build_version().to_string(),
-        FRONT_DOOR_WAIT,
-    ));
-    tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), threads, "front door: the launcher holds the clients' connections and relays them to the worker");
+    let door = Arc::new(
+        FrontDoor::new(
+            relay_socket.to_path_buf(),
+            &crate::steps::build_version().to_string(),
+            FRONT_DOOR_WAIT,
+        )
+        .leasing(lease),
+    );
+    tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), threads, lease, "front door: the launcher holds the clients' connections, relays them to the worker and leases quiet ones to it");
     let router = door.router(Arc::clone(&connections));
     // Each connection is read, relayed and written on one of `threads` threads: a call then
     // wakes the launcher only for the client's frame and the worker's reply, never one of
