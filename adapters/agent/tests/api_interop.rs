@@ -142,14 +142,23 @@ async fn metrics(controller: &Controller) -> String {
     body
 }
 
-/// `lockstep_gate_rejections_total{facade="<facade>"}` of a `/metrics` text (0 if absent).
-fn rejections(metrics: &str, facade: &str) -> u64 {
-    let series = format!("lockstep_gate_rejections_total{{facade=\"{facade}\"}} ");
+/// The sample named exactly `series` (`name` or `name{label="value"}`) of a `/metrics`
+/// text (0 if absent).
+fn counter(metrics: &str, series: &str) -> u64 {
+    let prefix = format!("{series} ");
     metrics
         .lines()
-        .find_map(|line| line.strip_prefix(series.as_str()))
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
         .map(|count| count.trim().parse().expect("a count"))
         .unwrap_or(0)
+}
+
+/// `lockstep_gate_rejections_total{facade="<facade>"}` of a `/metrics` text (0 if absent).
+fn rejections(metrics: &str, facade: &str) -> u64 {
+    counter(
+        metrics,
+        &format!("lockstep_gate_rejections_total{{facade=\"{facade}\"}}"),
+    )
 }
 
 /// Every `lockstep_gate_rejections_total` series of a `/metrics` text, by facade.
@@ -1086,6 +1095,17 @@ async fn behind_the_front_door_libjuju_lockstep_and_a_raw_websocket_watch_every_
     assert_eq!(agent_versions(&libjuju_answers), moved);
     assert_eq!(agent_versions(&raw_answers), moved);
     assert_eq!(agent_versions(&lockstep_answers), moved);
+    // The watchers' connections were leased to the worker between its restarts: each
+    // self-upgrade ended at least one lease, which the launcher took back.
+    let metrics = metrics(&controller).await;
+    let (leased, returned) = (
+        counter(&metrics, "lockstep_front_door_leases_total"),
+        counter(&metrics, "lockstep_front_door_leases_returned_total"),
+    );
+    assert!(
+        returned >= 3 && leased >= returned,
+        "leases {leased}, over {returned}: fewer than one per self-upgrade"
+    );
     eprintln!(
         "libjuju: {} answers, {} deltas after its snapshot; raw: {} answers, {} deltas",
         libjuju_answers.len(),

@@ -141,18 +141,12 @@ async fn launcher_port(
     door: &Arc<FrontDoor>,
     credentials: &Credentials,
 ) -> (u16, tokio::task::JoinHandle<()>) {
-    use lockstep_transport::admission::Connections;
-    use lockstep_transport::limits::ApiLimits;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let connections = Arc::new(Connections::new(ApiLimits::default()));
-    let router = door.router(Arc::clone(&connections));
-    let served = tokio::spawn(lockstep_transport::server::serve_connections(
+    let served = tokio::spawn(door.serve_port(
         listener,
         credentials.server_config().unwrap(),
-        connections,
-        ApiLimits::default(),
-        router,
+        lockstep_transport::limits::ApiLimits::default(),
         None,
     ));
     (port, served)

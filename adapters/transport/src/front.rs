@@ -1045,6 +1045,23 @@ impl FrontDoor {
         }
     }
 
+    /// Serves the API's port through this front door as `lockstepd`'s launcher does:
+    /// [`crate::server::serve_connections`] (each connection admitted within `limits`, its
+    /// TLS session carried on by records, on one of `threads` if given) routed by
+    /// [`FrontDoor::router`], which leases quiet websockets to the worker. Dropping the
+    /// future closes every connection.
+    pub fn serve_port(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        limits: crate::limits::ApiLimits,
+        threads: Option<Arc<crate::threads::ConnectionThreads>>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let connections = Arc::new(Connections::new(limits.clone()));
+        let router = self.router(Arc::clone(&connections));
+        crate::server::serve_connections(listener, tls, connections, limits, router, threads)
+    }
+
     /// The launcher's routes: the API's websocket paths (`/`, `/api`,
     /// `/model/<uuid>/api`) served through [`FrontDoor::serve_websocket`], anything else
     /// relayed as plain HTTP ([`FrontDoor::http`]). Served by

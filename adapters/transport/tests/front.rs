@@ -754,25 +754,37 @@ async fn a_leased_connection_taken_back_when_its_worker_dies_keeps_its_login_and
         "the waiting Next was kept"
     );
     // No worker: the launcher answers a ping itself, on the client's same connection.
-    let ping = call(&mut client, 5, "Pinger", 1, "Ping", json!({})).await;
-    assert_eq!(ping["response"], json!({}), "{ping}");
+    the_next_worker_answers_the_waiting_next(&mut controller, &mut client, 5, 4).await;
+    let status = call(&mut client, 6, "Client", 8, "FullStatus", json!({})).await;
+    assert_served(&status);
+    launcher.abort();
+}
+
+/// While no worker runs: a ping on `client`'s connection answered by the launcher (request
+/// `ping`); then a machine added and the next worker started, which answers the `Next`
+/// waiting on the connection (request `next`) with that machine, once.
+async fn the_next_worker_answers_the_waiting_next(
+    controller: &mut Controller,
+    client: &mut Socket,
+    ping: u64,
+    next: u64,
+) {
+    let pong = call(client, ping, "Pinger", 1, "Ping", json!({})).await;
+    assert_eq!(pong["response"], json!({}), "{pong}");
     let machine = controller
         .state
         .add_machine(Roles::of(&[Role::HostMachine]));
     controller.start_worker().await;
-    let deltas = tokio::time::timeout(Duration::from_secs(10), receive(&mut client))
+    let deltas = tokio::time::timeout(Duration::from_secs(10), receive(client))
         .await
-        .expect("the kept Next answered");
-    assert_eq!(deltas["request-id"], 4, "{deltas}");
-    assert!(
-        deltas["response"]["deltas"]
-            .to_string()
-            .contains(&format!("\"{machine}\"")),
-        "machine {machine} in {deltas}"
+        .expect("the waiting Next answered");
+    assert_eq!(deltas["request-id"], next, "{deltas}");
+    let delivered = deltas["response"]["deltas"].to_string();
+    assert_eq!(
+        delivered.matches(&format!("\"{machine}\"")).count(),
+        1,
+        "machine {machine} once in {delivered}"
     );
-    let status = call(&mut client, 6, "Client", 8, "FullStatus", json!({})).await;
-    assert_served(&status);
-    launcher.abort();
 }
 
 /// The launcher's port as `lockstepd` serves it (`server::serve_connections`: TLS carried
@@ -791,19 +803,13 @@ impl Drop for LauncherPort {
 }
 
 async fn launcher_port(door: &Arc<FrontDoor>) -> LauncherPort {
-    use lockstep_transport::admission::Connections;
-    use lockstep_transport::limits::ApiLimits;
     let credentials = Credentials::generate("test", &["127.0.0.1".parse().unwrap()]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let connections = Arc::new(Connections::new(ApiLimits::default()));
-    let router = door.router(Arc::clone(&connections));
-    let served = tokio::spawn(lockstep_transport::server::serve_connections(
+    let served = tokio::spawn(door.serve_port(
         listener,
         credentials.server_config().unwrap(),
-        connections,
-        ApiLimits::default(),
-        router,
+        lockstep_transport::limits::ApiLimits::default(),
         None,
     ));
     LauncherPort {
@@ -876,22 +882,7 @@ async fn the_launchers_port_leases_a_quiet_connection_and_takes_it_back_with_its
 
     controller.kill_worker().await;
     leases_reach(&door, 1, 1).await;
-    let ping = call(&mut client, 6, "Pinger", 1, "Ping", json!({})).await;
-    assert_eq!(ping["response"], json!({}), "{ping}");
-    let machine = controller
-        .state
-        .add_machine(Roles::of(&[Role::HostMachine]));
-    controller.start_worker().await;
-    let deltas = tokio::time::timeout(Duration::from_secs(10), receive(&mut client))
-        .await
-        .expect("the waiting Next answered");
-    assert_eq!(deltas["request-id"], 4, "{deltas}");
-    let delivered = deltas["response"]["deltas"].to_string();
-    assert_eq!(
-        delivered.matches(&format!("\"{machine}\"")).count(),
-        1,
-        "machine {machine} once in {delivered}"
-    );
+    the_next_worker_answers_the_waiting_next(&mut controller, &mut client, 6, 4).await;
     let status = call(&mut client, 7, "Client", 8, "FullStatus", json!({})).await;
     assert_served(&status);
     leases_reach(&door, 2, 1).await;

@@ -313,7 +313,6 @@ fn front_door(
     (threads, lease): (usize, bool),
     relay_socket: &std::path::Path,
 ) -> Result<(Arc<lockstep_transport::front::FrontDoor>, AbortOnDrop), DaemonError> {
-    use lockstep_transport::admission::Connections;
     use lockstep_transport::front::FrontDoor;
     let tls = crate::daemon::worker::credentials(data)?
         .server_config()
@@ -327,7 +326,6 @@ fn front_door(
     let listener = tokio::net::TcpListener::from_std(listener).map_err(DaemonError::system(
         "register the listening socket with tokio",
     ))?;
-    let connections = Arc::new(Connections::new(limits.clone()));
     let door = Arc::new(
         FrontDoor::new(
             relay_socket.to_path_buf(),
@@ -336,8 +334,7 @@ fn front_door(
         )
         .leasing(lease),
     );
-    tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), threads, lease, "front door: the launcher holds the clients' connections, relays them to the worker and leases quiet ones to it");
-    let router = door.router(Arc::clone(&connections));
+    tracing::info!(target: "lockstep::launcher", relay = %relay_socket.display(), boot = door.boot(), threads, lease, "front door: the launcher holds the clients' connections and relays them to the worker, leasing quiet ones to it if lease=true");
     // Each connection is read, relayed and written on one of `threads` threads: a call then
     // wakes the launcher only for the client's frame and the worker's reply, never one of
     // its threads for another. With 0, on the launcher's own runtime, whose threads share
@@ -350,14 +347,9 @@ fn front_door(
             )?,
         )),
     };
-    let served = AbortOnDrop(tokio::spawn(lockstep_transport::server::serve_connections(
-        listener,
-        tls,
-        connections,
-        limits,
-        router,
-        threads,
-    )));
+    let served = AbortOnDrop(tokio::spawn(
+        door.serve_port(listener, tls, limits, threads),
+    ));
     Ok((door, served))
 }
 

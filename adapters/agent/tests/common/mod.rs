@@ -881,15 +881,33 @@ pub fn receiving_windows(log: &str, agent: &str) -> Vec<ReceivingWindow> {
 /// logs: when each received bytes of a binary, first byte to the last or to where the
 /// download broke off.
 pub fn agents_download_windows(data: &DataDir) -> Vec<(u64, u64)> {
+    agents_receiving_windows(data)
+        .into_iter()
+        .map(|(_, window)| (window.first, window.last))
+        .collect()
+}
+
+/// [`receiving_windows`] of every machine agent under `data`, each with its agent's data
+/// dir.
+pub fn agents_receiving_windows(data: &DataDir) -> Vec<(String, ReceivingWindow)> {
     data.machine_agent_dirs()
         .iter()
         .flat_map(|dir| {
+            let agent = dir.root().display().to_string();
             let log =
                 std::fs::read_to_string(dir.logs_dir().join("lockstepd.log")).unwrap_or_default();
-            receiving_windows(&log, &dir.root().display().to_string())
+            receiving_windows(&log, &agent)
+                .into_iter()
+                .map(move |window| (agent.clone(), window))
         })
-        .map(|window| (window.first, window.last))
         .collect()
+}
+
+/// The host's monotonic clock in nanoseconds, the clock of the agents' `monotonic_ns`.
+pub fn monotonic_now_ns() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(now.tv_sec).expect("positive") * 1_000_000_000
+        + u64::try_from(now.tv_nsec).expect("positive")
 }
 
 /// The most windows open at one moment (one ending as another begins counts once).
