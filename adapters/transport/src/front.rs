@@ -886,7 +886,10 @@ impl FrontDoor {
                     let _ = tokio::time::timeout(CLOSE_TIMEOUT, websocket.close(Some(close))).await;
                     return false;
                 }
-                Some(Ok(Ws::Close(_))) => over = true,
+                Some(Ok(Ws::Close(_))) => {
+                    over = true;
+                    break;
+                }
                 Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => {
                     // As `WebsocketFrames` closes a frame over the size, told why.
                     admitted.close(crate::limits::Refusal::FrameSize);
@@ -900,9 +903,6 @@ impl FrontDoor {
                     return false;
                 }
                 Some(Err(_)) | None => return false,
-            }
-            if over {
-                break;
             }
         }
         answers.extend(connection.broke());
@@ -1023,6 +1023,7 @@ impl FrontDoor {
                         // socket shut and gives it back.
                         let _ = socket.shutdown(std::net::Shutdown::Both);
                         let _ = tokio::time::timeout(CLOSE_TIMEOUT, crate::lease::returned(&mut stream)).await;
+                        self.leases_returned.fetch_add(1, Ordering::Relaxed);
                         return LeaseEnd::Over;
                     }
                 }
@@ -1063,8 +1064,9 @@ impl FrontDoor {
     }
 
     /// The launcher's routes: the API's websocket paths (`/`, `/api`,
-    /// `/model/<uuid>/api`) served through [`FrontDoor::serve_websocket`], anything else
-    /// relayed as plain HTTP ([`FrontDoor::http`]). Served by
+    /// `/model/<uuid>/api`) served through [`FrontDoor::serve_websocket`] (and leased to
+    /// the worker when quiet, on [`crate::server::serve_connections`]' socket stack),
+    /// anything else relayed as plain HTTP ([`FrontDoor::http`]). Served by
     /// [`crate::server::serve_connections`], which admits each connection.
     pub fn router(self: &Arc<Self>, connections: Arc<Connections>) -> axum::Router {
         let websocket = {
